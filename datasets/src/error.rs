@@ -1,0 +1,42 @@
+//! The one error type of the crate: it always names the file and what was wrong with it.
+
+use std::path::PathBuf;
+
+/// Why a data file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// The file could not be opened or read (missing, permissions, bad gzip stream).
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file was read but its contents are not what the format requires.
+    #[error("{path}: field `{field}`: expected {expected}, found {found}")]
+    Format {
+        path: PathBuf,
+        field: &'static str,
+        expected: String,
+        found: String,
+    },
+    /// A data specification on the command line could not be understood.
+    #[error("data source `{spec}`: {reason}")]
+    Spec { spec: String, reason: String },
+}
+
+impl DatasetError {
+    pub(crate) fn format(
+        path: impl Into<PathBuf>,
+        field: &'static str,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> Self {
+        DatasetError::Format {
+            path: path.into(),
+            field,
+            expected: expected.into(),
+            found: found.into(),
+        }
+    }
+}

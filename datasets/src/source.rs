@@ -1,0 +1,151 @@
+//! Naming a data set on the command line (`mnist`, `cifar10:DIR`, …) and loading it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::{embedded, load_cifar10, load_cifar100, load_idx_pair, DatasetError, ImageSet, Result};
+
+pub const MNIST_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+
+pub const FASHION_MNIST_CLASSES: [&str; 10] = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+];
+
+/// Which part of a data set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Split::Train => "train",
+            Split::Test => "test",
+        })
+    }
+}
+
+/// A data set named as on the command line: `mnist` and `fashion-mnist` alone mean the embedded
+/// copies; `NAME:DIR` reads the standard files from a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSource {
+    Mnist(Option<PathBuf>),
+    FashionMnist(Option<PathBuf>),
+    Cifar10(PathBuf),
+    Cifar100(PathBuf),
+}
+
+/// Where Debian's `dataset-fashion-mnist` package puts the full set.
+const DEBIAN_FASHION_MNIST: &str = "/usr/share/datasets/fashion-mnist";
+
+impl DataSource {
+    /// Parses `mnist`, `mnist:DIR`, `fashion-mnist[:DIR]`, `cifar10:DIR`, `cifar100:DIR`.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let (name, dir) = match spec.split_once(':') {
+            Some((n, d)) if !d.is_empty() => (n, Some(PathBuf::from(d))),
+            Some((n, _)) => (n, None),
+            None => (spec, None),
+        };
+        let need_dir = |dir: Option<PathBuf>| {
+            dir.ok_or_else(|| DatasetError::Spec {
+                spec: spec.into(),
+                reason: format!(
+                    "{name} is not embedded; name the directory of its binary files, \
+                     e.g. `{name}:/data/{name}`"
+                ),
+            })
+        };
+        Ok(match name.to_ascii_lowercase().as_str() {
+            "mnist" => DataSource::Mnist(dir),
+            "fashion-mnist" | "fashion_mnist" | "fmnist" => DataSource::FashionMnist(dir),
+            "cifar10" | "cifar-10" => DataSource::Cifar10(need_dir(dir)?),
+            "cifar100" | "cifar-100" => DataSource::Cifar100(need_dir(dir)?),
+            other => {
+                return Err(DatasetError::Spec {
+                    spec: spec.into(),
+                    reason: format!(
+                        "unknown data set `{other}`; expected mnist, fashion-mnist, \
+                         cifar10:DIR or cifar100:DIR"
+                    ),
+                })
+            }
+        })
+    }
+
+    /// Short name for reports and checkpoint sidecars (`mnist`, `cifar10`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            DataSource::Mnist(_) => "mnist",
+            DataSource::FashionMnist(_) => "fashion-mnist",
+            DataSource::Cifar10(_) => "cifar10",
+            DataSource::Cifar100(_) => "cifar100",
+        }
+    }
+
+    /// The spec string that names this source again.
+    pub fn spec(&self) -> String {
+        match self {
+            DataSource::Mnist(None) | DataSource::FashionMnist(None) => self.name().into(),
+            DataSource::Mnist(Some(d)) | DataSource::FashionMnist(Some(d)) => {
+                format!("{}:{}", self.name(), d.display())
+            }
+            DataSource::Cifar10(d) | DataSource::Cifar100(d) => {
+                format!("{}:{}", self.name(), d.display())
+            }
+        }
+    }
+
+    pub fn load(&self, split: Split) -> Result<ImageSet> {
+        match self {
+            DataSource::Mnist(None) => embedded::mnist(split),
+            DataSource::Mnist(Some(dir)) => load_mnist_dir(dir, split, "mnist", &MNIST_CLASSES),
+            DataSource::FashionMnist(None) if split == Split::Test => {
+                embedded::fashion_mnist_test()
+            }
+            DataSource::FashionMnist(None) => load_mnist_dir(
+                Path::new(DEBIAN_FASHION_MNIST),
+                split,
+                "fashion-mnist",
+                &FASHION_MNIST_CLASSES,
+            ),
+            DataSource::FashionMnist(Some(dir)) => {
+                load_mnist_dir(dir, split, "fashion-mnist", &FASHION_MNIST_CLASSES)
+            }
+            DataSource::Cifar10(dir) => load_cifar10(dir, split),
+            DataSource::Cifar100(dir) => load_cifar100(dir, split),
+        }
+    }
+}
+
+/// The first of `base` and `base.gz` that exists in `dir` (or `base`, so that the error names it).
+fn find_file(dir: &Path, base: &str) -> PathBuf {
+    let gz = dir.join(format!("{base}.gz"));
+    let raw = dir.join(base);
+    if !raw.exists() && gz.exists() {
+        gz
+    } else {
+        raw
+    }
+}
+
+/// Loads an MNIST-layout directory (`train-images-idx3-ubyte[.gz]`, `t10k-labels-idx1-ubyte[.gz]`, …).
+pub fn load_mnist_dir(dir: &Path, split: Split, name: &str, classes: &[&str]) -> Result<ImageSet> {
+    let prefix = match split {
+        Split::Train => "train",
+        Split::Test => "t10k",
+    };
+    let images = find_file(dir, &format!("{prefix}-images-idx3-ubyte"));
+    let labels = find_file(dir, &format!("{prefix}-labels-idx1-ubyte"));
+    load_idx_pair(format!("{name}/{split}"), &images, &labels, classes)
+}
