@@ -1,0 +1,10 @@
+//! jem-bench: train Wide-ResNets as classifiers, as JEMs and adversarially, then measure their
+//! robustness. This crate holds the models, the trainers, the evaluation metrics and the CLI;
+//! the attacks live in `jem-attacks`, the data in `jem-datasets`.
+
+pub mod backend;
+pub mod batches;
+pub mod energy;
+pub mod metrics;
+pub mod model;
+pub mod train;

@@ -1,0 +1,10 @@
+//! The classifier f_θ: a Wide-ResNet as in the official JEM code, its checkpoints, and the
+//! import of PyTorch weights.
+
+mod checkpoint;
+mod import;
+mod wrn;
+
+pub use checkpoint::{Checkpoint, Sidecar, TrainingRecord, SOFTWARE};
+pub use import::{import_pytorch, PytorchNaming};
+pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig};

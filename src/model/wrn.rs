@@ -1,0 +1,223 @@
+//! Wide-ResNet without normalisation layers, as in the official JEM code (`wideresnet.py`,
+//! `norm=None`): LeakyReLU(0.2) before every convolution, conv biases, no dropout, the stride on
+//! each stage's second convolution, global average pooling and a linear head.
+//!
+//! Field names follow PyTorch's `Wide_ResNet` state_dict (`conv1`, `layer1.0.conv1`,
+//! `layer2.0.shortcut.0`, `linear`), so a PyTorch checkpoint of the same architecture loads
+//! without renaming. The model takes pixels in [0, 1] (the unit of every attack) and applies its
+//! own input normalisation first; JEM's is mean 0.5, std 0.5, i.e. data in [−1, 1].
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::tensor::activation::leaky_relu;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+/// Per-channel `(x − mean) / std` applied to [0, 1] pixels before the network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputNormalization {
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+}
+
+impl InputNormalization {
+    /// JEM's convention: [0, 1] pixels mapped to [−1, 1].
+    pub fn symmetric(channels: usize) -> Self {
+        Self {
+            mean: vec![0.5; channels],
+            std: vec![0.5; channels],
+        }
+    }
+
+    /// The factor by which the normalised input changes per unit change of a pixel (1 / std);
+    /// used to convert SGLD step sizes stated on the normalised scale into pixel units.
+    pub fn scale(&self) -> f32 {
+        1.0 / self.std[0]
+    }
+}
+
+/// Architecture of a [`WideResNet`]: WRN-`depth`-`width`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WideResNetConfig {
+    /// 6n + 4 (10, 16, 28, …).
+    pub depth: usize,
+    /// Widening factor k: stages of 16k, 32k, 64k channels.
+    pub width: usize,
+    pub in_channels: usize,
+    pub num_classes: usize,
+    /// Slope of LeakyReLU for negative inputs (0.2 in JEM).
+    pub leak: f64,
+    pub input_normalization: InputNormalization,
+}
+
+impl WideResNetConfig {
+    pub fn new(depth: usize, width: usize, in_channels: usize, num_classes: usize) -> Self {
+        Self {
+            depth,
+            width,
+            in_channels,
+            num_classes,
+            leak: 0.2,
+            input_normalization: InputNormalization::symmetric(in_channels),
+        }
+    }
+
+    /// Blocks per stage, n = (depth − 4) / 6; an error for depths that are not 6n + 4.
+    pub fn blocks_per_stage(&self) -> anyhow::Result<usize> {
+        anyhow::ensure!(
+            self.depth >= 10 && (self.depth - 4) % 6 == 0,
+            "Wide-ResNet depth must be 6n + 4 with n >= 1 (10, 16, 22, 28, …), got {}",
+            self.depth
+        );
+        anyhow::ensure!(self.width >= 1, "Wide-ResNet width must be >= 1");
+        anyhow::ensure!(
+            self.input_normalization.mean.len() == self.in_channels
+                && self.input_normalization.std.len() == self.in_channels,
+            "input normalisation needs one mean and one std per input channel ({})",
+            self.in_channels
+        );
+        Ok((self.depth - 4) / 6)
+    }
+
+    /// Channel counts of the stem and the three stages.
+    pub fn stages(&self) -> [usize; 4] {
+        [16, 16 * self.width, 32 * self.width, 64 * self.width]
+    }
+
+    /// Short name, e.g. `WRN-10-1`.
+    pub fn name(&self) -> String {
+        format!("WRN-{}-{}", self.depth, self.width)
+    }
+
+    /// Multiply-adds × 2 of one forward pass on an `h`×`w` image (convolutions and the head).
+    pub fn forward_flops(&self, h: usize, w: usize) -> anyhow::Result<u64> {
+        let n = self.blocks_per_stage()?;
+        let conv = |cin: usize, cout: usize, k: usize, h: usize, w: usize| {
+            2 * (cin * cout * k * k * h * w) as u64
+        };
+        let s = self.stages();
+        let mut flops = conv(self.in_channels, s[0], 3, h, w);
+        let (mut h, mut w, mut cin) = (h, w, s[0]);
+        for (stage, &cout) in s[1..].iter().enumerate() {
+            for b in 0..n {
+                let stride = if b == 0 && stage > 0 { 2 } else { 1 };
+                let (ho, wo) = (h.div_ceil(stride), w.div_ceil(stride));
+                flops += conv(cin, cout, 3, h, w) + conv(cout, cout, 3, ho, wo);
+                if stride != 1 || cin != cout {
+                    flops += conv(cin, cout, 1, ho, wo);
+                }
+                (h, w, cin) = (ho, wo, cout);
+            }
+        }
+        Ok(flops + 2 * (cin * self.num_classes) as u64)
+    }
+
+    pub fn init<B: Backend>(&self, device: &B::Device) -> anyhow::Result<WideResNet<B>> {
+        let n = self.blocks_per_stage()?;
+        let s = self.stages();
+        let conv3 = |cin, cout, stride| {
+            Conv2dConfig::new([cin, cout], [3, 3])
+                .with_stride([stride, stride])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device)
+        };
+        let mut cin = s[0];
+        let mut stage = |cout: usize, stride: usize| {
+            (0..n)
+                .map(|b| {
+                    let stride = if b == 0 { stride } else { 1 };
+                    let shortcut = if stride != 1 || cin != cout {
+                        vec![Conv2dConfig::new([cin, cout], [1, 1])
+                            .with_stride([stride, stride])
+                            .init(device)]
+                    } else {
+                        vec![]
+                    };
+                    let block = WideBasic {
+                        conv1: conv3(cin, cout, 1),
+                        conv2: conv3(cout, cout, stride),
+                        shortcut,
+                    };
+                    cin = cout;
+                    block
+                })
+                .collect::<Vec<_>>()
+        };
+        let layer1 = stage(s[1], 1);
+        let layer2 = stage(s[2], 2);
+        let layer3 = stage(s[3], 2);
+        Ok(WideResNet {
+            conv1: conv3(self.in_channels, s[0], 1),
+            layer1,
+            layer2,
+            layer3,
+            linear: LinearConfig::new(s[3], self.num_classes).init(device),
+            config: self.clone(),
+        })
+    }
+}
+
+/// One pre-activation residual block (`wide_basic` in the official code).
+#[derive(Module, Debug)]
+pub struct WideBasic<B: Backend> {
+    pub conv1: Conv2d<B>,
+    pub conv2: Conv2d<B>,
+    /// Empty, or one 1×1 convolution when the shape changes; a `Vec` mirrors PyTorch's
+    /// `nn.Sequential`, so the weight is named `shortcut.0.weight` as in its state_dict.
+    pub shortcut: Vec<Conv2d<B>>,
+}
+
+impl<B: Backend> WideBasic<B> {
+    pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
+        let out = self.conv1.forward(leaky_relu(x.clone(), leak));
+        let out = self.conv2.forward(leaky_relu(out, leak));
+        let skip = match self.shortcut.first() {
+            Some(conv) => conv.forward(x),
+            None => x,
+        };
+        out + skip
+    }
+}
+
+/// The classifier f_θ: [0, 1] pixels (N×C×H×W) → logits (N×classes).
+#[derive(Module, Debug)]
+pub struct WideResNet<B: Backend> {
+    pub conv1: Conv2d<B>,
+    pub layer1: Vec<WideBasic<B>>,
+    pub layer2: Vec<WideBasic<B>>,
+    pub layer3: Vec<WideBasic<B>>,
+    pub linear: Linear<B>,
+    #[module(skip)]
+    pub config: WideResNetConfig,
+}
+
+impl<B: Backend> WideResNet<B> {
+    pub fn config(&self) -> &WideResNetConfig {
+        &self.config
+    }
+
+    /// Logits of a batch of [0, 1] images.
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let cfg = self.config();
+        let norm = &cfg.input_normalization;
+        let c = norm.mean.len();
+        let device = x.device();
+        let mean =
+            Tensor::<B, 4>::from_data(TensorData::new(norm.mean.clone(), [1, c, 1, 1]), &device);
+        let inv_std = Tensor::<B, 4>::from_data(
+            TensorData::new(norm.std.iter().map(|s| 1.0 / s).collect(), [1, c, 1, 1]),
+            &device,
+        );
+        let mut out = self.conv1.forward((x - mean) * inv_std);
+        for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
+            out = block.forward(out, cfg.leak);
+        }
+        let out = leaky_relu(out, cfg.leak);
+        let [n, ch, _, _] = out.dims();
+        // Global average pool (the official code's avg_pool2d(out, 8) on 8×8 maps).
+        let pooled = out.mean_dim(3).mean_dim(2).reshape([n, ch]);
+        self.linear.forward(pooled)
+    }
+}
