@@ -1,1 +1,245 @@
-fn main() {}
+//! The `jem-bench` command line: one subcommand per job (train, eval, import, and the
+//! robustness harness as it is built).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use jem_bench::backend::{self, Inference, Train};
+use jem_bench::metrics;
+use jem_bench::model::{
+    import_pytorch, Checkpoint, PytorchNaming, Sidecar, TrainingRecord, WideResNetConfig,
+};
+use jem_bench::train::{self, ClassifierObjective, TrainConfig, TrainKind};
+use jem_datasets::{DataSource, Split};
+
+#[derive(Parser)]
+#[command(
+    name = "jem-bench",
+    version,
+    about = "Adversarial-robustness benchmarks for JEM and Wide-ResNet classifiers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a Wide-ResNet as a classifier (baseline), a JEM, or adversarially.
+    Train(TrainConfig),
+    /// Clean accuracy, NLL and ECE (15 bins) of a checkpoint on a test set.
+    Eval(EvalArgs),
+    /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
+    Import(ImportArgs),
+    /// Sweep attacks × ε × sampling steps × models; CSV, plots, summary [not built yet].
+    Robust(Unbuilt),
+    /// Nonsense-input (distal adversarial) search per model and class [not built yet].
+    Nonsense(Unbuilt),
+    /// Compare a sweep against a stored reference; non-zero exit on regression [not built yet].
+    Regress(Unbuilt),
+    /// Draw SGLD samples from a JEM into a PNG grid [not built yet].
+    Sample(Unbuilt),
+    /// Regenerate plots and tables from a run's CSVs [not built yet].
+    Report(Unbuilt),
+    /// Join the folders of a sharded sweep [not built yet].
+    Merge(Unbuilt),
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// Checkpoint: NAME, NAME.safetensors or NAME.json.
+    #[arg(long)]
+    model: PathBuf,
+    /// Data set (default: the one the model was trained on).
+    #[arg(long)]
+    data: Option<String>,
+    /// Evaluate only the first N test images.
+    #[arg(long)]
+    n: Option<usize>,
+    #[arg(long, default_value_t = 500)]
+    batch_size: usize,
+    /// Print the metrics as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ImportArgs {
+    /// PyTorch state_dict as .safetensors, or .pt / .pth written by torch.save.
+    input: PathBuf,
+    /// Output checkpoint NAME (writes NAME.safetensors and NAME.json).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "wide-resnet")]
+    naming: PytorchNaming,
+    /// Key of the state_dict inside a .pt file (JEM checkpoints: model_state_dict).
+    #[arg(long)]
+    top_level_key: Option<String>,
+    #[arg(long)]
+    depth: usize,
+    #[arg(long)]
+    width: usize,
+    #[arg(long, default_value_t = 3)]
+    in_channels: usize,
+    #[arg(long, default_value_t = 10)]
+    num_classes: usize,
+    /// Per-channel input mean the network expects after [0, 1] pixels (JEM: 0.5).
+    #[arg(long, value_delimiter = ',')]
+    mean: Option<Vec<f32>>,
+    /// Per-channel input std (JEM: 0.5).
+    #[arg(long, value_delimiter = ',')]
+    std: Option<Vec<f32>>,
+    /// Data set the model was trained on, recorded in the sidecar.
+    #[arg(long, default_value = "cifar10")]
+    data: String,
+}
+
+/// A subcommand that a later piece of work builds.
+#[derive(clap::Args)]
+struct Unbuilt {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _args: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(cfg) => run_train(cfg),
+        Command::Eval(args) => run_eval(args),
+        Command::Import(args) => run_import(args),
+        Command::Robust(_) => unbuilt("robust", 5),
+        Command::Nonsense(_) => unbuilt("nonsense", 5),
+        Command::Regress(_) => unbuilt("regress", 5),
+        Command::Sample(_) => unbuilt("sample", 3),
+        Command::Report(_) => unbuilt("report", 5),
+        Command::Merge(_) => unbuilt("merge", 5),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn unbuilt(name: &str, issue: u32) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "`jem-bench {name}` is not built yet (tracked in issue #{issue}); nothing was run"
+    )
+}
+
+fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {
+    let device = backend::device();
+    let outcome = match cfg.kind {
+        TrainKind::Baseline => train::train::<Train, _>(&cfg, &mut ClassifierObjective, &device)?,
+        TrainKind::Jem => anyhow::bail!("--kind jem is not built yet (tracked in issue #3)"),
+        TrainKind::Adv => anyhow::bail!("--kind adv is not built yet (tracked in issue #6)"),
+    };
+    println!(
+        "{} after {} iterations, {:.0} s; best checkpoint {} (val accuracy {})",
+        if outcome.finished {
+            "finished"
+        } else {
+            "paused (run the same command to resume)"
+        },
+        outcome.iterations,
+        outcome.wall_seconds,
+        outcome.best.weights.display(),
+        outcome
+            .best_val_accuracy
+            .map_or("-".into(), |a| format!("{:.4}", a)),
+    );
+    if let Some(m) = outcome.test {
+        println!(
+            "test: accuracy {:.4}, nll {:.4}, ece {:.4} (n = {})",
+            m.accuracy, m.nll, m.ece, m.n
+        );
+    }
+    Ok(())
+}
+
+fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    let device = backend::device();
+    let ckpt = Checkpoint::at(&args.model);
+    let (model, sidecar) = ckpt.load::<Inference>(&device)?;
+    let spec = args
+        .data
+        .clone()
+        .unwrap_or_else(|| sidecar.training.data.clone());
+    let mut set = DataSource::parse(&spec)?.load(Split::Test)?;
+    if let Some(n) = args.n {
+        set = set.select(&(0..n.min(set.len())).collect::<Vec<_>>());
+    }
+    anyhow::ensure!(
+        set.channels == sidecar.architecture.in_channels
+            && set.num_classes() == sidecar.architecture.num_classes,
+        "{} expects {} channel(s) and {} classes; {} has {} and {}",
+        ckpt.weights.display(),
+        sidecar.architecture.in_channels,
+        sidecar.architecture.num_classes,
+        set.name,
+        set.channels,
+        set.num_classes()
+    );
+    let m = metrics::evaluate(&model, &set, args.batch_size, &device);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+    } else {
+        println!(
+            "model:    {} ({}, {} parameters, {})",
+            ckpt.weights.display(),
+            sidecar.architecture.name(),
+            sidecar.parameters,
+            sidecar.training.kind
+        );
+        println!("data:     {} (n = {})", set.name, m.n);
+        println!("accuracy: {:.2} %", 100.0 * m.accuracy);
+        println!("nll:      {:.4} nats", m.nll);
+        println!(
+            "ece:      {:.2} % ({} bins)",
+            100.0 * m.ece,
+            metrics::ECE_BINS
+        );
+    }
+    Ok(())
+}
+
+fn run_import(args: ImportArgs) -> anyhow::Result<()> {
+    let device = backend::device();
+    let mut arch =
+        WideResNetConfig::new(args.depth, args.width, args.in_channels, args.num_classes);
+    if let Some(mean) = args.mean {
+        arch.input_normalization.mean = mean;
+    }
+    if let Some(std) = args.std {
+        arch.input_normalization.std = std;
+    }
+    let model = import_pytorch::<Inference>(
+        &args.input,
+        &arch,
+        args.naming,
+        args.top_level_key.as_deref(),
+        &device,
+    )?;
+    let sidecar = Sidecar::new(
+        arch,
+        TrainingRecord {
+            kind: "imported".into(),
+            data: args.data,
+            settings: serde_json::json!({ "source": args.input, "naming": format!("{:?}", args.naming) }),
+            ..Default::default()
+        },
+    );
+    let out = Checkpoint::at(&args.out);
+    out.save(&model, &sidecar)
+        .context("writing the imported checkpoint")?;
+    println!(
+        "wrote {} and {}",
+        out.weights.display(),
+        out.sidecar.display()
+    );
+    Ok(())
+}

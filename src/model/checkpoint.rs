@@ -23,8 +23,11 @@ pub const SOFTWARE: &str = concat!("jem-bench ", env!("CARGO_PKG_VERSION"));
 pub struct TrainingRecord {
     /// `baseline`, `jem`, `adv` or `imported`.
     pub kind: String,
-    /// The data set spec (`mnist`, `cifar10:DIR`, …) and the split used.
+    /// The data set spec (`mnist`, `cifar10:DIR`, …), as `--data` takes it.
     pub data: String,
+    /// Which images of it were trained on and which validated.
+    #[serde(default)]
+    pub data_split: String,
     pub seed: u64,
     /// Every setting of the trainer, as it serialises its own config.
     pub settings: serde_json::Value,

@@ -5,6 +5,6 @@ mod checkpoint;
 mod import;
 mod wrn;
 
-pub use checkpoint::{Checkpoint, Sidecar, TrainingRecord, SOFTWARE};
+pub use checkpoint::{write_atomic, Checkpoint, Sidecar, TrainingRecord, SOFTWARE};
 pub use import::{import_pytorch, PytorchNaming};
 pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig};

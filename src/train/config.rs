@@ -1,0 +1,99 @@
+//! Every setting of a training run, on the command line and in the checkpoint sidecar.
+//! Defaults are the official JEM ones (SPEC §2) unless a comment says otherwise.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{Augmentation, LrSchedule};
+
+/// Which objective trains the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainKind {
+    /// Plain classifier, cross-entropy only.
+    Baseline,
+    /// Joint Energy-based Model (p(y|x) + p(x) with SGLD).
+    Jem,
+    /// PGD adversarial training (Madry et al. 2018).
+    Adv,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+pub struct TrainConfig {
+    /// What to train.
+    #[arg(long, value_enum, default_value = "baseline")]
+    pub kind: TrainKind,
+    /// Data set: mnist (embedded), fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR.
+    #[arg(long, default_value = "mnist")]
+    pub data: String,
+    /// Training images held out (the last ones) for validation and best-checkpoint selection.
+    #[arg(long, default_value_t = 5000)]
+    pub val_size: usize,
+    /// Use only the first N training images (quick experiments and tests).
+    #[arg(long)]
+    pub train_subset: Option<usize>,
+    /// Wide-ResNet depth (6n + 4).
+    #[arg(long, default_value_t = 10)]
+    pub depth: usize,
+    /// Wide-ResNet widening factor.
+    #[arg(long, default_value_t = 1)]
+    pub width: usize,
+    #[arg(long, default_value_t = 200)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Adam learning rate (β = 0.9, 0.999; ε = 1e-8 as PyTorch).
+    #[arg(long, default_value_t = 1e-4)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 1000)]
+    pub warmup_iters: usize,
+    /// Epochs at which the learning rate is multiplied by --decay-rate.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![160, 180])]
+    pub decay_epochs: Vec<usize>,
+    #[arg(long, default_value_t = 0.3)]
+    pub decay_rate: f64,
+    /// Gaussian noise added to every training input, on the network's [−1, 1] scale.
+    #[arg(long, default_value_t = 0.03)]
+    pub sigma_data: f32,
+    /// Reflect padding for random crops (0 turns crops off).
+    #[arg(long, default_value_t = 4)]
+    pub pad: usize,
+    /// Random horizontal flips; by default on for CIFAR and off for digits and clothes.
+    #[arg(long)]
+    pub flip: Option<bool>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output folder: best checkpoint `model.*`, logs, resumable state.
+    #[arg(long, default_value = "runs/train")]
+    pub out: PathBuf,
+    /// Save the resumable state every N iterations (and at every epoch end).
+    #[arg(long, default_value_t = 200)]
+    pub checkpoint_every: usize,
+    /// Write a row to the iteration log every N iterations.
+    #[arg(long, default_value_t = 20)]
+    pub log_every: usize,
+    /// Stop after this many iterations in total (the run can be resumed later).
+    #[arg(long)]
+    #[serde(skip)]
+    pub max_iters: Option<usize>,
+}
+
+impl TrainConfig {
+    pub fn schedule(&self) -> LrSchedule {
+        LrSchedule {
+            base: self.lr,
+            warmup_iters: self.warmup_iters,
+            decay_epochs: self.decay_epochs.clone(),
+            decay_rate: self.decay_rate,
+        }
+    }
+
+    pub fn augmentation(&self, data_name: &str) -> Augmentation {
+        Augmentation {
+            pad: self.pad,
+            flip: self.flip.unwrap_or(data_name.starts_with("cifar")),
+        }
+    }
+}

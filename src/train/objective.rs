@@ -1,0 +1,84 @@
+//! What a training step minimises. The loop in `trainer.rs` is shared; an objective turns a
+//! batch into a loss and the numbers worth logging.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor};
+
+use crate::model::WideResNet;
+
+/// Numbers a step reports for the log.
+#[derive(Debug, Clone, Default)]
+pub struct StepStats {
+    pub loss: f64,
+    pub cross_entropy: f64,
+    pub accuracy: f64,
+    /// Objective-specific columns, in the order of [`Objective::extra_columns`].
+    pub extra: Vec<f64>,
+}
+
+/// A training objective on the shared loop.
+pub trait Objective<B: AutodiffBackend> {
+    /// `baseline`, `jem`, `adv`: recorded in the sidecar.
+    fn kind(&self) -> &'static str;
+    /// Names of the extra per-iteration log columns.
+    fn extra_columns(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// The loss of one batch (`x` already augmented and noised). `step_seed` seeds any
+    /// randomness the objective needs, so that a resumed run repeats it exactly.
+    fn loss(
+        &mut self,
+        model: &WideResNet<B>,
+        x: Tensor<B, 4>,
+        y: Tensor<B, 1, Int>,
+        step_seed: u64,
+    ) -> (Tensor<B, 1>, StepStats);
+}
+
+/// Mean cross-entropy −log softmax(logits)[y].
+pub fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    let [n, _] = logits.dims();
+    log_softmax(logits, 1)
+        .gather(1, y.reshape([n, 1]))
+        .mean()
+        .neg()
+}
+
+/// Fraction of rows whose arg-max is the label.
+pub fn accuracy<B: Backend>(logits: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> f64 {
+    let [n, _] = logits.dims();
+    let hits = logits.argmax(1).reshape([n]).equal(y).int().sum();
+    hits.into_scalar().elem::<f64>() / n as f64
+}
+
+/// The plain classifier: cross-entropy on p(y|x).
+pub struct ClassifierObjective;
+
+impl<B: AutodiffBackend> Objective<B> for ClassifierObjective {
+    fn kind(&self) -> &'static str {
+        "baseline"
+    }
+
+    fn loss(
+        &mut self,
+        model: &WideResNet<B>,
+        x: Tensor<B, 4>,
+        y: Tensor<B, 1, Int>,
+        _step_seed: u64,
+    ) -> (Tensor<B, 1>, StepStats) {
+        let logits = model.forward(x);
+        let acc = accuracy(logits.clone().detach(), y.clone());
+        let loss = cross_entropy(logits, y);
+        let ce = loss.clone().into_scalar().elem::<f64>();
+        (
+            loss,
+            StepStats {
+                loss: ce,
+                cross_entropy: ce,
+                accuracy: acc,
+                extra: vec![],
+            },
+        )
+    }
+}

@@ -1,0 +1,372 @@
+//! The training loop shared by every objective: seeded shuffling, augmentation and data noise,
+//! Adam with warm-up and step decay, per-iteration and per-epoch CSV logs, validation with a
+//! best-on-validation checkpoint, and a resumable state that a re-run of the same command picks up.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::module::AutodiffModule;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use indicatif::{ProgressBar, ProgressStyle};
+use jem_datasets::{DataSource, ImageSet, Split};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+
+use super::log::CsvLog;
+use super::objective::Objective;
+use super::state::{Progress, StateDir};
+use super::TrainConfig;
+use crate::batches;
+use crate::metrics::{self, CleanMetrics};
+use crate::model::{Checkpoint, Sidecar, TrainingRecord, WideResNet, WideResNetConfig};
+
+/// What a finished (or paused, with `max_iters`) run leaves behind.
+#[derive(Debug, Clone)]
+pub struct TrainOutcome {
+    pub best: Checkpoint,
+    pub iterations: usize,
+    pub finished: bool,
+    pub best_val_accuracy: Option<f64>,
+    pub test: Option<CleanMetrics>,
+    pub wall_seconds: f64,
+}
+
+/// Seeds for independent random streams derived from the run seed.
+fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
+    // SplitMix64 finaliser over the three numbers: nearby inputs give unrelated seeds.
+    let mut z = seed
+        ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ index.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+const SHUFFLE: u64 = 1;
+const BATCH: u64 = 2;
+const OBJECTIVE: u64 = 3;
+
+/// Loads the training and validation sets named by the config.
+pub fn load_data(cfg: &TrainConfig) -> anyhow::Result<(DataSource, ImageSet, ImageSet)> {
+    let source = DataSource::parse(&cfg.data)?;
+    let full = source.load(Split::Train)?;
+    anyhow::ensure!(
+        cfg.val_size < full.len(),
+        "--val-size {} leaves no training images ({} in {})",
+        cfg.val_size,
+        full.len(),
+        full.name
+    );
+    let (mut train, val) = full.split_last(cfg.val_size);
+    if let Some(n) = cfg.train_subset {
+        train = train.select(&(0..n.min(train.len())).collect::<Vec<_>>());
+    }
+    Ok((source, train, val))
+}
+
+pub fn architecture(cfg: &TrainConfig, data: &ImageSet) -> WideResNetConfig {
+    WideResNetConfig::new(cfg.depth, cfg.width, data.channels, data.num_classes())
+}
+
+/// Trains with `objective` until `cfg.epochs` are done (or `cfg.max_iters`), resuming from
+/// `cfg.out/state` when it exists.
+pub fn train<B, O>(
+    cfg: &TrainConfig,
+    objective: &mut O,
+    device: &B::Device,
+) -> anyhow::Result<TrainOutcome>
+where
+    B: AutodiffBackend,
+    O: Objective<B>,
+{
+    let (source, train, val) = load_data(cfg)?;
+    let arch = architecture(cfg, &train);
+    arch.blocks_per_stage()?;
+    std::fs::create_dir_all(&cfg.out)
+        .with_context(|| format!("cannot create {}", cfg.out.display()))?;
+    let settings = serde_json::to_value(cfg)?;
+    let state = StateDir::new(&cfg.out);
+    let schedule = cfg.schedule();
+    let augmentation = cfg.augmentation(source.name());
+    let norm = &arch.input_normalization;
+    // σ_data is stated on the network's scale; the noise is added to [0, 1] pixels.
+    let pixel_sigma = cfg.sigma_data * norm.std[0];
+
+    B::seed(device, cfg.seed);
+    let mut model: WideResNet<B> = arch.init(device)?;
+    let mut optim = AdamConfig::new()
+        .with_epsilon(1e-8)
+        .init::<B, WideResNet<B>>();
+    let mut progress = match state.load_progress()? {
+        Some(mut p) => {
+            // A run may be extended with more epochs; every other setting must be the same.
+            let same_but_epochs = |a: &serde_json::Value, b: &serde_json::Value| {
+                let strip = |v: &serde_json::Value| {
+                    let mut v = v.clone();
+                    v.as_object_mut().map(|o| o.remove("epochs"));
+                    v
+                };
+                strip(a) == strip(b)
+            };
+            anyhow::ensure!(
+                same_but_epochs(&p.settings, &settings) && cfg.epochs >= p.epoch,
+                "{} holds a run with other settings; resume with the same command (--epochs may grow) \
+                 or use another --out\n  saved: {}\n  now:   {}",
+                cfg.out.display(),
+                p.settings,
+                settings
+            );
+            (model, optim) = state.restore(model, optim, &p, device)?;
+            p.settings = settings.clone();
+            eprintln!(
+                "resuming {} at iteration {} (epoch {}, batch {})",
+                cfg.out.display(),
+                p.global_iter,
+                p.epoch,
+                p.batch_in_epoch
+            );
+            p
+        }
+        None => Progress {
+            settings: settings.clone(),
+            ..Default::default()
+        },
+    };
+
+    let mut header = vec![
+        "iteration",
+        "epoch",
+        "lr",
+        "loss",
+        "cross_entropy",
+        "train_accuracy",
+    ];
+    header.extend(objective.extra_columns());
+    header.push("seconds_per_iteration");
+    // Rows are numbered by completed iterations (1-based) and epochs (0-based): keep those done.
+    let mut iter_log = CsvLog::open(
+        &cfg.out.join("log.csv"),
+        &header,
+        progress.global_iter as u64 + 1,
+    )?;
+    let mut epoch_log = CsvLog::open(
+        &cfg.out.join("epochs.csv"),
+        &[
+            "epoch",
+            "iteration",
+            "lr",
+            "val_accuracy",
+            "val_nll",
+            "val_ece",
+            "best",
+            "wall_seconds",
+        ],
+        progress.epoch as u64,
+    )?;
+
+    let best = Checkpoint::at(cfg.out.join("model"));
+    let batches_per_epoch = train.len().div_ceil(cfg.batch_size);
+    let total_iters = batches_per_epoch * cfg.epochs;
+    let stop_at = cfg.max_iters.unwrap_or(usize::MAX).min(total_iters);
+    let bar = ProgressBar::new(total_iters as u64).with_position(progress.global_iter as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} it  ETA {eta}  {msg}",
+        )
+        .expect("valid template"),
+    );
+    let started = Instant::now();
+    let wall_before = progress.wall_seconds;
+    let mut window = (
+        0.0f64,
+        0.0f64,
+        0.0f64,
+        Vec::<f64>::new(),
+        0usize,
+        Instant::now(),
+    );
+
+    while progress.epoch < cfg.epochs && progress.global_iter < stop_at {
+        let epoch = progress.epoch;
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(stream_seed(
+            cfg.seed,
+            SHUFFLE,
+            epoch as u64,
+        )));
+        while progress.batch_in_epoch < batches_per_epoch && progress.global_iter < stop_at {
+            let it = progress.global_iter;
+            let b = progress.batch_in_epoch;
+            let idx = &order[b * cfg.batch_size..((b + 1) * cfg.batch_size).min(order.len())];
+            let mut rng =
+                rand::rngs::StdRng::seed_from_u64(stream_seed(cfg.seed, BATCH, it as u64));
+            let mut pixels = Vec::with_capacity(idx.len() * train.image_len());
+            idx.iter()
+                .for_each(|&i| pixels.extend_from_slice(train.image(i)));
+            augmentation.apply(
+                &mut pixels,
+                train.channels,
+                train.height,
+                train.width,
+                &mut rng,
+            );
+            if pixel_sigma > 0.0 {
+                let noise = Normal::new(0.0, pixel_sigma).expect("finite sigma");
+                pixels.iter_mut().for_each(|p| *p += noise.sample(&mut rng));
+            }
+            let x = Tensor::<B, 4>::from_data(
+                TensorData::new(
+                    pixels,
+                    [idx.len(), train.channels, train.height, train.width],
+                ),
+                device,
+            );
+            let y = batches::labels::<B>(&train, idx, device);
+            let lr = schedule.at(it, epoch);
+            let (loss, stats) =
+                objective.loss(&model, x, y, stream_seed(cfg.seed, OBJECTIVE, it as u64));
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(lr, model, grads);
+            progress.global_iter += 1;
+            progress.batch_in_epoch += 1;
+
+            let w = &mut window;
+            w.0 += stats.loss;
+            w.1 += stats.cross_entropy;
+            w.2 += stats.accuracy;
+            if w.3.len() < stats.extra.len() {
+                w.3.resize(stats.extra.len(), 0.0);
+            }
+            w.3.iter_mut().zip(&stats.extra).for_each(|(a, b)| *a += b);
+            w.4 += 1;
+            if progress.global_iter % cfg.log_every == 0 || progress.global_iter == stop_at {
+                let k = w.4 as f64;
+                let mut row = vec![
+                    progress.global_iter.to_string(),
+                    epoch.to_string(),
+                    format!("{lr:.3e}"),
+                    format!("{:.5}", w.0 / k),
+                    format!("{:.5}", w.1 / k),
+                    format!("{:.4}", w.2 / k),
+                ];
+                row.extend(w.3.iter().map(|v| format!("{:.5}", v / k)));
+                row.push(format!("{:.4}", w.5.elapsed().as_secs_f64() / k));
+                iter_log.row(&row)?;
+                bar.set_message(format!("loss {:.4} acc {:.3}", w.0 / k, w.2 / k));
+                *w = (0.0, 0.0, 0.0, Vec::new(), 0, Instant::now());
+            }
+            bar.set_position(progress.global_iter as u64);
+            progress.wall_seconds = wall_before + started.elapsed().as_secs_f64();
+            if progress.global_iter % cfg.checkpoint_every == 0
+                && progress.batch_in_epoch < batches_per_epoch
+            {
+                progress.generation += 1;
+                state.save(&model, &optim, &progress)?;
+            }
+        }
+        if progress.batch_in_epoch < batches_per_epoch {
+            break; // stopped by max_iters inside the epoch
+        }
+        // End of epoch: validate, keep the best, save the state.
+        let inference = model.valid();
+        let m = metrics::evaluate(&inference, &val, 500, device);
+        let is_best = progress.best_val_accuracy.is_none_or(|b| m.accuracy > b);
+        if is_best {
+            progress.best_val_accuracy = Some(m.accuracy);
+            let mut sidecar = Sidecar::new(
+                arch.clone(),
+                record(
+                    cfg,
+                    objective.kind(),
+                    &source,
+                    progress.wall_seconds,
+                    &settings,
+                ),
+            );
+            sidecar.metrics.insert("val_accuracy".into(), m.accuracy);
+            sidecar.metrics.insert("epoch".into(), epoch as f64);
+            best.save(&inference, &sidecar)?;
+        }
+        progress.wall_seconds = wall_before + started.elapsed().as_secs_f64();
+        epoch_log.row(&[
+            epoch.to_string(),
+            progress.global_iter.to_string(),
+            format!(
+                "{:.3e}",
+                schedule.at(progress.global_iter.saturating_sub(1), epoch)
+            ),
+            format!("{:.5}", m.accuracy),
+            format!("{:.5}", m.nll),
+            format!("{:.5}", m.ece),
+            is_best.to_string(),
+            format!("{:.1}", progress.wall_seconds),
+        ])?;
+        bar.println(format!(
+            "epoch {epoch}: val accuracy {:.4}, nll {:.4}, ece {:.4}{}",
+            m.accuracy,
+            m.nll,
+            m.ece,
+            if is_best { " (best)" } else { "" }
+        ));
+        progress.epoch += 1;
+        progress.batch_in_epoch = 0;
+        progress.generation += 1;
+        state.save(&model, &optim, &progress)?;
+    }
+    if progress.batch_in_epoch > 0 {
+        progress.generation += 1;
+        state.save(&model, &optim, &progress)?;
+    }
+    bar.finish_and_clear();
+
+    let finished = progress.epoch >= cfg.epochs;
+    let mut test = None;
+    if finished && best.exists() {
+        // Score the best checkpoint on the test set and record it in its sidecar.
+        let (model, mut sidecar) = best.load::<B::InnerBackend>(device)?;
+        let m = metrics::evaluate(&model, &source.load(Split::Test)?, 500, device);
+        sidecar.metrics.insert("test_accuracy".into(), m.accuracy);
+        sidecar.metrics.insert("test_nll".into(), m.nll);
+        sidecar.metrics.insert("test_ece".into(), m.ece);
+        sidecar.training.wall_seconds = progress.wall_seconds;
+        best.save(&model, &sidecar)?;
+        test = Some(m);
+    }
+    Ok(TrainOutcome {
+        best,
+        iterations: progress.global_iter,
+        finished,
+        best_val_accuracy: progress.best_val_accuracy,
+        test,
+        wall_seconds: progress.wall_seconds,
+    })
+}
+
+fn record(
+    cfg: &TrainConfig,
+    kind: &str,
+    source: &DataSource,
+    wall: f64,
+    settings: &serde_json::Value,
+) -> TrainingRecord {
+    TrainingRecord {
+        kind: kind.into(),
+        data: source.spec(),
+        data_split: match cfg.train_subset {
+            Some(n) => format!(
+                "train: first {n} images; validation: last {} train images",
+                cfg.val_size
+            ),
+            None => format!(
+                "train minus its last {} images, which validate",
+                cfg.val_size
+            ),
+        },
+        seed: cfg.seed,
+        settings: settings.clone(),
+        wall_seconds: wall,
+    }
+}
