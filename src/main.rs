@@ -11,7 +11,7 @@ use jem_bench::metrics;
 use jem_bench::model::{
     import_pytorch, Checkpoint, PytorchNaming, Sidecar, TrainingRecord, WideResNetConfig,
 };
-use jem_bench::train::{self, ClassifierObjective, TrainConfig, TrainKind};
+use jem_bench::train::{self, ClassifierObjective, JemObjective, TrainConfig, TrainKind};
 use jem_datasets::{DataSource, Split};
 
 #[derive(Parser)]
@@ -135,7 +135,10 @@ fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {
     let device = backend::device();
     let outcome = match cfg.kind {
         TrainKind::Baseline => train::train::<Train, _>(&cfg, &mut ClassifierObjective, &device)?,
-        TrainKind::Jem => anyhow::bail!("--kind jem is not built yet (tracked in issue #3)"),
+        TrainKind::Jem => {
+            let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap);
+            train::train::<Train, _>(&cfg, &mut jem, &device)?
+        }
         TrainKind::Adv => anyhow::bail!("--kind adv is not built yet (tracked in issue #6)"),
     };
     println!(

@@ -8,7 +8,9 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches::{self, to_vec};
 use jem_bench::model::{Checkpoint, WideResNetConfig};
-use jem_bench::train::{cross_entropy, train, ClassifierObjective, TrainConfig, TrainKind};
+use jem_bench::train::{
+    cross_entropy, train, ClassifierObjective, GuardConfig, JemConfig, TrainConfig, TrainKind,
+};
 use jem_datasets::{embedded, Split};
 
 #[test]
@@ -65,6 +67,9 @@ fn small_run(out: &Path) -> TrainConfig {
         out: out.to_path_buf(),
         checkpoint_every: 4,
         log_every: 1,
+        init_from: None,
+        jem: JemConfig::default(),
+        guard: GuardConfig::default(),
         max_iters: None,
     }
 }
@@ -136,11 +141,51 @@ fn interrupted_run_resumes_to_the_same_result() {
     assert_eq!(extended.iterations, 18);
     assert_eq!(log(parts.path(), "epochs.csv").len(), 4);
 
-    // A resume with other settings is refused, naming the folder.
-    let mut other = small_run(parts.path());
+    // A run folder can be moved and still resumes.
+    let moved = tempfile::tempdir().unwrap();
+    let target = moved.path().join("run");
+    std::fs::rename(parts.path(), &target).unwrap();
+    let mut again = small_run(&target);
+    again.epochs = 4;
+    assert_eq!(
+        train::<Train, _>(&again, &mut ClassifierObjective, &device)
+            .unwrap()
+            .iterations,
+        24
+    );
+
+    // A resume with other settings is refused, naming the folder; so is a change of the past
+    // learning-rate schedule (a decay moved to an epoch already trained).
+    let refused = |cfg: &TrainConfig| {
+        let err = train::<Train, _>(cfg, &mut ClassifierObjective, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("other settings"), "{err}");
+    };
+    let mut other = small_run(&target);
     other.lr = 0.1;
-    let err = train::<Train, _>(&other, &mut ClassifierObjective, &device)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("other settings"), "{err}");
+    refused(&other);
+    let mut rewritten = small_run(&target);
+    rewritten.epochs = 5;
+    rewritten.decay_epochs = vec![2];
+    refused(&rewritten);
+
+    // A decay added at an epoch not reached yet only changes the future, and is applied.
+    let mut decayed = small_run(&target);
+    decayed.epochs = 5;
+    decayed.decay_epochs = vec![1, 4];
+    let o = train::<Train, _>(&decayed, &mut ClassifierObjective, &device).unwrap();
+    assert_eq!(o.iterations, 30);
+    let rows = log(&target, "log.csv");
+    let lr_col = rows[0].iter().position(|c| c == "lr").unwrap();
+    let lr_at = |iter: usize| rows[iter][lr_col].parse::<f64>().unwrap();
+    let base = small_run(&target).lr;
+    assert!(
+        (lr_at(24) / base - 0.5).abs() < 1e-6,
+        "epoch 3 keeps one decay"
+    );
+    assert!(
+        (lr_at(25) / base - 0.25).abs() < 1e-6,
+        "epoch 4 has both decays"
+    );
 }

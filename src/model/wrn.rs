@@ -221,3 +221,10 @@ impl<B: Backend> WideResNet<B> {
         self.linear.forward(pooled)
     }
 }
+
+/// Attacks and the SGLD sampler see a WRN through the attack library's interface.
+impl<B: Backend> jem_attacks::Classifier<B> for WideResNet<B> {
+    fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        self.forward(x)
+    }
+}

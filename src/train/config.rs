@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{Augmentation, LrSchedule};
+use super::{Augmentation, GuardConfig, JemConfig, LrSchedule};
 
 /// Which objective trains the network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -74,6 +74,15 @@ pub struct TrainConfig {
     /// Write a row to the iteration log every N iterations.
     #[arg(long, default_value_t = 20)]
     pub log_every: usize,
+    /// Start from the weights of this checkpoint (same architecture) instead of a random
+    /// initialisation, e.g. a JEM fine-tuned from the baseline.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
+    #[command(flatten)]
+    pub jem: JemConfig,
+    #[command(flatten)]
+    pub guard: GuardConfig,
     /// Stop after this many iterations in total (the run can be resumed later).
     #[arg(long)]
     #[serde(skip)]
@@ -81,6 +90,15 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// The settings recorded in the sidecar and compared on resume: JEM's only for JEM runs.
+    pub fn settings(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("settings serialise");
+        if self.kind != TrainKind::Jem {
+            v.as_object_mut().expect("an object").remove("jem");
+        }
+        v
+    }
+
     pub fn schedule(&self) -> LrSchedule {
         LrSchedule {
             base: self.lr,
@@ -95,5 +113,28 @@ impl TrainConfig {
             pad: self.pad,
             flip: self.flip.unwrap_or(data_name.starts_with("cifar")),
         }
+    }
+}
+
+/// Defaults of a flattened argument group, taken from its clap attributes (one source of truth
+/// for the command line and for code that builds settings, such as tests).
+pub(crate) fn clap_defaults<T: clap::Args>() -> T {
+    #[derive(clap::Parser)]
+    struct Only<T: clap::Args> {
+        #[command(flatten)]
+        inner: T,
+    }
+    <Only<T> as clap::Parser>::parse_from(["jem-bench"]).inner
+}
+
+impl Default for JemConfig {
+    fn default() -> Self {
+        clap_defaults()
+    }
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        clap_defaults()
     }
 }

@@ -1,19 +1,24 @@
 //! Training a [`WideResNet`](crate::model::WideResNet): the shared loop (schedule, augmentation,
-//! data noise, validation, best checkpoint, resumable state, CSV log) and the objectives that
-//! plug into it. `baseline` is the plain classifier; later kinds (JEM, adversarial) are further
-//! [`Objective`]s on the same loop.
+//! data noise, validation, best checkpoint, resumable state, CSV log, divergence guard) and the
+//! objectives that plug into it: the plain classifier and JEM (adversarial training is to come).
 
 mod augment;
 mod config;
+mod guard;
+mod jem;
 mod log;
 mod objective;
+mod replay_buffer;
 mod schedule;
 mod state;
 mod trainer;
 
 pub use augment::Augmentation;
 pub use config::{TrainConfig, TrainKind};
+pub use guard::GuardConfig;
+pub use jem::{chain_init, JemConfig, JemObjective};
 pub use log::CsvLog;
-pub use objective::{cross_entropy, ClassifierObjective, Objective, StepStats};
+pub use objective::{accuracy, cross_entropy, ClassifierObjective, Objective, StepStats};
+pub use replay_buffer::{Draw, ReplayBuffer};
 pub use schedule::LrSchedule;
 pub use trainer::{train, TrainOutcome};

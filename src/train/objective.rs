@@ -5,7 +5,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor};
 
-use crate::model::WideResNet;
+use crate::model::{WideResNet, WideResNetConfig};
 
 /// Numbers a step reports for the log.
 #[derive(Debug, Clone, Default)]
@@ -34,6 +34,27 @@ pub trait Objective<B: AutodiffBackend> {
         y: Tensor<B, 1, Int>,
         step_seed: u64,
     ) -> (Tensor<B, 1>, StepStats);
+
+    /// Called once before training starts (and before any saved state is restored) with the
+    /// architecture, the image shape (C, H, W) and a seed for the objective's own randomness.
+    fn prepare(&mut self, _arch: &WideResNetConfig, _shape: [usize; 3], _seed: u64) {}
+
+    /// A sign, beyond a non-finite or huge loss, that training is diverging (checked by the
+    /// trainer's divergence guard after every step).
+    fn symptom(&self, _stats: &StepStats) -> Option<String> {
+        None
+    }
+
+    /// State the objective carries between steps (JEM's replay buffer), saved with the
+    /// training state so that a resumed or rolled-back run continues exactly.
+    fn state(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Restores [`Objective::state`]; `what` names the file in errors.
+    fn restore(&mut self, _bytes: &[u8], _what: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// Mean cross-entropy −log softmax(logits)[y].

@@ -1,9 +1,10 @@
 //! The resumable state of a training run: model and optimiser records (burn's own format, which
 //! keeps parameter ids so Adam's moments reattach to the right tensors) and the progress counter.
 //!
-//! Crash-consistent: the records of generation g go to `model-g.bin` / `optim-g.bin`, then
-//! `progress.json` (written atomically) switches to g, then older generations are deleted. An
-//! interruption at any point leaves a complete earlier generation in place.
+//! Crash-consistent: the records of generation g go to `model-g.bin` / `optim-g.bin` (and the
+//! objective's own state, JEM's replay buffer, to `objective-g.bin`), then
+//! `progress.json` (written atomically) switches to g, then generations older than the one before
+//! g are deleted. An interruption at any point leaves a complete earlier generation in place.
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{write_atomic, WideResNet};
 
 /// Where a run stands.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub generation: u64,
     /// Completed optimiser steps.
@@ -29,6 +30,32 @@ pub struct Progress {
     pub wall_seconds: f64,
     /// The run's settings as JSON; a resume with other settings is refused.
     pub settings: serde_json::Value,
+    /// Factor on the scheduled learning rate, lowered by the divergence guard at each rollback.
+    #[serde(default = "one")]
+    pub lr_scale: f64,
+    /// Rollbacks the divergence guard has made so far.
+    #[serde(default)]
+    pub rollbacks: usize,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            generation: 0,
+            global_iter: 0,
+            epoch: 0,
+            batch_in_epoch: 0,
+            best_val_accuracy: None,
+            wall_seconds: 0.0,
+            settings: serde_json::Value::Null,
+            lr_scale: 1.0,
+            rollbacks: 0,
+        }
+    }
 }
 
 pub struct StateDir {
@@ -64,6 +91,7 @@ impl StateDir {
         &self,
         model: &WideResNet<B>,
         optim: &O,
+        objective: Option<Vec<u8>>,
         progress: &Progress,
     ) -> anyhow::Result<()>
     where
@@ -81,22 +109,75 @@ impl StateDir {
             .context("cannot serialise the optimiser state")?;
         write_atomic(&self.dir.join(format!("model-{g}.bin")), &model_bytes)?;
         write_atomic(&self.dir.join(format!("optim-{g}.bin")), &optim_bytes)?;
+        if let Some(bytes) = objective {
+            write_atomic(&self.dir.join(format!("objective-{g}.bin")), &bytes)?;
+        }
+        let progress_json = serde_json::to_string_pretty(progress)?;
         write_atomic(
-            &self.progress_path(),
-            serde_json::to_string_pretty(progress)?.as_bytes(),
+            &self.dir.join(format!("progress-{g}.json")),
+            progress_json.as_bytes(),
         )?;
+        write_atomic(&self.progress_path(), progress_json.as_bytes())?;
+        // Keep this generation and the one before it (the divergence guard's fallback, since
+        // the latest save may already hold the first diverging steps); delete the rest.
+        let generations = self.generations()?;
+        let previous = generations.iter().copied().filter(|&o| o < g).max();
         for entry in std::fs::read_dir(&self.dir)? {
             let name = entry?.file_name().to_string_lossy().into_owned();
-            let gen = name
-                .strip_prefix("model-")
-                .or_else(|| name.strip_prefix("optim-"))
-                .and_then(|s| s.strip_suffix(".bin"))
-                .and_then(|s| s.parse::<u64>().ok());
-            if gen.is_some_and(|old| old != g) {
+            if generation_of(&name).is_some_and(|old| old != g && Some(old) != previous) {
                 let _ = std::fs::remove_file(self.dir.join(&name));
             }
         }
         Ok(())
+    }
+
+    /// Generations whose progress file is present.
+    fn generations(&self) -> anyhow::Result<Vec<u64>> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)
+            .with_context(|| format!("cannot list {}", self.dir.display()))?
+        {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if name.starts_with("progress-") {
+                found.extend(generation_of(&name));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The saved generation before `progress`'s, if one is kept.
+    pub fn previous(&self, progress: &Progress) -> anyhow::Result<Option<Progress>> {
+        let Some(g) = self
+            .generations()?
+            .into_iter()
+            .filter(|&o| o < progress.generation)
+            .max()
+        else {
+            return Ok(None);
+        };
+        let p = self.dir.join(format!("progress-{g}.json"));
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
+        Ok(Some(serde_json::from_str(&text).with_context(|| {
+            format!("{}: not a jem-bench training progress file", p.display())
+        })?))
+    }
+
+    /// The objective's saved state of the generation named in `progress`, with the file's
+    /// path for error messages; `None` when the objective keeps none.
+    pub fn objective_state(
+        &self,
+        progress: &Progress,
+    ) -> anyhow::Result<Option<(Vec<u8>, String)>> {
+        let p = self
+            .dir
+            .join(format!("objective-{}.bin", progress.generation));
+        if !p.exists() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&p)
+            .with_context(|| format!("cannot read training state {}", p.display()))?;
+        Ok(Some((bytes, p.display().to_string())))
     }
 
     /// Restores model and optimiser of the generation named in `progress`.
@@ -124,4 +205,13 @@ impl StateDir {
             .context("training state: optimiser record is unreadable")?;
         Ok((model.load_record(model_rec), optim.load_record(optim_rec)))
     }
+}
+
+/// The generation number in a state file name (`model-3.bin`, `progress-3.json`, …).
+fn generation_of(name: &str) -> Option<u64> {
+    let (stem, _) = name.rsplit_once('.')?;
+    let (kind, g) = stem.rsplit_once('-')?;
+    matches!(kind, "model" | "optim" | "objective" | "progress")
+        .then(|| g.parse().ok())
+        .flatten()
 }

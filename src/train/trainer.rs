@@ -48,6 +48,7 @@ fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
 const SHUFFLE: u64 = 1;
 const BATCH: u64 = 2;
 const OBJECTIVE: u64 = 3;
+const OBJECTIVE_INIT: u64 = 4;
 
 /// Loads the training and validation sets named by the config.
 pub fn load_data(cfg: &TrainConfig) -> anyhow::Result<(DataSource, ImageSet, ImageSet)> {
@@ -87,7 +88,7 @@ where
     arch.blocks_per_stage()?;
     std::fs::create_dir_all(&cfg.out)
         .with_context(|| format!("cannot create {}", cfg.out.display()))?;
-    let settings = serde_json::to_value(cfg)?;
+    let settings = cfg.settings();
     let state = StateDir::new(&cfg.out);
     let schedule = cfg.schedule();
     let augmentation = cfg.augmentation(source.name());
@@ -95,31 +96,54 @@ where
     // σ_data is stated on the network's scale; the noise is added to [0, 1] pixels.
     let pixel_sigma = cfg.sigma_data * norm.std[0];
 
-    B::seed(device, cfg.seed);
-    let mut model: WideResNet<B> = arch.init(device)?;
+    objective.prepare(
+        &arch,
+        [train.channels, train.height, train.width],
+        stream_seed(cfg.seed, OBJECTIVE_INIT, 0),
+    );
+    let mut model: WideResNet<B> = {
+        // The backend's generator is process-wide: hold it while seeding and drawing the
+        // initial weights, so that runs in parallel threads (tests) stay reproducible.
+        static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _held = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        B::seed(device, cfg.seed);
+        arch.init(device)?
+    };
     let mut optim = AdamConfig::new()
         .with_epsilon(1e-8)
         .init::<B, WideResNet<B>>();
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
-            // A run may be extended with more epochs; every other setting must be the same.
-            let same_but_epochs = |a: &serde_json::Value, b: &serde_json::Value| {
-                let strip = |v: &serde_json::Value| {
-                    let mut v = v.clone();
-                    v.as_object_mut().map(|o| o.remove("epochs"));
-                    v
-                };
-                strip(a) == strip(b)
+            // A run may be extended: more epochs, and learning-rate decays at epochs it has not
+            // reached yet, change only its future; so do the guard's thresholds. Its folder may
+            // be moved. Every other setting must be the same, or the resumed run would not be
+            // the run its log describes.
+            let started = p.epoch + usize::from(p.batch_in_epoch > 0);
+            let comparable = |v: &serde_json::Value| {
+                let mut v = v.clone();
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("epochs");
+                    o.remove("out");
+                    o.remove("guard");
+                    if let Some(d) = o.get_mut("decay_epochs").and_then(|d| d.as_array_mut()) {
+                        d.retain(|e| e.as_u64().is_some_and(|e| (e as usize) < started));
+                    }
+                }
+                v
             };
             anyhow::ensure!(
-                same_but_epochs(&p.settings, &settings) && cfg.epochs >= p.epoch,
-                "{} holds a run with other settings; resume with the same command (--epochs may grow) \
-                 or use another --out\n  saved: {}\n  now:   {}",
+                comparable(&p.settings) == comparable(&settings) && cfg.epochs >= p.epoch,
+                "{} holds a run with other settings; resume with the same command (--epochs may \
+                 grow, and --decay-epochs may gain epochs from {started} on) or use another --out\n  \
+                 saved: {}\n  now:   {}",
                 cfg.out.display(),
                 p.settings,
                 settings
             );
             (model, optim) = state.restore(model, optim, &p, device)?;
+            if let Some((bytes, what)) = state.objective_state(&p)? {
+                objective.restore(&bytes, &what)?;
+            }
             p.settings = settings.clone();
             eprintln!(
                 "resuming {} at iteration {} (epoch {}, batch {})",
@@ -130,10 +154,18 @@ where
             );
             p
         }
-        None => Progress {
-            settings: settings.clone(),
-            ..Default::default()
-        },
+        None => {
+            if let Some(from) = &cfg.init_from {
+                model = warm_start(from, &arch, device)?;
+            }
+            // Generation 0: the divergence guard can always roll back to a saved state.
+            let p = Progress {
+                settings: settings.clone(),
+                ..Default::default()
+            };
+            state.save(&model, &optim, objective.state(), &p)?;
+            p
+        }
     };
 
     let mut header = vec![
@@ -189,7 +221,7 @@ where
         Instant::now(),
     );
 
-    while progress.epoch < cfg.epochs && progress.global_iter < stop_at {
+    'epochs: while progress.epoch < cfg.epochs && progress.global_iter < stop_at {
         let epoch = progress.epoch;
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(stream_seed(
@@ -225,9 +257,40 @@ where
                 device,
             );
             let y = batches::labels::<B>(&train, idx, device);
-            let lr = schedule.at(it, epoch);
+            let lr = schedule.at(it, epoch) * progress.lr_scale;
             let (loss, stats) =
                 objective.loss(&model, x, y, stream_seed(cfg.seed, OBJECTIVE, it as u64));
+            if let Some(symptom) = cfg
+                .guard
+                .symptom(&stats)
+                .or_else(|| objective.symptom(&stats))
+            {
+                drop(loss);
+                let back = roll_back(cfg, &state, &progress, &symptom)?;
+                (model, optim) = state.restore(model, optim, &back, device)?;
+                if let Some((bytes, what)) = state.objective_state(&back)? {
+                    objective.restore(&bytes, &what)?;
+                }
+                bar.println(format!(
+                    "iteration {}: {symptom}; rolled back to iteration {}, learning rate × {} \
+                     (now × {:.3e} of the schedule), rollback {} of at most {}",
+                    it + 1,
+                    back.global_iter,
+                    cfg.guard.guard_lr_factor,
+                    back.lr_scale,
+                    back.rollbacks,
+                    cfg.guard.guard_max_rollbacks
+                ));
+                progress = back;
+                iter_log = CsvLog::open(
+                    &cfg.out.join("log.csv"),
+                    &header,
+                    progress.global_iter as u64 + 1,
+                )?;
+                window = (0.0, 0.0, 0.0, Vec::new(), 0, Instant::now());
+                bar.set_position(progress.global_iter as u64);
+                continue 'epochs;
+            }
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(lr, model, grads);
             progress.global_iter += 1;
@@ -264,7 +327,7 @@ where
                 && progress.batch_in_epoch < batches_per_epoch
             {
                 progress.generation += 1;
-                state.save(&model, &optim, &progress)?;
+                state.save(&model, &optim, objective.state(), &progress)?;
             }
         }
         if progress.batch_in_epoch < batches_per_epoch {
@@ -296,7 +359,7 @@ where
             progress.global_iter.to_string(),
             format!(
                 "{:.3e}",
-                schedule.at(progress.global_iter.saturating_sub(1), epoch)
+                schedule.at(progress.global_iter.saturating_sub(1), epoch) * progress.lr_scale
             ),
             format!("{:.5}", m.accuracy),
             format!("{:.5}", m.nll),
@@ -314,11 +377,11 @@ where
         progress.epoch += 1;
         progress.batch_in_epoch = 0;
         progress.generation += 1;
-        state.save(&model, &optim, &progress)?;
+        state.save(&model, &optim, objective.state(), &progress)?;
     }
     if progress.batch_in_epoch > 0 {
         progress.generation += 1;
-        state.save(&model, &optim, &progress)?;
+        state.save(&model, &optim, objective.state(), &progress)?;
     }
     bar.finish_and_clear();
 
@@ -343,6 +406,81 @@ where
         test,
         wall_seconds: progress.wall_seconds,
     })
+}
+
+/// The saved state to return to after divergence was seen at `now`, with the learning rate
+/// lowered; the rollback is appended to `rollbacks.csv`. Fails once the rollbacks are spent.
+fn roll_back(
+    cfg: &TrainConfig,
+    state: &StateDir,
+    now: &Progress,
+    symptom: &str,
+) -> anyhow::Result<Progress> {
+    let guard = &cfg.guard;
+    anyhow::ensure!(
+        now.rollbacks < guard.guard_max_rollbacks,
+        "training diverged at iteration {} ({symptom}) after {} rollbacks, each lowering the \
+         learning rate × {}; giving up. The last good state is in {}: resume it with a lower --lr, \
+         a smaller --sgld-lr or more --guard-max-rollbacks",
+        now.global_iter + 1,
+        now.rollbacks,
+        guard.guard_lr_factor,
+        cfg.out.join("state").display()
+    );
+    // The generation before the latest: the latest save may already hold the first diverging
+    // steps, since a symptom shows only in the step after them. Stay within the epoch, so that
+    // no finished epoch (its validation, its best checkpoint) is undone.
+    let latest = state
+        .load_progress()?
+        .context("the divergence guard found no saved state to roll back to")?;
+    let mut back = match state.previous(&latest)? {
+        Some(p) if p.epoch == now.epoch => p,
+        _ => latest,
+    };
+    back.lr_scale = now.lr_scale * guard.guard_lr_factor;
+    back.rollbacks = now.rollbacks + 1;
+    back.wall_seconds = now.wall_seconds;
+    back.settings = now.settings.clone();
+    let path = cfg.out.join("rollbacks.csv");
+    let fresh = !path.exists();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    use std::io::Write;
+    if fresh {
+        writeln!(
+            f,
+            "detected_at_iteration,rolled_back_to_iteration,lr_scale,symptom"
+        )?;
+    }
+    writeln!(
+        f,
+        "{},{},{:e},\"{}\"",
+        now.global_iter + 1,
+        back.global_iter,
+        back.lr_scale,
+        symptom.replace('"', "'")
+    )?;
+    Ok(back)
+}
+
+/// The model initialised from another checkpoint's weights (`--init-from`).
+fn warm_start<B: AutodiffBackend>(
+    from: &std::path::Path,
+    arch: &WideResNetConfig,
+    device: &B::Device,
+) -> anyhow::Result<WideResNet<B>> {
+    let (init, sidecar) = Checkpoint::at(from).load::<B>(device)?;
+    anyhow::ensure!(
+        &sidecar.architecture == arch,
+        "--init-from {}: its architecture {:?} differs from this run's {:?}",
+        from.display(),
+        sidecar.architecture,
+        arch
+    );
+    Ok(init)
 }
 
 fn record(

@@ -1,0 +1,40 @@
+//! A linear classifier f(x) = W·vec(x) + b. Its minimal adversarial perturbations and its
+//! LogSumExp gradient are known in closed form, which makes it the yardstick of the tests.
+
+use burn::module::{Module, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+
+use crate::Classifier;
+
+#[derive(Module, Debug)]
+pub struct LinearClassifier<B: Backend> {
+    /// `[K, D]`, D = C·H·W in the batch's memory order.
+    pub weight: Param<Tensor<B, 2>>,
+    /// `[K]`.
+    pub bias: Param<Tensor<B, 1>>,
+}
+
+impl<B: Backend> LinearClassifier<B> {
+    /// From row-major `weight` (`classes × dim`) and `bias` (`classes`).
+    pub fn new(weight: Vec<f32>, bias: Vec<f32>, classes: usize, device: &B::Device) -> Self {
+        assert_eq!(bias.len(), classes, "one bias per class");
+        assert_eq!(weight.len() % classes, 0, "weight is classes × dim");
+        let dim = weight.len() / classes;
+        Self {
+            weight: Param::from_tensor(Tensor::from_data(
+                TensorData::new(weight, [classes, dim]),
+                device,
+            )),
+            bias: Param::from_tensor(Tensor::from_data(TensorData::new(bias, [classes]), device)),
+        }
+    }
+}
+
+impl<B: Backend> Classifier<B> for LinearClassifier<B> {
+    fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let [n, c, h, w] = x.dims();
+        let flat = x.reshape([n, c * h * w]);
+        flat.matmul(self.weight.val().transpose()) + self.bias.val().unsqueeze_dim(0)
+    }
+}

@@ -1,0 +1,157 @@
+//! Stochastic-gradient Langevin dynamics on JEM's energy (SPEC §2, §3):
+//! x ← x + α ∇ₓ LogSumExp f(x) + σ ε (unconditional), or with f(x)[y] (class-conditional).
+//!
+//! The same sampler draws JEM's training samples and is the test-time defence ("K sampling
+//! steps"). α and σ are stated on the network's input scale (JEM: [−1, 1]); the sampler works on
+//! [0, 1] pixels, so with s the pixels per network unit of channel c (the normalisation's std),
+//! one step is x ← x + α s² ∇ₓ + σ s ε, which is the official update seen in pixel units.
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::Rng;
+
+use crate::classifier::{input_gradient, log_sum_exp, Classifier};
+use crate::noise;
+
+/// Settings of an SGLD chain.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SgldConfig {
+    /// Number of steps η (training) or K (defence).
+    pub steps: usize,
+    /// α, on the network's input scale.
+    pub step_size: f32,
+    /// σ, on the network's input scale.
+    pub noise: f32,
+    /// Pixels per network unit for each channel (the std of the model's input normalisation;
+    /// 0.5 for JEM's [−1, 1] convention).
+    pub pixel_scale: Vec<f32>,
+    /// Clamp to [0, 1] pixels after every step (the official JEM does not).
+    pub clamp: bool,
+}
+
+/// What the chain climbs: the unconditional LogSumExp f(x) (p(x)), or f(x)[y] (p(x, y)).
+#[derive(Debug, Clone)]
+pub enum SgldTarget<B: Backend> {
+    Marginal,
+    Class(Tensor<B, 1, Int>),
+}
+
+impl<I: Backend> SgldTarget<I> {
+    /// The per-example score whose input gradient drives the chain.
+    pub fn score<B: AutodiffBackend<InnerBackend = I>>(
+        &self,
+        logits: Tensor<B, 2>,
+    ) -> Tensor<B, 1> {
+        match self {
+            SgldTarget::Marginal => log_sum_exp(logits),
+            SgldTarget::Class(y) => {
+                let [n, _] = logits.dims();
+                let y = Tensor::<B, 1, Int>::from_inner(y.clone()).reshape([n, 1]);
+                logits.gather(1, y).reshape([n])
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SgldSampler {
+    pub config: SgldConfig,
+}
+
+impl SgldSampler {
+    pub fn new(config: SgldConfig) -> Self {
+        Self { config }
+    }
+
+    /// Per-channel factor `[1, C, 1, 1]` on the device.
+    fn per_channel<B: Backend>(&self, f: impl Fn(f32) -> f32, device: &B::Device) -> Tensor<B, 4> {
+        let s = &self.config.pixel_scale;
+        let v: Vec<f32> = s.iter().map(|&s| f(s)).collect();
+        Tensor::from_data(TensorData::new(v, [1, s.len(), 1, 1]), device)
+    }
+
+    /// Fresh standard-normal noise for one step of a batch shaped like `x`.
+    pub fn draw_noise<B: Backend>(&self, x: &Tensor<B, 4>, rng: &mut impl Rng) -> Tensor<B, 4> {
+        noise::gaussian(x.dims(), rng, &x.device())
+    }
+
+    /// One step with the given standard-normal noise `eps` (so that a caller can replay a chain
+    /// with its noise held fixed).
+    pub fn step<B, M>(
+        &self,
+        model: &M,
+        x: Tensor<B::InnerBackend, 4>,
+        target: &SgldTarget<B::InnerBackend>,
+        eps: Tensor<B::InnerBackend, 4>,
+    ) -> Tensor<B::InnerBackend, 4>
+    where
+        B: AutodiffBackend,
+        M: Classifier<B>,
+    {
+        let device = x.device();
+        let (a, sigma) = (self.config.step_size, self.config.noise);
+        let (g, _) = input_gradient::<B, M>(model, x.clone(), |l| target.score::<B>(l));
+        let drift = self.per_channel::<B::InnerBackend>(|s| a * s * s, &device);
+        let spread = self.per_channel::<B::InnerBackend>(|s| sigma * s, &device);
+        let next = x + g * drift + eps * spread;
+        if self.config.clamp {
+            next.clamp(0.0, 1.0)
+        } else {
+            next
+        }
+    }
+
+    /// Runs the chain from `x0` for `config.steps` steps, drawing noise from `rng`.
+    pub fn run<B, M>(
+        &self,
+        model: &M,
+        x0: Tensor<B::InnerBackend, 4>,
+        target: &SgldTarget<B::InnerBackend>,
+        rng: &mut impl Rng,
+    ) -> Tensor<B::InnerBackend, 4>
+    where
+        B: AutodiffBackend,
+        M: Classifier<B>,
+    {
+        let mut x = x0;
+        for _ in 0..self.config.steps {
+            let eps = self.draw_noise(&x, rng);
+            x = self.step::<B, M>(model, x, target, eps);
+        }
+        x
+    }
+}
+
+/// JEM's chain initialisation: U(−1, 1) on the network's input scale, i.e. per channel c
+/// pixels uniform on `mean[c] ± scale[c]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UniformInit {
+    /// Pixel value of the network's 0, per channel.
+    pub mean: Vec<f32>,
+    /// Pixels per network unit, per channel.
+    pub scale: Vec<f32>,
+}
+
+impl UniformInit {
+    /// One image of shape (C, H, W), row-major.
+    pub fn image(&self, [c, h, w]: [usize; 3], rng: &mut impl Rng) -> Vec<f32> {
+        assert_eq!(self.mean.len(), c, "one mean per channel");
+        (0..c * h * w)
+            .map(|i| {
+                let ch = i / (h * w);
+                self.mean[ch] + self.scale[ch] * rng.random_range(-1.0f32..1.0)
+            })
+            .collect()
+    }
+
+    /// A batch `[n, C, H, W]` on the device.
+    pub fn batch<B: Backend>(
+        &self,
+        [n, c, h, w]: [usize; 4],
+        rng: &mut impl Rng,
+        device: &B::Device,
+    ) -> Tensor<B, 4> {
+        let v: Vec<f32> = (0..n).flat_map(|_| self.image([c, h, w], rng)).collect();
+        Tensor::from_data(TensorData::new(v, [n, c, h, w]), device)
+    }
+}

@@ -1,0 +1,220 @@
+//! The JEM objective (Grathwohl et al. 2020, Algorithm 1; SPEC §2): cross-entropy for p(y|x)
+//! plus the contrastive p(x) term LSE f(x̂) − LSE f(x), with x̂ from persistent SGLD chains.
+
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use clap::Args;
+use jem_attacks::{log_sum_exp, SgldConfig, SgldSampler, SgldTarget, UniformInit};
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use super::objective::{accuracy, cross_entropy, Objective, StepStats};
+use super::replay_buffer::ReplayBuffer;
+use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
+
+/// JEM's settings; defaults are the official ones (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+pub struct JemConfig {
+    /// Weight of the p(x) (generative) term.
+    #[arg(long, default_value_t = 1.0)]
+    pub px_weight: f64,
+    /// Weight of the p(y|x) (cross-entropy) term.
+    #[arg(long, default_value_t = 1.0)]
+    pub pyx_weight: f64,
+    /// SGLD steps η per iteration.
+    #[arg(long, default_value_t = 20)]
+    pub sgld_steps: usize,
+    /// SGLD step size α, on the network's [−1, 1] scale.
+    #[arg(long, default_value_t = 1.0)]
+    pub sgld_lr: f32,
+    /// SGLD noise σ, on the network's [−1, 1] scale.
+    #[arg(long, default_value_t = 0.01)]
+    pub sgld_std: f32,
+    /// Clamp SGLD samples to [0, 1] pixels after each step (the official code does not).
+    #[arg(long)]
+    pub sgld_clamp: bool,
+    /// Persistent chains in the replay buffer.
+    #[arg(long, default_value_t = 10_000)]
+    pub buffer_size: usize,
+    /// Probability ρ that a chain restarts from U(−1, 1).
+    #[arg(long, default_value_t = 0.05)]
+    pub reinit_freq: f64,
+}
+
+impl JemConfig {
+    pub fn sampler(&self, norm: &InputNormalization) -> SgldSampler {
+        SgldSampler::new(SgldConfig {
+            steps: self.sgld_steps,
+            step_size: self.sgld_lr,
+            noise: self.sgld_std,
+            pixel_scale: norm.std.clone(),
+            clamp: self.sgld_clamp,
+        })
+    }
+}
+
+/// Chain starts for JEM, per channel U(−1, 1) on the network's scale.
+pub fn chain_init(norm: &InputNormalization) -> UniformInit {
+    UniformInit {
+        mean: norm.mean.clone(),
+        scale: norm.std.clone(),
+    }
+}
+
+pub struct JemObjective {
+    config: JemConfig,
+    /// Divergence threshold on |E(data) − E(samples)|.
+    max_energy_gap: f64,
+    /// Set up by [`Objective::prepare`], once the data's shape is known.
+    chains: Option<Chains>,
+}
+
+struct Chains {
+    sampler: SgldSampler,
+    init: UniformInit,
+    buffer: ReplayBuffer,
+}
+
+impl JemObjective {
+    pub fn new(config: JemConfig, max_energy_gap: f64) -> Self {
+        Self {
+            config,
+            max_energy_gap,
+            chains: None,
+        }
+    }
+
+    /// The persistent chains (after `prepare`).
+    pub fn buffer(&self) -> Option<&ReplayBuffer> {
+        self.chains.as_ref().map(|c| &c.buffer)
+    }
+
+    fn chains(&mut self) -> &mut Chains {
+        self.chains
+            .as_mut()
+            .expect("the trainer prepares the objective before the first step")
+    }
+}
+
+/// Extra log columns, in order.
+const COLUMNS: [&str; 5] = [
+    "gen_loss",
+    "energy_data",
+    "energy_samples",
+    "reinitialised",
+    "sgld_seconds",
+];
+
+impl<B: AutodiffBackend> Objective<B> for JemObjective {
+    fn kind(&self) -> &'static str {
+        "jem"
+    }
+
+    fn extra_columns(&self) -> Vec<&'static str> {
+        COLUMNS.to_vec()
+    }
+
+    fn prepare(&mut self, arch: &WideResNetConfig, shape: [usize; 3], seed: u64) {
+        let norm = &arch.input_normalization;
+        let init = chain_init(norm);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let buffer = ReplayBuffer::new(self.config.buffer_size, shape, &init, &mut rng);
+        self.chains = Some(Chains {
+            sampler: self.config.sampler(norm),
+            init,
+            buffer,
+        });
+    }
+
+    fn loss(
+        &mut self,
+        model: &WideResNet<B>,
+        x: Tensor<B, 4>,
+        y: Tensor<B, 1, Int>,
+        step_seed: u64,
+    ) -> (Tensor<B, 1>, StepStats) {
+        let [n, c, h, w] = x.dims();
+        let device = x.device();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step_seed);
+
+        // Advance persistent chains with the current parameters frozen: input gradients only.
+        let sgld_start = Instant::now();
+        let reinit = self.config.reinit_freq;
+        let chains = self.chains();
+        let draw = chains.buffer.draw(n, reinit, &chains.init, &mut rng);
+        let x0 = Tensor::<B::InnerBackend, 4>::from_data(
+            TensorData::new(draw.images, [n, c, h, w]),
+            &device,
+        );
+        let frozen = model.clone().no_grad();
+        let samples = chains
+            .sampler
+            .run::<B, _>(&frozen, x0, &SgldTarget::Marginal, &mut rng);
+        let pixels: Vec<f32> = samples.clone().into_data().to_vec().expect("f32 samples");
+        chains.buffer.store(&draw.slots, &pixels);
+        let sgld_seconds = sgld_start.elapsed().as_secs_f64();
+
+        // Data and samples in one forward pass.
+        let both = Tensor::cat(vec![x, Tensor::from_inner(samples)], 0);
+        let logits = model.forward(both);
+        let data_logits = logits.clone().slice([0..n]);
+        let lse = log_sum_exp(logits);
+        let (lse_data, lse_samples) = (
+            lse.clone().slice([0..n]).mean(),
+            lse.slice([n..2 * n]).mean(),
+        );
+        let acc = accuracy(data_logits.clone().detach(), y.clone());
+        let ce = cross_entropy(data_logits, y);
+        // −(f_p − f_q): lowers the energy of data, raises that of samples.
+        let gen = lse_samples.clone() - lse_data.clone();
+        let loss = ce.clone() * self.config.pyx_weight + gen.clone() * self.config.px_weight;
+
+        let scalar = |t: Tensor<B, 1>| t.into_scalar().elem::<f64>();
+        let stats = StepStats {
+            loss: scalar(loss.clone()),
+            cross_entropy: scalar(ce),
+            accuracy: acc,
+            extra: vec![
+                scalar(gen),
+                -scalar(lse_data),
+                -scalar(lse_samples),
+                draw.reinitialised as f64 / n as f64,
+                sgld_seconds,
+            ],
+        };
+        (loss, stats)
+    }
+
+    fn symptom(&self, stats: &StepStats) -> Option<String> {
+        let gap = (stats.extra[1] - stats.extra[2]).abs();
+        (!gap.is_finite() || gap > self.max_energy_gap).then(|| {
+            format!(
+                "energy gap |E(data) − E(samples)| = {gap:.3e} exceeds {:.1e}",
+                self.max_energy_gap
+            )
+        })
+    }
+
+    fn state(&self) -> Option<Vec<u8>> {
+        self.buffer().map(ReplayBuffer::to_bytes)
+    }
+
+    fn restore(&mut self, bytes: &[u8], what: &str) -> anyhow::Result<()> {
+        let buffer = ReplayBuffer::from_bytes(bytes, what)?;
+        let chains = self.chains();
+        anyhow::ensure!(
+            buffer.capacity() == chains.buffer.capacity()
+                && buffer.image_len() == chains.buffer.image_len(),
+            "{what}: a replay buffer of {} chains of {} pixels does not fit this run's {} of {}",
+            buffer.capacity(),
+            buffer.image_len(),
+            chains.buffer.capacity(),
+            chains.buffer.image_len()
+        );
+        chains.buffer = buffer;
+        Ok(())
+    }
+}

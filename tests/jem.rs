@@ -1,0 +1,209 @@
+//! JEM training on real digits: resume continues the same chains and the same log, and the
+//! divergence guard rolls back and recovers on a deliberately unstable setting.
+
+use std::path::Path;
+
+use jem_bench::backend::{self, Inference, Train};
+use jem_bench::batches::{self, to_vec};
+use jem_bench::model::Checkpoint;
+use jem_bench::train::{train, JemObjective, TrainConfig, TrainKind};
+use jem_datasets::{embedded, Split};
+
+fn small_jem(out: &Path) -> TrainConfig {
+    let mut cfg = TrainConfig {
+        kind: TrainKind::Jem,
+        data: "mnist".into(),
+        val_size: 100,
+        train_subset: Some(64),
+        depth: 10,
+        width: 1,
+        epochs: 2,
+        batch_size: 16,
+        lr: 1e-3,
+        warmup_iters: 2,
+        decay_epochs: vec![],
+        decay_rate: 0.3,
+        sigma_data: 0.03,
+        pad: 0,
+        flip: None,
+        seed: 11,
+        out: out.to_path_buf(),
+        checkpoint_every: 3,
+        log_every: 1,
+        init_from: None,
+        jem: Default::default(),
+        guard: Default::default(),
+        max_iters: None,
+    };
+    cfg.jem.sgld_steps = 3;
+    cfg.jem.buffer_size = 40;
+    cfg
+}
+
+fn run(cfg: &TrainConfig) -> anyhow::Result<jem_bench::train::TrainOutcome> {
+    let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap);
+    train::<Train, _>(cfg, &mut jem, &backend::device())
+}
+
+fn rows(dir: &Path, name: &str) -> Vec<Vec<String>> {
+    std::fs::read_to_string(dir.join(name))
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect()
+}
+
+/// Logits of the best checkpoint on three test digits: equal weights give equal logits.
+fn weights(dir: &Path) -> Vec<f32> {
+    let (model, _) = Checkpoint::at(dir.join("model"))
+        .load::<Inference>(&backend::device())
+        .unwrap();
+    let data = embedded::mnist(Split::Test).unwrap();
+    to_vec(model.forward(batches::images::<Inference>(
+        &data,
+        &[0, 1, 2],
+        &backend::device(),
+    )))
+}
+
+fn file(dir: &Path, name: &str) -> Vec<u8> {
+    std::fs::read(dir.join(name)).unwrap()
+}
+
+#[test]
+fn resumed_jem_run_continues_the_same_chains_and_log() {
+    let whole = tempfile::tempdir().unwrap();
+    let done = run(&small_jem(whole.path())).unwrap();
+    assert!(done.finished);
+    assert_eq!(done.iterations, 8);
+
+    let parts = tempfile::tempdir().unwrap();
+    for stop in [2, 5] {
+        let mut cfg = small_jem(parts.path());
+        cfg.max_iters = Some(stop);
+        assert_eq!(run(&cfg).unwrap().iterations, stop);
+    }
+    assert_eq!(run(&small_jem(parts.path())).unwrap().iterations, 8);
+
+    let (a, b) = (rows(whole.path(), "log.csv"), rows(parts.path(), "log.csv"));
+    let header = &a[0];
+    for column in [
+        "cross_entropy",
+        "gen_loss",
+        "energy_data",
+        "energy_samples",
+        "lr",
+    ] {
+        assert!(
+            header.iter().any(|h| h == column),
+            "log lacks {column}: {header:?}"
+        );
+    }
+    let iters: Vec<&str> = b[1..].iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(
+        iters,
+        ["1", "2", "3", "4", "5", "6", "7", "8"],
+        "no lost or duplicated rows"
+    );
+    // Every column but the timings is identical: same data, same chains, same noise.
+    let timing: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.ends_with("seconds") || h.ends_with("seconds_per_iteration"))
+        .map(|(i, _)| i)
+        .collect();
+    for (ra, rb) in a.iter().zip(&b) {
+        for (i, (x, y)) in ra.iter().zip(rb).enumerate() {
+            if !timing.contains(&i) {
+                assert_eq!(x, y, "column {}", header[i]);
+            }
+        }
+    }
+    assert!(a[1..].iter().all(|r| r.iter().all(|v| !v.contains("NaN"))));
+    let (wa, wb) = (weights(whole.path()), weights(parts.path()));
+    let worst = wa
+        .iter()
+        .zip(&wb)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst == 0.0, "weights differ by up to {worst}");
+    // The replay buffers (latest generation in each state folder) are identical too.
+    let buffer = |d: &Path| {
+        let p: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("state/progress.json")).unwrap())
+                .unwrap();
+        file(d, &format!("state/objective-{}.bin", p["generation"]))
+    };
+    assert!(
+        buffer(whole.path()) == buffer(parts.path()),
+        "replay buffers differ"
+    );
+}
+
+/// Deliberately unstable: a sound first epoch, then the learning rate jumps ×1000 to 1.0
+/// (a "decay" of 1000), which throws the energies of data and samples apart within a step or
+/// two; the gap threshold is set low enough to see it at once.
+fn unstable(out: &Path) -> TrainConfig {
+    let mut cfg = small_jem(out);
+    cfg.epochs = 3;
+    cfg.decay_epochs = vec![1];
+    cfg.decay_rate = 1000.0;
+    cfg.guard.guard_max_energy_gap = 50.0;
+    cfg.guard.guard_lr_factor = 0.1;
+    cfg.guard.guard_max_rollbacks = 6;
+    cfg
+}
+
+#[test]
+fn divergence_guard_rolls_back_lowers_the_rate_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = unstable(dir.path());
+    let done = run(&cfg);
+    if std::env::var("JEM_TEST_DEBUG").is_ok() {
+        for f in ["log.csv", "rollbacks.csv", "epochs.csv"] {
+            eprintln!(
+                "{f}:\n{}",
+                std::fs::read_to_string(dir.path().join(f)).unwrap_or_default()
+            );
+        }
+    }
+    assert!(done.unwrap().finished, "the run recovered and finished");
+    let back = rows(dir.path(), "rollbacks.csv");
+    assert!(
+        back.len() >= 2,
+        "at least one rollback was logged: {back:?}"
+    );
+    // Each rollback lowers the rate by the factor and returns to a saved iteration.
+    for (k, r) in back[1..].iter().enumerate() {
+        let scale: f64 = r[2].parse().unwrap();
+        assert!(
+            (scale / 0.1f64.powi(k as i32 + 1) - 1.0).abs() < 1e-9,
+            "{r:?}"
+        );
+        let (seen, to): (usize, usize) = (r[0].parse().unwrap(), r[1].parse().unwrap());
+        let saved = to % cfg.checkpoint_every == 0 || to % 4 == 0; // 4 iterations per epoch
+        assert!(to < seen && saved, "{r:?}");
+    }
+    // The log runs 1..=8 once each, and its learning rate after the last rollback is lowered.
+    let log = rows(dir.path(), "log.csv");
+    let iters: Vec<usize> = log[1..].iter().map(|r| r[0].parse().unwrap()).collect();
+    assert_eq!(iters, (1..=12).collect::<Vec<_>>());
+    let lr_col = log[0].iter().position(|c| c == "lr").unwrap();
+    let last: f64 = log.last().unwrap()[lr_col].parse().unwrap();
+    assert!(last < 0.5 * cfg.lr * cfg.decay_rate, "lr {last}");
+    assert!(log[1..]
+        .iter()
+        .all(|r| r.iter().all(|v| !v.contains("NaN") && !v.contains("inf"))));
+}
+
+#[test]
+fn divergence_guard_gives_up_after_its_rollbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = unstable(dir.path());
+    cfg.guard.guard_max_rollbacks = 0;
+    let err = format!("{:#}", run(&cfg).unwrap_err());
+    assert!(
+        err.contains("giving up") && err.contains("diverged"),
+        "{err}"
+    );
+}
