@@ -5,6 +5,8 @@
 pub mod backend;
 pub mod batches;
 pub mod energy;
+pub mod image_grid;
 pub mod metrics;
 pub mod model;
+pub mod sample;
 pub mod train;

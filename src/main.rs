@@ -39,8 +39,8 @@ enum Command {
     Nonsense(Unbuilt),
     /// Compare a sweep against a stored reference; non-zero exit on regression [not built yet].
     Regress(Unbuilt),
-    /// Draw SGLD samples from a JEM into a PNG grid [not built yet].
-    Sample(Unbuilt),
+    /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
+    Sample(jem_bench::sample::SampleArgs),
     /// Regenerate plots and tables from a run's CSVs [not built yet].
     Report(Unbuilt),
     /// Join the folders of a sharded sweep [not built yet].
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
         Command::Robust(_) => unbuilt("robust", 5),
         Command::Nonsense(_) => unbuilt("nonsense", 5),
         Command::Regress(_) => unbuilt("regress", 5),
-        Command::Sample(_) => unbuilt("sample", 3),
+        Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(_) => unbuilt("report", 5),
         Command::Merge(_) => unbuilt("merge", 5),
     };

@@ -93,6 +93,25 @@ impl DataSource {
         }
     }
 
+    /// Image shape (C, H, W) of every split of this source.
+    pub fn image_shape(&self) -> [usize; 3] {
+        match self {
+            DataSource::Mnist(_) | DataSource::FashionMnist(_) => [1, 28, 28],
+            DataSource::Cifar10(_) | DataSource::Cifar100(_) => [3, 32, 32],
+        }
+    }
+
+    /// Class names, by label.
+    pub fn class_names(&self) -> Vec<String> {
+        let names: &[&str] = match self {
+            DataSource::Mnist(_) => &MNIST_CLASSES,
+            DataSource::FashionMnist(_) => &FASHION_MNIST_CLASSES,
+            DataSource::Cifar10(_) => &crate::cifar::CIFAR10_CLASSES,
+            DataSource::Cifar100(_) => &crate::cifar::CIFAR100_CLASSES,
+        };
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
     /// The spec string that names this source again.
     pub fn spec(&self) -> String {
         match self {

@@ -1,0 +1,227 @@
+//! `jem-bench sample`: draws class-conditional samples from a JEM by SGLD on f(x)[y], starting
+//! from JEM's uniform noise or from a training run's replay buffer, and writes a PNG grid (one
+//! row per class) with a JSON record of the settings and of how the model classifies them.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::activation::softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use clap::Args;
+use jem_attacks::{SgldConfig, SgldSampler, SgldTarget};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::backend::{self, Train};
+use crate::image_grid::{write_grid, ImageBatch};
+use crate::model::{Checkpoint, SOFTWARE};
+use crate::train::{chain_init, JemConfig, ReplayBuffer};
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct SampleArgs {
+    /// The checkpoint to sample from (NAME, NAME.safetensors or NAME.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Classes to sample, comma-separated (default: every class, one grid row each).
+    #[arg(long, value_delimiter = ',')]
+    pub class: Vec<usize>,
+    /// Samples per class (grid columns).
+    #[arg(long, default_value_t = 10)]
+    pub per_class: usize,
+    /// SGLD steps.
+    #[arg(long, default_value_t = 200)]
+    pub steps: usize,
+    /// SGLD step size α on the network scale (default: the model's training setting).
+    #[arg(long)]
+    pub sgld_lr: Option<f32>,
+    /// SGLD noise σ on the network scale (default: the model's training setting).
+    #[arg(long)]
+    pub sgld_std: Option<f32>,
+    /// Start from the replay buffer of this training run folder (its `state/`) instead of
+    /// uniform noise.
+    #[arg(long)]
+    pub from_buffer: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The PNG to write; a JSON record goes next to it.
+    #[arg(long, default_value = "samples.png")]
+    pub out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct ClassReport {
+    class: usize,
+    name: String,
+    /// Mean p(y = class | sample).
+    mean_confidence: f64,
+    /// Fraction of samples classified as the class.
+    classified_as_class: f64,
+}
+
+#[derive(Serialize)]
+struct SampleRecord<'a> {
+    software: &'a str,
+    backend: &'a str,
+    settings: &'a SampleArgs,
+    sgld: SgldConfig,
+    start: String,
+    classes: Vec<ClassReport>,
+}
+
+pub fn run(args: SampleArgs) -> anyhow::Result<()> {
+    let device = backend::device();
+    let ckpt = Checkpoint::at(&args.model);
+    let (model, sidecar) = ckpt.load::<Train>(&device)?;
+    let model = model.no_grad();
+    let arch = &sidecar.architecture;
+    let trained: JemConfig = sidecar
+        .training
+        .settings
+        .get("jem")
+        .map(|v| serde_json::from_value(v.clone()))
+        .transpose()
+        .with_context(|| format!("{}: unreadable JEM settings", ckpt.sidecar.display()))?
+        .unwrap_or_default();
+    let classes: Vec<usize> = if args.class.is_empty() {
+        (0..arch.num_classes).collect()
+    } else {
+        args.class.clone()
+    };
+    if let Some(&bad) = classes.iter().find(|&&c| c >= arch.num_classes) {
+        anyhow::bail!(
+            "--class {bad}: the model has classes 0..{}",
+            arch.num_classes - 1
+        );
+    }
+    let source = jem_datasets::DataSource::parse(&sidecar.training.data).with_context(|| {
+        format!(
+            "{}: training.data names no known data set",
+            ckpt.sidecar.display()
+        )
+    })?;
+    let names = source.class_names();
+    let norm = &arch.input_normalization;
+    let sampler = SgldSampler::new(SgldConfig {
+        steps: args.steps,
+        step_size: args.sgld_lr.unwrap_or(trained.sgld_lr),
+        noise: args.sgld_std.unwrap_or(trained.sgld_std),
+        pixel_scale: norm.std.clone(),
+        clamp: trained.sgld_clamp,
+    });
+
+    let [c, h, w] = source.image_shape();
+    let n = classes.len() * args.per_class;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let (start, pixels): (String, Vec<f32>) = match &args.from_buffer {
+        None => {
+            let init = chain_init(norm);
+            let v = (0..n)
+                .flat_map(|_| init.image([c, h, w], &mut rng))
+                .collect();
+            ("uniform noise U(-1, 1) on the network scale".into(), v)
+        }
+        Some(run) => {
+            let buffer = latest_buffer(run)?;
+            anyhow::ensure!(
+                buffer.image_len() == c * h * w,
+                "{}: its chains have {} pixels, the model takes {}",
+                run.display(),
+                buffer.image_len(),
+                c * h * w
+            );
+            let v = (0..n)
+                .flat_map(|_| {
+                    buffer
+                        .image(rng.random_range(0..buffer.capacity()))
+                        .to_vec()
+                })
+                .collect();
+            (format!("replay buffer of {}", run.display()), v)
+        }
+    };
+    let x0 = Tensor::from_data(TensorData::new(pixels, [n, c, h, w]), &device);
+    let labels: Vec<i64> = classes
+        .iter()
+        .flat_map(|&k| std::iter::repeat_n(k as i64, args.per_class))
+        .collect();
+    let y = Tensor::<backend::Inference, 1, Int>::from_data(TensorData::new(labels, [n]), &device);
+    let samples = sampler.run::<Train, _>(&model, x0, &SgldTarget::Class(y), &mut rng);
+
+    let probs: Vec<f32> = softmax(model.valid().forward(samples.clone()), 1)
+        .into_data()
+        .to_vec()
+        .expect("f32");
+    let k = arch.num_classes;
+    let reports: Vec<ClassReport> = classes
+        .iter()
+        .enumerate()
+        .map(|(row, &class)| {
+            let rows = (row * args.per_class..(row + 1) * args.per_class)
+                .map(|i| &probs[i * k..(i + 1) * k]);
+            let (mut conf, mut hits) = (0.0, 0.0);
+            for p in rows {
+                conf += p[class] as f64;
+                let arg = (0..k)
+                    .max_by(|&a, &b| p[a].total_cmp(&p[b]))
+                    .expect("classes");
+                hits += f64::from(u8::from(arg == class));
+            }
+            ClassReport {
+                class,
+                name: names
+                    .get(class)
+                    .cloned()
+                    .unwrap_or_else(|| class.to_string()),
+                mean_confidence: conf / args.per_class as f64,
+                classified_as_class: hits / args.per_class as f64,
+            }
+        })
+        .collect();
+
+    let pixels: Vec<f32> = samples.into_data().to_vec().expect("f32");
+    let batch = ImageBatch {
+        pixels: &pixels,
+        channels: c,
+        height: h,
+        width: w,
+    };
+    write_grid(&args.out, &batch, classes.len(), args.per_class)?;
+    let record = SampleRecord {
+        software: SOFTWARE,
+        backend: backend::name(),
+        settings: &args,
+        sgld: sampler.config.clone(),
+        start,
+        classes: reports,
+    };
+    let json = args.out.with_extension("json");
+    crate::model::write_atomic(&json, serde_json::to_string_pretty(&record)?.as_bytes())?;
+    println!("class  name        p(y|x) mean  classified as class");
+    for r in &record.classes {
+        println!(
+            "{:>5}  {:<10}  {:>11.3}  {:>19.2}",
+            r.class, r.name, r.mean_confidence, r.classified_as_class
+        );
+    }
+    println!("wrote {} and {}", args.out.display(), json.display());
+    Ok(())
+}
+
+/// The replay buffer of the latest saved state of a training run folder.
+fn latest_buffer(run: &std::path::Path) -> anyhow::Result<ReplayBuffer> {
+    let progress = run.join("state/progress.json");
+    let text = std::fs::read_to_string(&progress).with_context(|| {
+        format!(
+            "{}: no training state (expected a JEM run folder)",
+            progress.display()
+        )
+    })?;
+    let g = serde_json::from_str::<serde_json::Value>(&text)?["generation"]
+        .as_u64()
+        .with_context(|| format!("{}: no `generation` field", progress.display()))?;
+    let path = run.join(format!("state/objective-{g}.bin"));
+    let bytes = std::fs::read(&path)
+        .with_context(|| format!("cannot read {} (is this a JEM run?)", path.display()))?;
+    ReplayBuffer::from_bytes(&bytes, &path.display().to_string())
+}
