@@ -9,10 +9,22 @@
 //! (PGD, FGSM, boundary, pointwise, nonsense inputs) are issue #4 and not here yet.
 
 mod classifier;
+mod defence;
 mod linear;
+mod loss;
+mod model;
 pub mod noise;
+mod norm;
+mod outcome;
+mod pgd;
 mod sgld;
 
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
+pub use defence::{GradMode, SgldDefence, SgldDefenceConfig};
 pub use linear::LinearClassifier;
+pub use loss::AttackLoss;
+pub use model::{LossFn, Model, Undefended};
+pub use norm::Norm;
+pub use outcome::{AttackOutcome, ExampleOutcome};
+pub use pgd::PgdConfig;
 pub use sgld::{SgldConfig, SgldSampler, SgldTarget, UniformInit};

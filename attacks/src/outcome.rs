@@ -1,0 +1,68 @@
+//! The one result type of every attack: per example, the adversarial input, whether it is
+//! adversarial (confirmed by re-classification), its distance to the original in L0 / L2 / L∞
+//! pixel units, and what it cost. Fixed-ε and minimum-perturbation attacks both fill it, so that
+//! accuracy-vs-ε curves come from either the same way.
+
+use serde::{Deserialize, Serialize};
+
+use crate::norm::Norm;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExampleOutcome {
+    /// The model classified the clean input correctly (else it counts as an error at every ε
+    /// and is not attacked).
+    pub clean_correct: bool,
+    /// The returned input is misclassified (re-checked; with many chains for a stochastic model).
+    pub adversarial: bool,
+    /// Pixels (tensor elements) changed by more than 1e-6.
+    pub l0: f32,
+    pub l2: f32,
+    pub linf: f32,
+    /// Gradient evaluations of the (defended) model, EOT draws counted one by one.
+    pub gradient_evals: usize,
+    /// Forward evaluations (decision-based attacks, re-checks).
+    pub forward_evals: usize,
+}
+
+impl ExampleOutcome {
+    pub fn distance(&self, norm: Norm) -> f32 {
+        match norm {
+            Norm::Linf => self.linf,
+            Norm::L2 => self.l2,
+        }
+    }
+
+    /// Still correctly classified under every perturbation of size ≤ `eps` this attack tried.
+    /// A fixed-ε attack answers only for its own ε; a minimum-perturbation attack for any.
+    pub fn robust_at(&self, norm: Norm, eps: f32) -> bool {
+        self.clean_correct
+            && !(self.adversarial && self.distance(norm) <= eps * (1.0 + 1e-5) + 1e-7)
+    }
+}
+
+/// An attack's result on a batch.
+#[derive(Debug, Clone)]
+pub struct AttackOutcome {
+    pub examples: Vec<ExampleOutcome>,
+    /// The returned inputs, `[N, C, H, W]` row-major in [0, 1] (the clean input where the
+    /// attack found nothing).
+    pub inputs: Vec<f32>,
+    pub shape: [usize; 4],
+}
+
+impl AttackOutcome {
+    /// Fraction of examples that are robust at `eps` (clean errors count as not robust).
+    pub fn robust_accuracy(&self, norm: Norm, eps: f32) -> f64 {
+        let n = self.examples.len().max(1);
+        self.examples
+            .iter()
+            .filter(|e| e.robust_at(norm, eps))
+            .count() as f64
+            / n as f64
+    }
+
+    pub fn clean_accuracy(&self) -> f64 {
+        let n = self.examples.len().max(1);
+        self.examples.iter().filter(|e| e.clean_correct).count() as f64 / n as f64
+    }
+}

@@ -1,0 +1,228 @@
+//! PGD and FGSM against cases with known answers, and the `full` gradient through SGLD steps
+//! against finite differences of the whole defended model.
+//!
+//! A binary linear classifier f(x) = Wx + b has minimal adversarial perturbations in closed
+//! form: |margin| / ‖w₀ − w₁‖₂ under L2 and |margin| / ‖w₀ − w₁‖₁ under L∞ (when the [0, 1]
+//! box does not bind, which the inputs here ensure).
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::{Int, Tensor, TensorData};
+use jem_attacks::{
+    AttackLoss, GradMode, LinearClassifier, Model, Norm, PgdConfig, SgldConfig, SgldDefence,
+    SgldDefenceConfig, SgldSampler, Undefended,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+type I = Flex;
+type B = Autodiff<Flex>;
+const D: usize = 16; // images are 1 × 4 × 4
+
+fn image(v: &[f32]) -> Tensor<I, 4> {
+    Tensor::from_data(
+        TensorData::new(v.to_vec(), [v.len() / D, 1, 4, 4]),
+        &Default::default(),
+    )
+}
+
+fn label(y: i64) -> Tensor<I, 1, Int> {
+    Tensor::from_data(TensorData::new(vec![y], [1]), &Default::default())
+}
+
+struct Case {
+    w: Vec<f32>,
+    b: Vec<f32>,
+    x: Vec<f32>,
+    y: i64,
+    min_l2: f32,
+    min_linf: f32,
+}
+
+/// Random binary problems with x near the middle of the box and a small margin.
+fn cases(n: usize) -> Vec<Case> {
+    let mut rng = StdRng::seed_from_u64(42);
+    (0..n)
+        .map(|_| {
+            let w: Vec<f32> = (0..2 * D).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x: Vec<f32> = (0..D).map(|_| rng.random_range(0.4..0.6)).collect();
+            let z = |k: usize| (0..D).map(|d| w[k * D + d] * x[d]).sum::<f32>();
+            // Bias so that class 0 wins by a margin between 0.2 and 0.6.
+            let margin = rng.random_range(0.2..0.6);
+            let b = vec![0.0, z(0) - z(1) - margin];
+            let diff: Vec<f32> = (0..D).map(|d| w[d] - w[D + d]).collect();
+            let l2 = diff.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let l1 = diff.iter().map(|v| v.abs()).sum::<f32>();
+            Case {
+                w,
+                b,
+                x,
+                y: 0,
+                min_l2: margin / l2,
+                min_linf: margin / l1,
+            }
+        })
+        .collect()
+}
+
+fn undefended(c: &Case) -> Undefended<LinearClassifier<B>> {
+    Undefended::new(LinearClassifier::<B>::new(
+        c.w.clone(),
+        c.b.clone(),
+        2,
+        &Default::default(),
+    ))
+}
+
+fn attack_succeeds(cfg: &PgdConfig, c: &Case, eps: f32) -> bool {
+    let model = undefended(c);
+    let out = cfg.run::<B, _>(&model, image(&c.x), label(c.y), eps);
+    let e = &out.examples[0];
+    assert!(e.clean_correct);
+    // Inside the ball and the box, whatever the outcome.
+    assert!(
+        e.distance(cfg.norm) <= eps * 1.0001 + 1e-6,
+        "{e:?} at {eps}"
+    );
+    assert!(out.inputs.iter().all(|v| (0.0..=1.0).contains(v)));
+    // The success flag agrees with re-classification of the returned input.
+    let mut rng = StdRng::seed_from_u64(0);
+    let logits: Vec<f32> = Model::<B>::logits(&model, image(&out.inputs), &mut rng)
+        .into_data()
+        .to_vec()
+        .unwrap();
+    assert_eq!(e.adversarial, logits[1] > logits[0], "{e:?} {logits:?}");
+    e.adversarial
+}
+
+#[test]
+fn pgd_finds_the_minimal_perturbation_of_a_linear_model() {
+    for norm in [Norm::Linf, Norm::L2] {
+        let mut cfg = PgdConfig::pgd(norm);
+        cfg.steps = 100;
+        cfg.rel_stepsize = 0.05;
+        cfg.loss = AttackLoss::Margin;
+        for c in cases(6) {
+            let min = match norm {
+                Norm::Linf => c.min_linf,
+                Norm::L2 => c.min_l2,
+            };
+            assert!(min < 0.1 * if norm == Norm::Linf { 1.0 } else { 4.0 });
+            assert!(
+                attack_succeeds(&cfg, &c, 1.02 * min),
+                "{norm} just above {min}"
+            );
+            assert!(
+                !attack_succeeds(&cfg, &c, 0.98 * min),
+                "{norm} just below {min}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fgsm_is_optimal_on_a_linear_model_and_stays_in_the_ball() {
+    // One step of size ε along sign(∇) (L∞) or ∇/‖∇‖ (L2) is the optimal perturbation of a
+    // binary linear model, so FGSM / FGM succeed exactly above the minimum.
+    for norm in [Norm::Linf, Norm::L2] {
+        let cfg = PgdConfig::fgsm(norm);
+        for c in cases(4) {
+            let min = match norm {
+                Norm::Linf => c.min_linf,
+                Norm::L2 => c.min_l2,
+            };
+            assert!(attack_succeeds(&cfg, &c, 1.02 * min), "{norm}");
+            assert!(!attack_succeeds(&cfg, &c, 0.98 * min), "{norm}");
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_result_and_clean_errors_are_not_attacked() {
+    let c = &cases(1)[0];
+    let model = undefended(c);
+    let cfg = PgdConfig::pgd(Norm::L2);
+    let a = cfg.run::<B, _>(&model, image(&c.x), label(c.y), 0.5 * c.min_l2);
+    let b = cfg.run::<B, _>(&model, image(&c.x), label(c.y), 0.5 * c.min_l2);
+    assert_eq!(a.inputs, b.inputs);
+    assert_eq!(a.examples, b.examples);
+    // Labelled with the wrong class: a clean error, not robust at any ε, never attacked.
+    let wrong = cfg.run::<B, _>(&model, image(&c.x), label(1), 0.1);
+    assert!(!wrong.examples[0].clean_correct && wrong.examples[0].gradient_evals == 0);
+    assert_eq!(wrong.robust_accuracy(Norm::L2, 0.0), 0.0);
+}
+
+/// The defended linear model: K SGLD steps on LSE(Wx + b), 2 chains, data noise.
+fn defended(k: usize, grad: GradMode) -> SgldDefence<LinearClassifier<B>> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let classes = 3;
+    let w: Vec<f32> = (0..classes * D)
+        .map(|_| rng.random_range(-0.6..0.6))
+        .collect();
+    let b: Vec<f32> = (0..classes).map(|_| rng.random_range(-0.5..0.5)).collect();
+    let sampler = SgldSampler::new(SgldConfig {
+        steps: k,
+        step_size: 1.0,
+        noise: 0.01,
+        pixel_scale: vec![0.5],
+        clamp: false,
+    });
+    let cfg = SgldDefenceConfig {
+        chains: 2,
+        recheck_chains: 8,
+        init_noise: 0.03,
+        grad,
+        hvp_step: 1e-3,
+    };
+    SgldDefence::new(
+        LinearClassifier::<B>::new(w, b, classes, &Default::default()),
+        sampler,
+        cfg,
+    )
+}
+
+/// ⟨∇L, d⟩ from the model's gradient and from central differences of the whole defended map,
+/// with the chains' noise held fixed (same seed for every evaluation).
+fn directional(model: &impl Model<B>, x: &[f32], y: i64, d: &[f32], h: f32) -> (f64, f64) {
+    let loss = |l: Tensor<B, 2>| AttackLoss::CrossEntropy.of(l, Tensor::from_inner(label(y)));
+    let (g, _) = model.loss_gradient(image(x), &loss, &mut StdRng::seed_from_u64(5));
+    let g: Vec<f32> = g.into_data().to_vec().unwrap();
+    let analytic: f64 = g
+        .iter()
+        .zip(d)
+        .map(|(a, b)| (*a as f64) * (*b as f64))
+        .sum();
+    let at = |s: f32| -> f64 {
+        let shifted: Vec<f32> = x.iter().zip(d).map(|(a, b)| a + s * b).collect();
+        let logits = model.logits(image(&shifted), &mut StdRng::seed_from_u64(5));
+        let l = AttackLoss::CrossEntropy.of(logits, label(y));
+        l.into_scalar() as f64
+    };
+    (analytic, (at(h) - at(-h)) / (2.0 * h as f64))
+}
+
+#[test]
+fn full_gradient_through_sgld_matches_finite_differences() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let x: Vec<f32> = (0..D).map(|_| rng.random_range(0.2..0.8)).collect();
+    for k in [1, 10] {
+        let full = defended(k, GradMode::Full);
+        let bpda = defended(k, GradMode::Bpda);
+        let mut bpda_off = 0.0f64;
+        for trial in 0..3 {
+            let d: Vec<f32> = (0..D).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let (g, fd) = directional(&full, &x, trial % 3, &d, 1e-2);
+            assert!(
+                (g - fd).abs() <= 2e-3 + 1e-2 * fd.abs(),
+                "K={k}: full {g} vs fd {fd}"
+            );
+            let (gb, _) = directional(&bpda, &x, trial % 3, &d, 1e-2);
+            bpda_off = bpda_off.max((gb - fd).abs() / fd.abs().max(1e-3));
+        }
+        // BPDA ignores the Jacobian of the steps: it must be visibly off, or this test would
+        // not tell the two modes apart.
+        assert!(
+            bpda_off > 0.05,
+            "K={k}: BPDA within {bpda_off} of the true gradient"
+        );
+    }
+}
