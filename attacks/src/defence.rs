@@ -3,14 +3,14 @@
 //! averaged. Gradients through it come in two modes (SPEC §4):
 //!
 //! - `Full`: reverse mode through all K steps. The step x ← x + D ⊙ ∇ₓLSE f(x) + noise
-//!   (D = α s² per channel) has Jacobian I + diag(D) H(x), H the Hessian of LSE∘f. burn has no double backward, so the
-//!   Hessian-vector products H v are taken as central differences of exact input gradients,
-//!   (∇(x + h û) − ∇(x − h û)) / 2h · ‖v‖ per example, with û = v/‖v‖: error O(h²) where f is
-//!   smooth (tests check the whole map against finite differences for K = 1 and 10).
+//!   (D = α s² per channel) has Jacobian I + diag(D) H(x), H the Hessian of LSE∘f. burn has
+//!   no double backward, so the Hessian-vector products are formed as [`HessianVector`] says
+//!   (tests check the whole map against finite differences for K = 1 and 10).
 //! - `Bpda`: the K steps are the identity on the backward pass; the gradient is taken at x_K
 //!   (what the official JEM attack effectively did).
 
 use burn::module::Module;
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
@@ -64,8 +64,25 @@ pub struct SgldDefenceConfig {
     /// (JEM's σ_data; 0 for none).
     pub init_noise: f32,
     pub grad: GradMode,
+    /// How `Full` mode forms Hessian-vector products.
+    pub hvp: HessianVector,
     /// Finite-difference step h of the Hessian-vector products, in pixel units.
     pub hvp_step: f32,
+}
+
+/// Hessian-vector products of LSE∘f without double backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HessianVector {
+    /// For networks that are piecewise linear in their input (ReLU / LeakyReLU, average
+    /// pooling, convolutions and linear layers without normalisation: every WRN here), the
+    /// Hessian of LSE∘f is Jᵀ(diag p − p pᵀ)J almost everywhere (f's own second derivative
+    /// vanishes between kinks). J v comes from central differences of the logits, the rest
+    /// from reverse mode. Differencing gradients instead would blow up at every kink crossed.
+    PiecewiseLinear,
+    /// Central differences of exact input gradients, (∇(x + h û) − ∇(x − h û)) / 2h · ‖v‖:
+    /// for networks that are smooth in their input (softplus, tanh, …).
+    GradientDifferences,
 }
 
 pub struct SgldDefence<M> {
@@ -143,7 +160,7 @@ impl<M> SgldDefence<M> {
         Tensor::from_data(TensorData::new(v, [1, s.len(), 1, 1]), device)
     }
 
-    /// H(x) v for the Hessian H of Σ LSE f at x, per example, by central differences.
+    /// H(x) v for the Hessian H of Σ LSE f at x, per example (see [`HessianVector`]).
     fn hessian_vector<B: AutodiffBackend>(
         &self,
         x: Tensor<Inner<B>, 4>,
@@ -156,10 +173,31 @@ impl<M> SgldDefence<M> {
         let len = Norm::L2.size(v.clone()).reshape([n, 1, 1, 1]);
         let unit = v / len.clone().clamp_min(1e-30);
         let h = self.config.hvp_step;
-        let both = Tensor::cat(vec![x.clone() + unit.clone() * h, x - unit * h], 0);
-        let (g, _) = input_gradient::<B, M>(&self.classifier, both, log_sum_exp);
-        let (plus, minus) = (g.clone().slice([0..n]), g.slice([n..2 * n]));
-        (plus - minus) / (2.0 * h) * len
+        let both = Tensor::cat(vec![x.clone() + unit.clone() * h, x.clone() - unit * h], 0);
+        match self.config.hvp {
+            HessianVector::PiecewiseLinear => {
+                // J v from central differences of the logits (f is Lipschitz, so the error stays
+                // bounded even where a kink lies within ±h), then Jᵀ(diag p − p pᵀ)(J v) by
+                // reverse mode, exactly.
+                let logits = self.classifier.logits(Tensor::from_inner(both)).inner();
+                let jv = (logits.clone().slice([0..n]) - logits.slice([n..2 * n])) / (2.0 * h)
+                    * len.reshape([n, 1]);
+                let (_, at_x) = input_gradient::<B, M>(&self.classifier, x.clone(), |l| {
+                    l.sum_dim(1).reshape([n])
+                });
+                let p = softmax(at_x, 1);
+                let w = p.clone() * jv.clone() - p.clone() * (p * jv).sum_dim(1);
+                let (jtw, _) = input_gradient::<B, M>(&self.classifier, x, |l| {
+                    (l * Tensor::from_inner(w.clone())).sum_dim(1).reshape([n])
+                });
+                jtw
+            }
+            HessianVector::GradientDifferences => {
+                let (g, _) = input_gradient::<B, M>(&self.classifier, both, log_sum_exp);
+                let (plus, minus) = (g.clone().slice([0..n]), g.slice([n..2 * n]));
+                (plus - minus) / (2.0 * h) * len
+            }
+        }
     }
 
     /// Averages `[chains·N, K]` chain-major logits to `[N, K]`.

@@ -20,7 +20,7 @@ mod pgd;
 mod sgld;
 
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
-pub use defence::{GradMode, SgldDefence, SgldDefenceConfig};
+pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use linear::LinearClassifier;
 pub use loss::AttackLoss;
 pub use model::{LossFn, Model, Undefended};

@@ -6,10 +6,11 @@
 //! box does not bind, which the inputs here ensure).
 
 use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{
-    AttackLoss, GradMode, LinearClassifier, Model, Norm, PgdConfig, SgldConfig, SgldDefence,
-    SgldDefenceConfig, SgldSampler, Undefended,
+    AttackLoss, Classifier, GradMode, HessianVector, LinearClassifier, Model, Norm, PgdConfig,
+    SgldConfig, SgldDefence, SgldDefenceConfig, SgldSampler, Undefended,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -151,14 +152,41 @@ fn same_seed_same_result_and_clean_errors_are_not_attacked() {
     assert_eq!(wrong.robust_accuracy(Norm::L2, 0.0), 0.0);
 }
 
-/// The defended linear model: K SGLD steps on LSE(Wx + b), 2 chains, data noise.
-fn defended(k: usize, grad: GradMode) -> SgldDefence<LinearClassifier<B>> {
-    let mut rng = StdRng::seed_from_u64(7);
-    let classes = 3;
-    let w: Vec<f32> = (0..classes * D)
-        .map(|_| rng.random_range(-0.6..0.6))
+/// A two-layer tanh network: smooth in its input, so the defended map is smooth too.
+#[derive(Module, Debug, Clone)]
+struct SmoothMlp<Bk: burn::tensor::backend::Backend> {
+    hidden: LinearClassifier<Bk>,
+    out: LinearClassifier<Bk>,
+}
+
+impl<Bk: burn::tensor::backend::Backend> Classifier<Bk> for SmoothMlp<Bk> {
+    fn logits(&self, x: Tensor<Bk, 4>) -> Tensor<Bk, 2> {
+        let h = self.hidden.logits(x).tanh();
+        let [n, k] = h.dims();
+        self.out.logits(h.reshape([n, 1, 1, k]))
+    }
+}
+
+fn random_linear(
+    inputs: usize,
+    outputs: usize,
+    scale: f32,
+    rng: &mut StdRng,
+) -> LinearClassifier<B> {
+    let w: Vec<f32> = (0..outputs * inputs)
+        .map(|_| rng.random_range(-scale..scale))
         .collect();
-    let b: Vec<f32> = (0..classes).map(|_| rng.random_range(-0.5..0.5)).collect();
+    let b: Vec<f32> = (0..outputs).map(|_| rng.random_range(-0.5..0.5)).collect();
+    LinearClassifier::<B>::new(w, b, outputs, &Default::default())
+}
+
+/// K SGLD steps (α = 1, σ = 0.01 on the [−1, 1] scale), 2 chains, data noise, before `f`.
+fn defended<M: Classifier<B> + Module<B>>(
+    f: M,
+    k: usize,
+    grad: GradMode,
+    hvp: HessianVector,
+) -> SgldDefence<M> {
     let sampler = SgldSampler::new(SgldConfig {
         steps: k,
         step_size: 1.0,
@@ -171,13 +199,10 @@ fn defended(k: usize, grad: GradMode) -> SgldDefence<LinearClassifier<B>> {
         recheck_chains: 8,
         init_noise: 0.03,
         grad,
+        hvp,
         hvp_step: 1e-3,
     };
-    SgldDefence::new(
-        LinearClassifier::<B>::new(w, b, classes, &Default::default()),
-        sampler,
-        cfg,
-    )
+    SgldDefence::new(f, sampler, cfg)
 }
 
 /// ⟨∇L, d⟩ from the model's gradient and from central differences of the whole defended map,
@@ -200,22 +225,27 @@ fn directional(model: &impl Model<B>, x: &[f32], y: i64, d: &[f32], h: f32) -> (
     (analytic, (at(h) - at(-h)) / (2.0 * h as f64))
 }
 
-#[test]
-fn full_gradient_through_sgld_matches_finite_differences() {
+/// Checks `full` against finite differences for K = 1 and 10, and that BPDA is visibly off.
+fn check_full_gradient<M: Classifier<B> + Module<B> + Clone>(
+    f: M,
+    hvp: HessianVector,
+    classes: i64,
+) {
     let mut rng = StdRng::seed_from_u64(3);
     let x: Vec<f32> = (0..D).map(|_| rng.random_range(0.2..0.8)).collect();
     for k in [1, 10] {
-        let full = defended(k, GradMode::Full);
-        let bpda = defended(k, GradMode::Bpda);
+        let full = defended(f.clone(), k, GradMode::Full, hvp);
+        let bpda = defended(f.clone(), k, GradMode::Bpda, hvp);
         let mut bpda_off = 0.0f64;
         for trial in 0..3 {
             let d: Vec<f32> = (0..D).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let (g, fd) = directional(&full, &x, trial % 3, &d, 1e-2);
+            let y = trial % classes;
+            let (g, fd) = directional(&full, &x, y, &d, 1e-2);
             assert!(
                 (g - fd).abs() <= 2e-3 + 1e-2 * fd.abs(),
                 "K={k}: full {g} vs fd {fd}"
             );
-            let (gb, _) = directional(&bpda, &x, trial % 3, &d, 1e-2);
+            let (gb, _) = directional(&bpda, &x, y, &d, 1e-2);
             bpda_off = bpda_off.max((gb - fd).abs() / fd.abs().max(1e-3));
         }
         // BPDA ignores the Jacobian of the steps: it must be visibly off, or this test would
@@ -225,4 +255,26 @@ fn full_gradient_through_sgld_matches_finite_differences() {
             "K={k}: BPDA within {bpda_off} of the true gradient"
         );
     }
+}
+
+#[test]
+fn full_gradient_through_sgld_on_a_linear_model_matches_finite_differences() {
+    // LSE∘(Wx + b) has Hessian Wᵀ(diag p − p pᵀ)W everywhere: both product forms are exact.
+    let mut rng = StdRng::seed_from_u64(7);
+    for hvp in [
+        HessianVector::PiecewiseLinear,
+        HessianVector::GradientDifferences,
+    ] {
+        check_full_gradient(random_linear(D, 3, 0.6, &mut rng), hvp, 3);
+    }
+}
+
+#[test]
+fn full_gradient_through_sgld_on_a_smooth_network_matches_finite_differences() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let mlp = SmoothMlp {
+        hidden: random_linear(D, 12, 0.8, &mut rng),
+        out: random_linear(12, 4, 0.8, &mut rng),
+    };
+    check_full_gradient(mlp, HessianVector::GradientDifferences, 4);
 }
