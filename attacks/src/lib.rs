@@ -8,7 +8,9 @@
 //! whose answers are known in closed form, and the [`SgldSampler`]. The attacks themselves
 //! (PGD, FGSM, boundary, pointwise, nonsense inputs) are issue #4 and not here yet.
 
+mod boundary;
 mod classifier;
+mod decision;
 mod defence;
 mod linear;
 mod loss;
@@ -17,9 +19,12 @@ pub mod noise;
 mod norm;
 mod outcome;
 mod pgd;
+mod pointwise;
 mod sgld;
 
+pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
+pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use linear::LinearClassifier;
 pub use loss::AttackLoss;
@@ -27,4 +32,5 @@ pub use model::{LossFn, Model, Undefended};
 pub use norm::Norm;
 pub use outcome::{AttackOutcome, ExampleOutcome};
 pub use pgd::PgdConfig;
+pub use pointwise::PointwiseConfig;
 pub use sgld::{SgldConfig, SgldSampler, SgldTarget, UniformInit};

@@ -3,6 +3,8 @@
 //! pixel units, and what it cost. Fixed-ε and minimum-perturbation attacks both fill it, so that
 //! accuracy-vs-ε curves come from either the same way.
 
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::norm::Norm;
@@ -64,5 +66,40 @@ impl AttackOutcome {
     pub fn clean_accuracy(&self) -> f64 {
         let n = self.examples.len().max(1);
         self.examples.iter().filter(|e| e.clean_correct).count() as f64 / n as f64
+    }
+}
+
+impl AttackOutcome {
+    /// Fills in every example's L0 / L2 / L∞ distance between `original` and `returned`, and
+    /// keeps the returned inputs.
+    pub fn measure<B: Backend>(
+        original: Tensor<B, 4>,
+        returned: Tensor<B, 4>,
+        mut examples: Vec<ExampleOutcome>,
+    ) -> Self {
+        let shape = returned.dims();
+        let n = shape[0];
+        let delta = returned.clone() - original;
+        let values =
+            |t: Tensor<B, 1>| -> Vec<f32> { t.into_data().convert::<f32>().to_vec().expect("f32") };
+        let l2 = values(Norm::L2.size(delta.clone()));
+        let linf = values(Norm::Linf.size(delta.clone()));
+        let l0 = values(
+            delta
+                .abs()
+                .greater_elem(1e-6)
+                .float()
+                .flatten::<2>(1, 3)
+                .sum_dim(1)
+                .reshape([n]),
+        );
+        for (i, e) in examples.iter_mut().enumerate() {
+            (e.l0, e.l2, e.linf) = (l0[i], l2[i], linf[i]);
+        }
+        Self {
+            examples,
+            inputs: returned.into_data().convert::<f32>().to_vec().expect("f32"),
+            shape,
+        }
     }
 }

@@ -192,31 +192,9 @@ impl PgdConfig {
             }
         }
 
-        let delta = best.clone() - x;
-        let size = |norm: Norm| -> Vec<f32> {
-            norm.size(delta.clone()).into_data().to_vec().expect("f32")
-        };
-        let (l2, linf) = (size(Norm::L2), size(Norm::Linf));
-        let l0: Vec<f32> = delta
-            .clone()
-            .abs()
-            .greater_elem(1e-6)
-            .float()
-            .flatten::<2>(1, 3)
-            .sum_dim(1)
-            .reshape([n])
-            .into_data()
-            .to_vec()
-            .expect("f32");
-        for i in 0..n {
-            let e = &mut examples[i];
-            e.adversarial = found[i];
-            (e.l0, e.l2, e.linf) = (l0[i], l2[i], linf[i]);
+        for (e, &f) in examples.iter_mut().zip(&found) {
+            e.adversarial = f;
         }
-        AttackOutcome {
-            examples,
-            inputs: best.into_data().to_vec().expect("f32"),
-            shape: dims,
-        }
+        AttackOutcome::measure(x, best, examples)
     }
 }
