@@ -4,9 +4,13 @@
 //! Pixels are in [0, 1] everywhere; a model maps an `N×C×H×W` batch to `N×K` logits through the
 //! [`Classifier`] trait, so that an attack works on any network that implements it.
 //!
-//! Built so far: the [`Classifier`] interface with input gradients, a [`LinearClassifier`]
-//! whose answers are known in closed form, and the [`SgldSampler`]. The attacks themselves
-//! (PGD, FGSM, boundary, pointwise, nonsense inputs) are issue #4 and not here yet.
+//! - [`Model`]: what an attack sees — [`Undefended`], or [`SgldDefence`] (JEM-K: K SGLD steps
+//!   in n chains before classifying, gradients `full` or `bpda`).
+//! - Gradient attacks: [`PgdConfig`] (PGD and FGSM / FGM, L∞ and L2 through one [`Norm`] type,
+//!   restarts, EOT, early stop); [`NonsenseConfig`] (targeted search from noise).
+//! - Decision-based attacks: [`BoundaryConfig`], [`PointwiseConfig`].
+//! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked),
+//!   L0 / L2 / L∞ distances in pixel units, gradient and forward evaluations.
 
 mod boundary;
 mod classifier;
@@ -16,6 +20,7 @@ mod linear;
 mod loss;
 mod model;
 pub mod noise;
+mod nonsense;
 mod norm;
 mod outcome;
 mod pgd;
@@ -29,6 +34,7 @@ pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use linear::LinearClassifier;
 pub use loss::AttackLoss;
 pub use model::{LossFn, Model, Undefended};
+pub use nonsense::{NonsenseConfig, NonsenseOutcome};
 pub use norm::Norm;
 pub use outcome::{AttackOutcome, ExampleOutcome};
 pub use pgd::PgdConfig;
