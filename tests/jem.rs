@@ -1,13 +1,12 @@
 //! JEM training on real digits: resume continues the same chains and the same log, and the
 //! divergence guard rolls back and recovers on a deliberately unstable setting.
 
+mod common;
+
 use std::path::Path;
 
-use jem_bench::backend::{self, Inference, Train};
-use jem_bench::batches::{self, to_vec};
-use jem_bench::model::Checkpoint;
+use jem_bench::backend::{self, Train};
 use jem_bench::train::{train, JemObjective, TrainConfig, TrainKind};
-use jem_datasets::{embedded, Split};
 
 fn small_jem(out: &Path) -> TrainConfig {
     let mut cfg = TrainConfig {
@@ -51,19 +50,6 @@ fn rows(dir: &Path, name: &str) -> Vec<Vec<String>> {
         .lines()
         .map(|l| l.split(',').map(String::from).collect())
         .collect()
-}
-
-/// Logits of the best checkpoint on three test digits: equal weights give equal logits.
-fn weights(dir: &Path) -> Vec<f32> {
-    let (model, _) = Checkpoint::at(dir.join("model"))
-        .load::<Inference>(&backend::device())
-        .unwrap();
-    let data = embedded::mnist(Split::Test).unwrap();
-    to_vec(model.forward(batches::images::<Inference>(
-        &data,
-        &[0, 1, 2],
-        &backend::device(),
-    )))
 }
 
 fn file(dir: &Path, name: &str) -> Vec<u8> {
@@ -120,7 +106,10 @@ fn resumed_jem_run_continues_the_same_chains_and_log() {
         }
     }
     assert!(a[1..].iter().all(|r| r.iter().all(|v| !v.contains("NaN"))));
-    let (wa, wb) = (weights(whole.path()), weights(parts.path()));
+    let (wa, wb) = (
+        common::best_logits(whole.path()),
+        common::best_logits(parts.path()),
+    );
     let worst = wa
         .iter()
         .zip(&wb)

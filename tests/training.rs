@@ -1,13 +1,15 @@
 //! Training on real MNIST: steps lower the loss, and an interrupted run resumes to exactly the
 //! weights and log of an uninterrupted one.
 
+mod common;
+
 use std::path::Path;
 
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches::{self, to_vec};
-use jem_bench::model::{Checkpoint, WideResNetConfig};
+use jem_bench::model::WideResNetConfig;
 use jem_bench::train::{
     cross_entropy, train, ClassifierObjective, GuardConfig, JemConfig, TrainConfig, TrainKind,
 };
@@ -74,18 +76,6 @@ fn small_run(out: &Path) -> TrainConfig {
     }
 }
 
-fn weights(dir: &Path) -> Vec<f32> {
-    let (model, _) = Checkpoint::at(dir.join("model"))
-        .load::<Inference>(&backend::device())
-        .unwrap();
-    let data = embedded::mnist(Split::Test).unwrap();
-    to_vec(model.forward(batches::images::<Inference>(
-        &data,
-        &[0, 1, 2],
-        &backend::device(),
-    )))
-}
-
 #[test]
 fn interrupted_run_resumes_to_the_same_result() {
     let device = backend::device();
@@ -131,7 +121,10 @@ fn interrupted_run_resumes_to_the_same_result() {
         assert_eq!(ra[..ra.len() - 1], rb[..rb.len() - 1]);
     }
     assert_eq!(log(parts.path(), "epochs.csv").len(), 3);
-    assert_eq!(weights(whole.path()), weights(parts.path()));
+    assert_eq!(
+        common::best_logits(whole.path()),
+        common::best_logits(parts.path())
+    );
     assert_eq!(done.best_val_accuracy, resumed.best_val_accuracy);
 
     // A finished run can be extended by more epochs: it continues from where it stopped.

@@ -8,15 +8,14 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
-use crate::decision::Oracle;
+use crate::decision::Start;
 use crate::model::Model;
-use crate::outcome::{AttackOutcome, ExampleOutcome};
+use crate::outcome::AttackOutcome;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -97,26 +96,15 @@ impl BoundaryConfig {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
     ) -> AttackOutcome {
-        let [n, c, h, w] = x.dims();
-        let d = c * h * w;
-        let device = x.device();
-        let mut rng = StdRng::seed_from_u64(self.seed);
-        let labels: Vec<i64> = y.into_data().convert::<i64>().to_vec().expect("labels");
-        let original: Vec<f32> = x.clone().into_data().to_vec().expect("f32");
-        let mut oracle = Oracle::new::<B>(model, labels, [c, h, w], self.repeats);
-        let all: Vec<usize> = (0..n).collect();
-        let clean_wrong = oracle.adversarial::<B>(&original, &all, &device, &mut rng);
-        let mut examples: Vec<ExampleOutcome> = (0..n)
-            .map(|i| ExampleOutcome {
-                clean_correct: !clean_wrong[i],
-                adversarial: false,
-                l0: 0.0,
-                l2: 0.0,
-                linf: 0.0,
-                gradient_evals: 0,
-                forward_evals: 0,
-            })
-            .collect();
+        let n = x.dims()[0];
+        let mut st = Start::<M, B>::new(model, x, y, self.repeats, self.seed);
+        let d = st.d;
+        let (device, original, clean_wrong) = (
+            st.device.clone(),
+            st.original.clone(),
+            st.clean_wrong.clone(),
+        );
+        let (oracle, rng) = (&mut st.oracle, &mut st.rng);
         let x0 = |i: usize| &original[i * d..(i + 1) * d];
 
         // Start: blended uniform noise.
@@ -126,9 +114,7 @@ impl BoundaryConfig {
         let mut found = vec![false; n];
         let mut noise: Vec<Vec<f32>> = vec![Vec::new(); n];
         for _ in 0..self.init_draws {
-            let rows: Vec<usize> = (0..n)
-                .filter(|&i| examples[i].clean_correct && !found[i])
-                .collect();
+            let rows: Vec<usize> = (0..n).filter(|&i| !clean_wrong[i] && !found[i]).collect();
             if rows.is_empty() {
                 break;
             }
@@ -137,7 +123,7 @@ impl BoundaryConfig {
                 .map(|_| (0..d).map(|_| rng.random::<f32>()).collect())
                 .collect();
             let flat: Vec<f32> = draws.concat();
-            let adv = oracle.adversarial::<B>(&flat, &rows, &device, &mut rng);
+            let adv = oracle.adversarial::<B>(&flat, &rows, &device, rng);
             for (j, &i) in rows.iter().enumerate() {
                 if adv[j] {
                     found[i] = true;
@@ -160,7 +146,7 @@ impl BoundaryConfig {
                 .map(|&i| blend(i, 0.5 * (lo[i] + hi[i])))
                 .collect();
             let flat: Vec<f32> = mids.iter().flatten().map(|&v| v as f32).collect();
-            let adv = oracle.adversarial::<B>(&flat, &started, &device, &mut rng);
+            let adv = oracle.adversarial::<B>(&flat, &started, &device, rng);
             for (j, &i) in started.iter().enumerate() {
                 let mid = 0.5 * (lo[i] + hi[i]);
                 if adv[j] {
@@ -199,7 +185,7 @@ impl BoundaryConfig {
                 dist_before.push(r);
                 let unit: Vec<f64> = to_source.iter().map(|v| v / r).collect();
                 // Gaussian step orthogonal to the source direction, of length spherical·r.
-                let mut eta: Vec<f64> = (0..d).map(|_| StandardNormal.sample(&mut rng)).collect();
+                let mut eta: Vec<f64> = (0..d).map(|_| StandardNormal.sample(rng)).collect();
                 let along: f64 = eta.iter().zip(&unit).map(|(a, b)| a * b).sum();
                 eta.iter_mut().zip(&unit).for_each(|(e, u)| *e -= along * u);
                 let scale = spherical[i] * r / norm(&eta).max(1e-30);
@@ -222,9 +208,9 @@ impl BoundaryConfig {
                 );
                 on_sphere.extend(sph.iter().map(|s| s.clamp(0.0, 1.0) as f32));
             }
-            let adv = oracle.adversarial::<B>(&candidates, &rows, &device, &mut rng);
+            let adv = oracle.adversarial::<B>(&candidates, &rows, &device, rng);
             let sph_adv = if check {
-                oracle.adversarial::<B>(&on_sphere, &rows, &device, &mut rng)
+                oracle.adversarial::<B>(&on_sphere, &rows, &device, rng)
             } else {
                 Vec::new()
             };
@@ -271,17 +257,7 @@ impl BoundaryConfig {
             }
         }
 
-        // Confirm the final points and measure them.
         let flat: Vec<f32> = best.iter().flatten().map(|&v| v as f32).collect();
-        let confirmed = oracle.adversarial::<B>(&flat, &all, &device, &mut rng);
-        for (i, e) in examples.iter_mut().enumerate() {
-            e.adversarial = e.clean_correct && found[i] && confirmed[i];
-            e.forward_evals = oracle.queries[i];
-        }
-        let returned = Tensor::<Inner<B>, 4>::from_data(
-            burn::tensor::TensorData::new(flat, [n, c, h, w]),
-            &device,
-        );
-        AttackOutcome::measure(x, returned, examples)
+        st.finish(flat, &found)
     }
 }

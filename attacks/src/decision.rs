@@ -4,10 +4,12 @@
 //! counted per example.
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use crate::model::Model;
+use crate::outcome::{AttackOutcome, ExampleOutcome};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -83,5 +85,70 @@ impl<'a, M> Oracle<'a, M> {
             }
         }
         wrong
+    }
+}
+
+/// What every decision-based attack starts from: the oracle, the inputs on the host, which of
+/// them the model already gets wrong (those are not attacked), and the seeded generator.
+pub(crate) struct Start<'a, M, B: AutodiffBackend> {
+    pub oracle: Oracle<'a, M>,
+    pub x: Tensor<Inner<B>, 4>,
+    pub original: Vec<f32>,
+    pub clean_wrong: Vec<bool>,
+    pub rng: StdRng,
+    pub device: burn::tensor::Device<Inner<B>>,
+    /// Pixels per image.
+    pub d: usize,
+}
+
+impl<'a, M: Model<B>, B: AutodiffBackend> Start<'a, M, B> {
+    pub fn new(
+        model: &'a M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        repeats: usize,
+        seed: u64,
+    ) -> Self {
+        let [n, c, h, w] = x.dims();
+        let device = x.device();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let labels: Vec<i64> = y.into_data().convert::<i64>().to_vec().expect("labels");
+        let original: Vec<f32> = x.clone().into_data().to_vec().expect("f32");
+        let mut oracle = Oracle::new::<B>(model, labels, [c, h, w], repeats);
+        let all: Vec<usize> = (0..n).collect();
+        let clean_wrong = oracle.adversarial::<B>(&original, &all, &device, &mut rng);
+        Self {
+            oracle,
+            x,
+            original,
+            clean_wrong,
+            rng,
+            device,
+            d: c * h * w,
+        }
+    }
+
+    /// Confirms the returned images (`found`: the attack believes them adversarial), counts the
+    /// queries and measures the distances.
+    pub fn finish(mut self, returned: Vec<f32>, found: &[bool]) -> AttackOutcome {
+        let dims = self.x.dims();
+        let all: Vec<usize> = (0..dims[0]).collect();
+        let confirmed = self
+            .oracle
+            .adversarial::<B>(&returned, &all, &self.device, &mut self.rng);
+        let examples = (0..dims[0])
+            .map(|i| ExampleOutcome {
+                clean_correct: !self.clean_wrong[i],
+                adversarial: !self.clean_wrong[i] && found[i] && confirmed[i],
+                l0: 0.0,
+                l2: 0.0,
+                linf: 0.0,
+                gradient_evals: 0,
+                forward_evals: self.oracle.queries[i],
+            })
+            .collect();
+        let returned =
+            Tensor::<Inner<B>, 4>::from_data(TensorData::new(returned, dims), &self.device);
+        AttackOutcome::measure(self.x, returned, examples)
     }
 }

@@ -6,15 +6,14 @@
 //! advance in lock step, one batched query per pixel visit. "Pixel" means tensor element.
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor, TensorData};
-use rand::rngs::StdRng;
+use burn::tensor::{Int, Tensor};
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::decision::Oracle;
+use crate::decision::Start;
 use crate::model::Model;
-use crate::outcome::{AttackOutcome, ExampleOutcome};
+use crate::outcome::AttackOutcome;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -53,15 +52,15 @@ impl PointwiseConfig {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
     ) -> AttackOutcome {
-        let [n, c, h, w] = x.dims();
-        let d = c * h * w;
-        let device = x.device();
-        let mut rng = StdRng::seed_from_u64(self.seed);
-        let labels: Vec<i64> = y.into_data().convert::<i64>().to_vec().expect("labels");
-        let original: Vec<f32> = x.clone().into_data().to_vec().expect("f32");
-        let mut oracle = Oracle::new::<B>(model, labels, [c, h, w], self.repeats);
-        let all: Vec<usize> = (0..n).collect();
-        let clean_wrong = oracle.adversarial::<B>(&original, &all, &device, &mut rng);
+        let n = x.dims()[0];
+        let mut st = Start::<M, B>::new(model, x, y, self.repeats, self.seed);
+        let d = st.d;
+        let (device, original, clean_wrong) = (
+            st.device.clone(),
+            st.original.clone(),
+            st.clean_wrong.clone(),
+        );
+        let (oracle, rng) = (&mut st.oracle, &mut st.rng);
         let mut adv: Vec<Vec<f32>> = (0..n)
             .map(|i| original[i * d..(i + 1) * d].to_vec())
             .collect();
@@ -94,7 +93,7 @@ impl PointwiseConfig {
                             .collect()
                     })
                     .collect();
-                let ok = oracle.adversarial::<B>(&draws.concat(), &rows, &device, &mut rng);
+                let ok = oracle.adversarial::<B>(&draws.concat(), &rows, &device, rng);
                 for (j, &i) in rows.iter().enumerate() {
                     if ok[j] {
                         found[i] = true;
@@ -120,7 +119,7 @@ impl PointwiseConfig {
                     .iter()
                     .map(|&i| (0..d).filter(|&k| adv[i][k] != x0(i)[k]).collect())
                     .collect();
-                orders.iter_mut().for_each(|o| o.shuffle(&mut rng));
+                orders.iter_mut().for_each(|o| o.shuffle(rng));
                 let longest = orders.iter().map(Vec::len).max().unwrap_or(0);
                 let mut changed = false;
                 for pos in 0..longest {
@@ -138,7 +137,7 @@ impl PointwiseConfig {
                             t
                         })
                         .collect();
-                    let ok = oracle.adversarial::<B>(&trial, &rows, &device, &mut rng);
+                    let ok = oracle.adversarial::<B>(&trial, &rows, &device, rng);
                     for ((&i, &k), keep) in rows.iter().zip(&pixels).zip(ok) {
                         if keep {
                             adv[i][k] = x0(i)[k];
@@ -176,7 +175,7 @@ impl PointwiseConfig {
                             t
                         })
                         .collect();
-                    let ok = oracle.adversarial::<B>(&trial, &rows, &device, &mut rng);
+                    let ok = oracle.adversarial::<B>(&trial, &rows, &device, rng);
                     for (j, keep) in ok.into_iter().enumerate() {
                         let mid = 0.5 * (lo[j] + hi[j]);
                         if keep {
@@ -200,21 +199,6 @@ impl PointwiseConfig {
             }
         }
 
-        let flat: Vec<f32> = adv.concat();
-        let confirmed = oracle.adversarial::<B>(&flat, &all, &device, &mut rng);
-        let examples = (0..n)
-            .map(|i| ExampleOutcome {
-                clean_correct: !clean_wrong[i],
-                adversarial: !clean_wrong[i] && found[i] && confirmed[i],
-                l0: 0.0,
-                l2: 0.0,
-                linf: 0.0,
-                gradient_evals: 0,
-                forward_evals: oracle.queries[i],
-            })
-            .collect();
-        let returned =
-            Tensor::<Inner<B>, 4>::from_data(TensorData::new(flat, [n, c, h, w]), &device);
-        AttackOutcome::measure(x, returned, examples)
+        st.finish(adv.concat(), &found)
     }
 }

@@ -1,0 +1,23 @@
+//! Shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use jem_bench::backend::{self, Inference};
+use jem_bench::batches::{self, to_vec};
+use jem_bench::model::Checkpoint;
+use jem_datasets::{embedded, Split};
+
+/// Logits of a run's best checkpoint (`DIR/model`) on three test digits: equal weights give
+/// equal logits.
+pub fn best_logits(dir: &Path) -> Vec<f32> {
+    let (model, _) = Checkpoint::at(dir.join("model"))
+        .load::<Inference>(&backend::device())
+        .unwrap();
+    let data = embedded::mnist(Split::Test).unwrap();
+    to_vec(model.forward(batches::images::<Inference>(
+        &data,
+        &[0, 1, 2],
+        &backend::device(),
+    )))
+}
