@@ -4,9 +4,11 @@
 
 pub mod backend;
 pub mod batches;
+pub mod defended;
 pub mod energy;
 pub mod image_grid;
 pub mod metrics;
 pub mod model;
+pub mod nonsense;
 pub mod sample;
 pub mod train;

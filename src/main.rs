@@ -35,8 +35,8 @@ enum Command {
     Import(ImportArgs),
     /// Sweep attacks × ε × sampling steps × models; CSV, plots, summary [not built yet].
     Robust(Unbuilt),
-    /// Nonsense-input (distal adversarial) search per model and class [not built yet].
-    Nonsense(Unbuilt),
+    /// Nonsense-input (distal adversarial) search per model, K and class.
+    Nonsense(jem_bench::nonsense::NonsenseArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression [not built yet].
     Regress(Unbuilt),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
@@ -110,7 +110,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => run_eval(args),
         Command::Import(args) => run_import(args),
         Command::Robust(_) => unbuilt("robust", 5),
-        Command::Nonsense(_) => unbuilt("nonsense", 5),
+        Command::Nonsense(args) => jem_bench::nonsense::run(args),
         Command::Regress(_) => unbuilt("regress", 5),
         Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(_) => unbuilt("report", 5),

@@ -1,0 +1,172 @@
+//! `jem-bench nonsense`: the nonsense-input test (SPEC §4) for each model and number of SGLD
+//! sampling steps K: from uniform noise, search for inputs the model assigns to each class with
+//! confidence ≥ the threshold. Writes a table (fraction of searches that reach the threshold,
+//! median confidence and iterations), a per-search CSV, a JSON record of every setting, and per
+//! K a PNG grid with a row per model and a column per class.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use jem_attacks::{GradMode, NonsenseConfig};
+use serde::Serialize;
+
+use crate::backend::{self, Train};
+use crate::defended::{DefenceArgs, Defended};
+use crate::image_grid::{write_grid, ImageBatch};
+use crate::model::{write_atomic, Checkpoint, SOFTWARE};
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct NonsenseArgs {
+    /// Checkpoints, comma-separated (default: the embedded baseline).
+    #[arg(long, value_delimiter = ',', default_value = "results/models/baseline")]
+    pub models: Vec<PathBuf>,
+    /// SGLD sampling steps K before classifying, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub steps: Vec<usize>,
+    /// Searches per class.
+    #[arg(long, default_value_t = 3)]
+    pub per_class: usize,
+    /// Iterations per search at most (the ABS code used 10 000; lowered so that a run on a CPU
+    /// ends in minutes — searches that reach the threshold stop early anyway).
+    #[arg(long, default_value_t = 1000)]
+    pub max_iters: usize,
+    #[arg(long, default_value_t = 0.9)]
+    pub threshold: f32,
+    /// SGD learning rate and momentum of the search (ABS: 1 and 0.95).
+    #[arg(long, default_value_t = 1.0)]
+    pub lr: f32,
+    #[arg(long, default_value_t = 0.95)]
+    pub momentum: f32,
+    #[command(flatten)]
+    pub defence: DefenceArgs,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, default_value = "runs/nonsense")]
+    pub out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Row {
+    model: String,
+    k: usize,
+    searches: usize,
+    reached_fraction: f64,
+    median_confidence: f32,
+    median_iterations: usize,
+}
+
+fn median<T: Copy + PartialOrd>(v: &[T]) -> T {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    s[s.len() / 2]
+}
+
+pub fn run(args: NonsenseArgs) -> anyhow::Result<()> {
+    let device = backend::device();
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut rows = Vec::new();
+    let mut searches = csv::Writer::from_writer(Vec::new());
+    searches.write_record([
+        "model",
+        "k",
+        "target",
+        "confidence",
+        "iterations",
+        "reached",
+    ])?;
+    let cfg = NonsenseConfig {
+        max_iters: args.max_iters,
+        lr: args.lr,
+        momentum: args.momentum,
+        threshold: args.threshold,
+        seed: args.seed,
+    };
+    for &k in &args.steps {
+        let mut grid: Vec<f32> = Vec::new();
+        let (mut classes, mut shape) = (0, [0; 3]);
+        for path in &args.models {
+            let ckpt = Checkpoint::at(path);
+            let (model, sidecar) = ckpt.load::<Train>(&device)?;
+            let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
+            shape = source.image_shape();
+            classes = sidecar.architecture.num_classes;
+            let targets: Vec<usize> = (0..classes)
+                .flat_map(|c| std::iter::repeat_n(c, args.per_class))
+                .collect();
+            let defended = Defended::new(model, &sidecar, k, GradMode::Full, &args.defence)?;
+            let out = cfg.run::<Train, _>(&defended, shape, &targets, &device);
+            let name = ckpt.weights.display().to_string();
+            for i in 0..targets.len() {
+                searches.write_record([
+                    name.clone(),
+                    k.to_string(),
+                    targets[i].to_string(),
+                    format!("{:.5}", out.confidence[i]),
+                    out.iterations[i].to_string(),
+                    out.reached[i].to_string(),
+                ])?;
+            }
+            let reached = out.reached.iter().filter(|&&r| r).count();
+            rows.push(Row {
+                model: name,
+                k,
+                searches: targets.len(),
+                reached_fraction: reached as f64 / targets.len() as f64,
+                median_confidence: median(&out.confidence),
+                median_iterations: median(&out.iterations),
+            });
+            // The first search of each class goes into the grid.
+            let len: usize = shape.iter().product();
+            for c in 0..classes {
+                let i = c * args.per_class;
+                grid.extend_from_slice(&out.images[i * len..(i + 1) * len]);
+            }
+        }
+        let [c, h, w] = shape;
+        let batch = ImageBatch {
+            pixels: &grid,
+            channels: c,
+            height: h,
+            width: w,
+        };
+        write_grid(
+            &args.out.join(format!("grid-k{k}.png")),
+            &batch,
+            args.models.len(),
+            classes,
+        )?;
+    }
+    write_atomic(&args.out.join("searches.csv"), &searches.into_inner()?)?;
+    let mut table = csv::Writer::from_writer(Vec::new());
+    for r in &rows {
+        table.serialize(r)?;
+    }
+    write_atomic(&args.out.join("nonsense.csv"), &table.into_inner()?)?;
+    let record = serde_json::json!({
+        "software": SOFTWARE,
+        "backend": backend::name(),
+        "settings": &args,
+        "search": &cfg,
+        "gradient": "full (through the SGLD steps)",
+        "units": "pixels in [0, 1]; confidence = p(y = target | x) re-checked with recheck_chains chains",
+        "rows": &rows,
+    });
+    write_atomic(
+        &args.out.join("nonsense.json"),
+        serde_json::to_string_pretty(&record)?.as_bytes(),
+    )?;
+    println!(
+        "{:<40} {:>3} {:>8} {:>10} {:>11} {:>10}",
+        "model", "K", "searches", "≥ threshold", "median conf", "median its"
+    );
+    for r in &rows {
+        println!(
+            "{:<40} {:>3} {:>8} {:>10.2} {:>11.3} {:>10}",
+            r.model, r.k, r.searches, r.reached_fraction, r.median_confidence, r.median_iterations
+        );
+    }
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
