@@ -230,3 +230,47 @@ fn full_gradient_through_sgld_on_a_smooth_network_matches_finite_differences() {
     };
     check_full_gradient(mlp, HessianVector::GradientDifferences, 4);
 }
+
+#[test]
+fn eot_averages_draws_and_counts_each_gradient() {
+    // A stochastic defence: every gradient call draws new chain noise. With EOT over 4 draws
+    // and 5 steps without early stop, each attacked example costs 20 gradient evaluations,
+    // and its break is re-checked once with the recheck chains.
+    let mut rng = StdRng::seed_from_u64(11);
+    let model = defended(
+        random_linear(D, 3, 0.6, &mut rng),
+        1,
+        GradMode::Bpda,
+        HessianVector::PiecewiseLinear,
+    );
+    assert!(Model::<B>::is_stochastic(&model));
+    let x: Vec<f32> = (0..2 * D).map(|_| rng.random_range(0.3..0.7)).collect();
+    let mut s = StdRng::seed_from_u64(0);
+    let pred: Vec<i64> = Model::<B>::logits(&model, image(&x), &mut s)
+        .argmax(1)
+        .reshape([2])
+        .into_data()
+        .convert::<i64>()
+        .to_vec()
+        .unwrap();
+    let y = Tensor::from_data(
+        burn::tensor::TensorData::new(pred, [2]),
+        &Default::default(),
+    );
+    let cfg = PgdConfig {
+        eot: 4,
+        steps: 5,
+        early_stop: false,
+        ..PgdConfig::pgd(Norm::Linf)
+    };
+    let a = cfg.run::<B, _>(&model, image(&x), y.clone(), 0.05);
+    for e in &a.examples {
+        if e.clean_correct {
+            assert_eq!((e.gradient_evals, e.forward_evals), (20, 2), "{e:?}");
+        }
+    }
+    assert!(a.examples.iter().any(|e| e.clean_correct));
+    // Same seed, same draws, same result.
+    let b = cfg.run::<B, _>(&model, image(&x), y, 0.05);
+    assert_eq!(a.inputs, b.inputs);
+}
