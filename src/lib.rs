@@ -6,6 +6,7 @@ pub mod backend;
 pub mod batches;
 pub mod defended;
 pub mod energy;
+pub mod harness;
 pub mod image_grid;
 pub mod metrics;
 pub mod model;

@@ -33,8 +33,8 @@ enum Command {
     Eval(EvalArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
     Import(ImportArgs),
-    /// Sweep attacks × ε × sampling steps × models; CSV, plots, summary [not built yet].
-    Robust(Unbuilt),
+    /// Sweep models × attacks × ε × sampling steps K × gradient modes; CSV, summary, table.
+    Robust(jem_bench::harness::RobustArgs),
     /// Nonsense-input (distal adversarial) search per model, K and class.
     Nonsense(jem_bench::nonsense::NonsenseArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression [not built yet].
@@ -109,7 +109,7 @@ fn main() -> ExitCode {
         Command::Train(cfg) => run_train(cfg),
         Command::Eval(args) => run_eval(args),
         Command::Import(args) => run_import(args),
-        Command::Robust(_) => unbuilt("robust", 5),
+        Command::Robust(args) => jem_bench::harness::run(args),
         Command::Nonsense(args) => jem_bench::nonsense::run(args),
         Command::Regress(_) => unbuilt("regress", 5),
         Command::Sample(args) => jem_bench::sample::run(args),

@@ -1,0 +1,138 @@
+//! The sanity checks of SPEC §5 (after Carlini et al. 2019), computed from a sweep's rows. A
+//! check that the sweep has no data for says `not run`; none is passed by default.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::outputs::TidyRow;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    /// `pass`, `warn` or `not run`.
+    pub status: &'static str,
+    pub detail: String,
+}
+
+fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &str) -> Check {
+    let (status, detail) = match (compared, problems.is_empty()) {
+        (0, _) => ("not run", format!("the sweep has no {what} to compare")),
+        (_, true) => ("pass", format!("{compared} comparisons")),
+        (_, false) => ("warn", problems.join("; ")),
+    };
+    Check {
+        name,
+        status,
+        detail,
+    }
+}
+
+/// `classes`: number of classes of the data (chance = 1 / classes).
+pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let key = |r: &TidyRow| (r.model.clone(), r.k, r.grad.clone(), r.eps.to_bits());
+
+    // Accuracy falls toward chance at the largest ε (worst case over attacks).
+    let mut worst: BTreeMap<(String, usize), (f32, f64)> = BTreeMap::new();
+    for r in rows {
+        let e = worst
+            .entry((r.model.clone(), r.k))
+            .or_insert((r.eps, r.robust_accuracy));
+        if r.eps > e.0 {
+            *e = (r.eps, r.robust_accuracy);
+        } else if r.eps == e.0 {
+            e.1 = e.1.min(r.robust_accuracy);
+        }
+    }
+    let chance = 1.0 / classes.max(1) as f64;
+    let problems: Vec<String> = worst
+        .iter()
+        .filter(|(_, (_, acc))| *acc > chance + 0.1)
+        .map(|((m, k), (eps, acc))| {
+            format!("{m} K={k}: {:.1} % robust at the largest ε = {eps} (chance {:.0} %): attacks too weak or gradients masked", 100.0 * acc, 100.0 * chance)
+        })
+        .collect();
+    checks.push(verdict(
+        "accuracy falls toward chance as ε grows",
+        worst.len(),
+        problems,
+        "rows",
+    ));
+
+    // Iterative beats single-step.
+    let find = |attack: &str| -> BTreeMap<_, f64> {
+        rows.iter()
+            .filter(|r| r.attack == attack)
+            .map(|r| (key(r), r.robust_accuracy))
+            .collect()
+    };
+    let (pgd, fgsm) = (find("pgd"), find("fgsm"));
+    let mut compared = 0;
+    let mut problems = Vec::new();
+    for (k, p) in &pgd {
+        if let Some(f) = fgsm.get(k) {
+            compared += 1;
+            if p > f {
+                problems.push(format!(
+                    "{} K={} {} ε={}: PGD {:.3} > FGSM {:.3}",
+                    k.0,
+                    k.1,
+                    k.2,
+                    f32::from_bits(k.3),
+                    p,
+                    f
+                ));
+            }
+        }
+    }
+    checks.push(verdict(
+        "iterative attacks beat single-step attacks",
+        compared,
+        problems,
+        "PGD and FGSM cells",
+    ));
+
+    // Decision-based attacks do not beat white-box ones.
+    let mut compared = 0;
+    let mut problems = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.attack == "boundary" || r.attack == "pointwise")
+    {
+        let best_white = rows
+            .iter()
+            .filter(|p| p.attack == "pgd" && p.model == r.model && p.k == r.k && p.eps == r.eps)
+            .map(|p| p.robust_accuracy)
+            .reduce(f64::min);
+        if let Some(w) = best_white {
+            compared += 1;
+            // One example's worth of slack.
+            if r.robust_accuracy + 1.0 / r.n.max(1) as f64 <= w {
+                problems.push(format!(
+                    "{} K={} ε={}: {} {:.3} below PGD {:.3}: the gradients may be masked",
+                    r.model, r.k, r.eps, r.attack, r.robust_accuracy, w
+                ));
+            }
+        }
+    }
+    checks.push(verdict(
+        "decision-based attacks do not beat white-box ones",
+        compared,
+        problems,
+        "decision-based and PGD cells",
+    ));
+
+    // EOT against stochastic defences.
+    let stochastic: Vec<&TidyRow> = rows
+        .iter()
+        .filter(|r| r.k > 0 && r.attack == "pgd")
+        .collect();
+    let with_eot = stochastic.iter().filter(|r| r.eot > 1).count();
+    checks.push(Check {
+        name: "stochastic defences are attacked with EOT",
+        status: if stochastic.is_empty() { "not run" } else if with_eot == stochastic.len() { "pass" } else { "warn" },
+        detail: format!("{with_eot} of {} PGD cells with K > 0 use EOT (> 1 draw); breaks are re-checked with the recheck chains", stochastic.len()),
+    });
+    checks
+}

@@ -1,0 +1,130 @@
+//! What a sweep writes. Each finished cell is one JSON file under `cells/`, written atomically:
+//! a killed sweep loses at most the cell in progress, and no row can be written twice. The
+//! tidy and per-example CSVs are rebuilt from the cell files after every cell.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::cells::Cell;
+use crate::model::write_atomic;
+
+/// One row per model × attack × norm × ε × K × gradient mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TidyRow {
+    pub model: String,
+    pub attack: String,
+    pub norm: String,
+    /// Perturbation budget in [0, 1] pixel units (L2: Euclidean norm, not RMS).
+    pub eps: f32,
+    pub k: usize,
+    pub grad: String,
+    pub n: usize,
+    pub clean_accuracy: f64,
+    pub robust_accuracy: f64,
+    pub eot: usize,
+    pub restarts: usize,
+    pub chains: usize,
+    pub recheck_chains: usize,
+    pub seed: u64,
+    /// Every setting of the attack, as JSON.
+    pub attack_settings: String,
+    pub data: String,
+    pub software: String,
+    pub backend: String,
+}
+
+/// One row per example of a cell; `eps` is empty for minimum-perturbation attacks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExampleRow {
+    pub model: String,
+    pub attack: String,
+    pub norm: String,
+    pub eps: Option<f32>,
+    pub k: usize,
+    pub grad: String,
+    /// Index of the image in the test split.
+    pub example: usize,
+    pub label: u8,
+    pub clean_correct: bool,
+    pub adversarial: bool,
+    pub l0: f32,
+    pub l2: f32,
+    pub linf: f32,
+    pub gradient_evals: usize,
+    pub forward_evals: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellResult {
+    pub cell: Cell,
+    pub seconds: f64,
+    pub rows: Vec<TidyRow>,
+    pub examples: Vec<ExampleRow>,
+}
+
+pub fn cell_path(out: &Path, cell: &Cell) -> std::path::PathBuf {
+    out.join("cells").join(format!("{}.json", cell.id()))
+}
+
+pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
+    write_atomic(
+        &cell_path(out, &result.cell),
+        serde_json::to_string(result)?.as_bytes(),
+    )
+}
+
+/// The finished result of `cell`, if a previous run wrote it.
+pub fn load_cell(out: &Path, cell: &Cell) -> anyhow::Result<Option<CellResult>> {
+    let p = cell_path(out, cell);
+    if !p.exists() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let r: CellResult = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a finished sweep cell (delete it to run the cell again)",
+            p.display()
+        )
+    })?;
+    anyhow::ensure!(
+        &r.cell == cell,
+        "{}: holds another cell ({:?})",
+        p.display(),
+        r.cell
+    );
+    Ok(Some(r))
+}
+
+/// Writes `robust.csv` and `examples.csv` from the finished cells, in sweep order.
+pub fn write_csvs(out: &Path, results: &[CellResult]) -> anyhow::Result<()> {
+    let mut tidy = csv::Writer::from_writer(Vec::new());
+    let mut per_example = csv::Writer::from_writer(Vec::new());
+    for r in results {
+        for row in &r.rows {
+            tidy.serialize(row)?;
+        }
+        for row in &r.examples {
+            per_example.serialize(row)?;
+        }
+    }
+    write_atomic(&out.join("robust.csv"), &tidy.into_inner()?)?;
+    write_atomic(&out.join("examples.csv"), &per_example.into_inner()?)?;
+    Ok(())
+}
+
+/// Reads a tidy CSV back (for `regress`, `report` and the tests).
+pub fn read_tidy(path: &Path) -> anyhow::Result<Vec<TidyRow>> {
+    let mut r =
+        csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
+    r.deserialize()
+        .enumerate()
+        .map(|(i, row)| {
+            row.with_context(|| {
+                format!("{}: row {} does not fit the schema", path.display(), i + 2)
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,421 @@
+//! `jem-bench robust`: lists the cells of a sweep, runs those not finished yet (each saved
+//! atomically), and rebuilds the outputs: `robust.csv`, `examples.csv`, `summary.json` (clean
+//! and worst-case robust accuracy per model, K and ε, with the sanity checks) and a table.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::{Int, Tensor, TensorData};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use jem_attacks::{AttackOutcome, BoundaryConfig, GradMode, Norm, PgdConfig, PointwiseConfig};
+use jem_datasets::{DataSource, ImageSet, Split};
+use serde::Serialize;
+
+use super::cells::{self, AttackKind, Cell};
+use super::checks;
+use super::outputs::{self, CellResult, ExampleRow, TidyRow};
+use crate::backend::{self, Inference, Train};
+use crate::batches;
+use crate::defended::{DefenceArgs, Defended};
+use crate::model::{write_atomic, Checkpoint, SOFTWARE};
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct RobustArgs {
+    /// Threat model: linf or l2.
+    #[arg(long, default_value = "linf")]
+    pub norm: Norm,
+    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
+    /// trained models that exist under results/models/).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<PathBuf>,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "pgd,fgsm")]
+    pub attacks: Vec<AttackKind>,
+    /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
+    #[arg(long, value_delimiter = ',')]
+    pub eps: Vec<f32>,
+    /// SGLD sampling steps K of the defence.
+    #[arg(long = "steps", value_delimiter = ',', default_value = "0,1,10")]
+    pub ks: Vec<usize>,
+    /// Gradient modes through the SGLD steps (K > 0): full, bpda.
+    #[arg(long, value_delimiter = ',', default_value = "bpda")]
+    pub grad: Vec<GradMode>,
+    /// Gradient draws averaged per PGD step (EOT).
+    #[arg(long, default_value_t = 1)]
+    pub eot: usize,
+    #[arg(long, default_value_t = 1)]
+    pub restarts: usize,
+    /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
+    #[arg(long, default_value_t = 20)]
+    pub pgd_steps: usize,
+    /// PGD step size as a fraction of ε (default 2.5 / steps, so that the steps can cross the
+    /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
+    #[arg(long)]
+    pub pgd_rel_stepsize: Option<f32>,
+    /// Boundary-attack steps (foolbox's default is 25 000).
+    #[arg(long, default_value_t = 1000)]
+    pub boundary_steps: usize,
+    /// The first N images of the test split.
+    #[arg(long, default_value_t = 20)]
+    pub n_examples: usize,
+    /// Data set (default: the one each model was trained on).
+    #[arg(long)]
+    pub data: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub defence: DefenceArgs,
+    /// Output folder (default: runs/robust-NORM). Re-running the same command resumes.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl RobustArgs {
+    fn eps_grid(&self) -> Vec<f32> {
+        if !self.eps.is_empty() {
+            return self.eps.clone();
+        }
+        match self.norm {
+            Norm::Linf => vec![0.0, 0.1, 0.2, 0.3],
+            Norm::L2 => vec![0.0, 1.0, 2.0, 3.0],
+        }
+    }
+
+    fn model_paths(&self) -> Vec<PathBuf> {
+        if !self.models.is_empty() {
+            return self.models.clone();
+        }
+        ["baseline", "jem", "adv"]
+            .iter()
+            .map(|m| PathBuf::from("results/models").join(m))
+            .filter(|p| Checkpoint::at(p).exists())
+            .collect()
+    }
+}
+
+struct Loaded {
+    data: ImageSet,
+    spec: String,
+    indices: Vec<usize>,
+}
+
+fn load_data(args: &RobustArgs, training_data: &str) -> anyhow::Result<Loaded> {
+    let spec = args
+        .data
+        .clone()
+        .unwrap_or_else(|| training_data.to_string());
+    let data = DataSource::parse(&spec)?.load(Split::Test)?;
+    let indices: Vec<usize> = (0..args.n_examples.min(data.len())).collect();
+    Ok(Loaded {
+        data,
+        spec,
+        indices,
+    })
+}
+
+fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<CellResult> {
+    let started = Instant::now();
+    let device = backend::device();
+    let ckpt = Checkpoint::at(&cell.model);
+    let (model, sidecar) = ckpt.load::<Train>(&device)?;
+    let loaded = load_data(args, &sidecar.training.data)?;
+    let x = batches::images::<Inference>(&loaded.data, &loaded.indices, &device);
+    let labels: Vec<i64> = loaded
+        .indices
+        .iter()
+        .map(|&i| loaded.data.labels[i] as i64)
+        .collect();
+    let y = Tensor::<Inference, 1, Int>::from_data(
+        TensorData::new(labels, [loaded.indices.len()]),
+        &device,
+    );
+    let defended = Defended::new(
+        model,
+        &sidecar,
+        cell.k,
+        cell.grad.unwrap_or(GradMode::Bpda),
+        &args.defence,
+    )?;
+    let norm = args.norm;
+    let (outcome, settings): (AttackOutcome, serde_json::Value) = match cell.attack {
+        AttackKind::Pgd | AttackKind::Fgsm => {
+            let eps = cell.eps.expect("fixed-ε cell");
+            let mut cfg = if cell.attack == AttackKind::Pgd {
+                PgdConfig {
+                    steps: args.pgd_steps,
+                    restarts: args.restarts,
+                    rel_stepsize: args
+                        .pgd_rel_stepsize
+                        .unwrap_or(2.5 / args.pgd_steps.max(1) as f32),
+                    ..PgdConfig::pgd(norm)
+                }
+            } else {
+                PgdConfig::fgsm(norm)
+            };
+            cfg.eot = args.eot;
+            cfg.seed = args.seed;
+            if eps == 0.0 {
+                cfg.steps = 0; // nothing to search: the clean (re-checked) answer
+            }
+            (
+                cfg.run::<Train, _>(&defended, x, y, eps),
+                serde_json::to_value(&cfg)?,
+            )
+        }
+        AttackKind::Boundary => {
+            let cfg = BoundaryConfig {
+                steps: args.boundary_steps,
+                seed: args.seed,
+                ..Default::default()
+            };
+            (
+                cfg.run::<Train, _>(&defended, x, y),
+                serde_json::to_value(&cfg)?,
+            )
+        }
+        AttackKind::Pointwise => {
+            let cfg = PointwiseConfig {
+                seed: args.seed,
+                ..Default::default()
+            };
+            (
+                cfg.run::<Train, _>(&defended, x, y),
+                serde_json::to_value(&cfg)?,
+            )
+        }
+    };
+    let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
+    let eps_rows: Vec<f32> = cell.eps.map_or(eps_grid.to_vec(), |e| vec![e]);
+    let rows = eps_rows
+        .iter()
+        .map(|&eps| TidyRow {
+            model: cell.model.clone(),
+            attack: cell.attack.name().into(),
+            norm: norm.name().into(),
+            eps,
+            k: cell.k,
+            grad: grad.clone(),
+            n: outcome.examples.len(),
+            clean_accuracy: outcome.clean_accuracy(),
+            robust_accuracy: outcome.robust_accuracy(norm, eps),
+            eot: if cell.attack.uses_gradients() {
+                args.eot
+            } else {
+                0
+            },
+            restarts: if cell.attack == AttackKind::Pgd {
+                args.restarts
+            } else {
+                1
+            },
+            chains: if cell.k > 0 { args.defence.chains } else { 0 },
+            recheck_chains: if cell.k > 0 {
+                args.defence.recheck_chains
+            } else {
+                0
+            },
+            seed: args.seed,
+            attack_settings: settings.to_string(),
+            data: loaded.spec.clone(),
+            software: SOFTWARE.into(),
+            backend: backend::name().into(),
+        })
+        .collect();
+    let examples = outcome
+        .examples
+        .iter()
+        .zip(&loaded.indices)
+        .map(|(e, &i)| ExampleRow {
+            model: cell.model.clone(),
+            attack: cell.attack.name().into(),
+            norm: norm.name().into(),
+            eps: cell.eps,
+            k: cell.k,
+            grad: grad.clone(),
+            example: i,
+            label: loaded.data.labels[i],
+            clean_correct: e.clean_correct,
+            adversarial: e.adversarial,
+            l0: e.l0,
+            l2: e.l2,
+            linf: e.linf,
+            gradient_evals: e.gradient_evals,
+            forward_evals: e.forward_evals,
+        })
+        .collect();
+    Ok(CellResult {
+        cell: cell.clone(),
+        seconds: started.elapsed().as_secs_f64(),
+        rows,
+        examples,
+    })
+}
+
+#[derive(Serialize)]
+struct Curve {
+    model: String,
+    k: usize,
+    clean_accuracy: f64,
+    /// (ε, worst-case robust accuracy over every attack and gradient mode).
+    worst_case: Vec<(f32, f64)>,
+}
+
+pub fn run(args: RobustArgs) -> anyhow::Result<()> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)));
+    let models: Vec<String> = args
+        .model_paths()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    anyhow::ensure!(
+        !models.is_empty(),
+        "no models: none of results/models/{{baseline,jem,adv}} exists; pass --models"
+    );
+    let mut classes = 0;
+    for m in &models {
+        let ckpt = Checkpoint::at(m);
+        anyhow::ensure!(
+            ckpt.exists(),
+            "--models {m}: no checkpoint at {} (+ .json)",
+            ckpt.weights.display()
+        );
+        classes = classes.max(ckpt.read_sidecar()?.architecture.num_classes);
+    }
+    let eps_grid = args.eps_grid();
+    anyhow::ensure!(
+        eps_grid.iter().all(|e| e.is_finite() && *e >= 0.0),
+        "--eps: expected non-negative numbers, got {eps_grid:?}"
+    );
+    let list = cells::list(&models, &args.attacks, &args.ks, &args.grad, &eps_grid);
+    std::fs::create_dir_all(out.join("cells"))
+        .with_context(|| format!("cannot create {}", out.display()))?;
+    // The settings of the sweep: a re-run with other settings must use another folder.
+    let settings = serde_json::json!({ "software": SOFTWARE, "backend": backend::name(), "args": &args, "eps": &eps_grid, "models": &models });
+    let settings_path = out.join("settings.json");
+    if settings_path.exists() {
+        let saved: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&settings_path)?)?;
+        anyhow::ensure!(
+            saved == settings,
+            "{} holds a sweep with other settings; run the same command to resume, or use another --out",
+            out.display()
+        );
+    } else {
+        write_atomic(
+            &settings_path,
+            serde_json::to_string_pretty(&settings)?.as_bytes(),
+        )?;
+    }
+
+    let bar = ProgressBar::new(list.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} cells  ETA {eta}  {msg}",
+        )
+        .expect("template"),
+    );
+    let mut results = Vec::with_capacity(list.len());
+    for cell in &list {
+        let r = match outputs::load_cell(&out, cell)? {
+            Some(r) => r,
+            None => {
+                bar.set_message(format!(
+                    "{} {} K={} {}",
+                    cell.attack.name(),
+                    cell.model,
+                    cell.k,
+                    cell.eps.map_or("min".into(), |e| format!("ε={e}"))
+                ));
+                let r = run_cell(&args, cell, &eps_grid)?;
+                outputs::save_cell(&out, &r)?;
+                r
+            }
+        };
+        if let Some(row) = r.rows.last() {
+            bar.set_message(format!(
+                "last: {} K={} ε={} robust {:.1} %",
+                row.attack,
+                row.k,
+                row.eps,
+                100.0 * row.robust_accuracy
+            ));
+        }
+        results.push(r);
+        outputs::write_csvs(&out, &results)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    let rows: Vec<TidyRow> = results.iter().flat_map(|r| r.rows.clone()).collect();
+    let checks = checks::run(&rows, classes);
+    let mut curves = Vec::new();
+    for m in &models {
+        for &k in &args.ks {
+            let of = |e: f32| {
+                rows.iter()
+                    .filter(|r| &r.model == m && r.k == k && r.eps == e)
+                    .map(|r| r.robust_accuracy)
+                    .reduce(f64::min)
+            };
+            let clean = rows
+                .iter()
+                .find(|r| &r.model == m && r.k == k)
+                .map_or(0.0, |r| r.clean_accuracy);
+            let worst_case = eps_grid
+                .iter()
+                .filter_map(|&e| of(e).map(|a| (e, a)))
+                .collect();
+            curves.push(Curve {
+                model: m.clone(),
+                k,
+                clean_accuracy: clean,
+                worst_case,
+            });
+        }
+    }
+    let summary = serde_json::json!({
+        "software": SOFTWARE,
+        "norm": args.norm.name(),
+        "units": "ε and distances in [0, 1] pixel units; L2 is the Euclidean norm (not foolbox 1.x's RMS)",
+        "n_examples": args.n_examples,
+        "seed": args.seed,
+        "curves": &curves,
+        "sanity_checks": &checks,
+        "seconds": results.iter().map(|r| r.seconds).sum::<f64>(),
+    });
+    write_atomic(
+        &out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
+
+    println!(
+        "robust accuracy, worst case over attacks ({}; ε in pixel units; n = {})",
+        args.norm, args.n_examples
+    );
+    print!("{:<36} {:>3} {:>7}", "model", "K", "clean");
+    for e in &eps_grid {
+        print!(" {:>8}", format!("ε={e}"));
+    }
+    println!();
+    for c in &curves {
+        print!(
+            "{:<36} {:>3} {:>6.1}%",
+            c.model,
+            c.k,
+            100.0 * c.clean_accuracy
+        );
+        for (_, a) in &c.worst_case {
+            print!(" {:>7.1}%", 100.0 * a);
+        }
+        println!();
+    }
+    for c in &checks {
+        println!("[{}] {}: {}", c.status, c.name, c.detail);
+    }
+    println!("wrote {}", out.display());
+    Ok(())
+}
