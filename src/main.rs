@@ -43,8 +43,8 @@ enum Command {
     Sample(jem_bench::sample::SampleArgs),
     /// Regenerate plots and tables from a run's CSVs [not built yet].
     Report(Unbuilt),
-    /// Join the folders of a sharded sweep [not built yet].
-    Merge(Unbuilt),
+    /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
+    Merge(jem_bench::harness::MergeArgs),
 }
 
 #[derive(clap::Args)]
@@ -114,7 +114,7 @@ fn main() -> ExitCode {
         Command::Regress(_) => unbuilt("regress", 5),
         Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(_) => unbuilt("report", 5),
-        Command::Merge(_) => unbuilt("merge", 5),
+        Command::Merge(args) => jem_bench::harness::merge(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

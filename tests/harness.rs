@@ -148,3 +148,45 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
     let err = format!("{:#}", read_tidy(&path).unwrap_err());
     assert!(err.contains("robust.csv") && err.contains("row 2"), "{err}");
 }
+
+#[test]
+fn shards_merged_equal_the_whole_sweep() {
+    let run = |c: &mut Command| {
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let whole = tempfile::tempdir().unwrap();
+    run(&mut sweep(whole.path()));
+    let shards: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    for (i, dir) in shards.iter().enumerate() {
+        run(sweep(dir.path()).args(["--shard", &format!("{i}/3")]));
+        // Each shard ran only its own cells: 12 cells over 3 shards.
+        assert_eq!(rows(dir.path()).len(), 4);
+    }
+    let merged = tempfile::tempdir().unwrap();
+    let mut merge = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
+    merge.current_dir(env!("CARGO_MANIFEST_DIR")).arg("merge");
+    shards.iter().for_each(|d| {
+        merge.arg(d.path());
+    });
+    run(merge.arg("--out").arg(merged.path()));
+    assert_eq!(rows(merged.path()), rows(whole.path()));
+    let examples = |d: &Path| std::fs::read_to_string(d.join("examples.csv")).unwrap();
+    assert_eq!(examples(merged.path()), examples(whole.path()));
+
+    // A missing shard is named, not silently skipped.
+    let partial = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("merge")
+        .args([shards[0].path(), shards[1].path()])
+        .arg("--out")
+        .arg(partial.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no shard holds the finished cell"),
+        "{err}"
+    );
+}

@@ -2,8 +2,8 @@
 //! gradient mode, one resumable cell at a time, and writes tidy CSV, per-example CSV, a JSON
 //! summary with the sanity checks of SPEC §5, and a terminal table.
 //!
-//! Built so far: the sweep, its outputs, resume and the sanity checks. Not yet: plots,
-//! `--shard` / `merge`, `regress`, `report` (issue #5).
+//! Built so far: the sweep, its outputs, resume, the sanity checks, `--shard` and `merge`.
+//! Not yet: plots, `regress`, `report` (issue #5).
 
 mod cells;
 mod checks;
@@ -12,4 +12,4 @@ mod sweep;
 
 pub use cells::{AttackKind, Cell};
 pub use outputs::{read_tidy, ExampleRow, TidyRow};
-pub use sweep::{run, RobustArgs};
+pub use sweep::{merge, run, MergeArgs, RobustArgs, Shard};

@@ -11,7 +11,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use jem_attacks::{AttackOutcome, BoundaryConfig, GradMode, Norm, PgdConfig, PointwiseConfig};
 use jem_datasets::{DataSource, ImageSet, Split};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::cells::{self, AttackKind, Cell};
 use super::checks;
@@ -21,7 +21,7 @@ use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
 use crate::model::{write_atomic, Checkpoint, SOFTWARE};
 
-#[derive(Debug, Clone, Args, Serialize)]
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
 pub struct RobustArgs {
     /// Threat model: linf or l2.
     #[arg(long, default_value = "linf")]
@@ -69,6 +69,10 @@ pub struct RobustArgs {
     /// Output folder (default: runs/robust-NORM). Re-running the same command resumes.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Run only every n-th cell starting at i (`i/n`), e.g. one Slurm array task per shard;
+    /// join the folders with `jem-bench merge`.
+    #[arg(long)]
+    pub shard: Option<Shard>,
 }
 
 impl RobustArgs {
@@ -261,65 +265,131 @@ struct Curve {
     worst_case: Vec<(f32, f64)>,
 }
 
-pub fn run(args: RobustArgs) -> anyhow::Result<()> {
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)));
-    let models: Vec<String> = args
-        .model_paths()
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    anyhow::ensure!(
-        !models.is_empty(),
-        "no models: none of results/models/{{baseline,jem,adv}} exists; pass --models"
-    );
-    let mut classes = 0;
-    for m in &models {
-        let ckpt = Checkpoint::at(m);
-        anyhow::ensure!(
-            ckpt.exists(),
-            "--models {m}: no checkpoint at {} (+ .json)",
-            ckpt.weights.display()
-        );
-        classes = classes.max(ckpt.read_sidecar()?.architecture.num_classes);
+/// `i/n`: this process runs every n-th cell of the sweep, starting at cell i.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("--shard `{s}`: expected i/n with 0 ≤ i < n, e.g. 0/4");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+        if index < count {
+            Ok(Shard { index, count })
+        } else {
+            Err(bad())
+        }
     }
-    let eps_grid = args.eps_grid();
-    anyhow::ensure!(
-        eps_grid.iter().all(|e| e.is_finite() && *e >= 0.0),
-        "--eps: expected non-negative numbers, got {eps_grid:?}"
-    );
-    let list = cells::list(&models, &args.attacks, &args.ks, &args.grad, &eps_grid);
+}
+
+/// What a sweep will do, derived from its arguments.
+struct Plan {
+    out: PathBuf,
+    models: Vec<String>,
+    classes: usize,
+    eps_grid: Vec<f32>,
+    /// Every cell of the whole sweep, in order.
+    cells: Vec<Cell>,
+}
+
+impl Plan {
+    fn new(args: &RobustArgs) -> anyhow::Result<Self> {
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)));
+        let models: Vec<String> = args
+            .model_paths()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        anyhow::ensure!(
+            !models.is_empty(),
+            "no models: none of results/models/{{baseline,jem,adv}} exists; pass --models"
+        );
+        let mut classes = 0;
+        for m in &models {
+            let ckpt = Checkpoint::at(m);
+            anyhow::ensure!(
+                ckpt.exists(),
+                "--models {m}: no checkpoint at {} (+ .json)",
+                ckpt.weights.display()
+            );
+            classes = classes.max(ckpt.read_sidecar()?.architecture.num_classes);
+        }
+        let eps_grid = args.eps_grid();
+        anyhow::ensure!(
+            eps_grid.iter().all(|e| e.is_finite() && *e >= 0.0),
+            "--eps: expected non-negative numbers, got {eps_grid:?}"
+        );
+        let cells = cells::list(&models, &args.attacks, &args.ks, &args.grad, &eps_grid);
+        Ok(Self {
+            out,
+            models,
+            classes,
+            eps_grid,
+            cells,
+        })
+    }
+
+    /// The settings that identify the sweep (the shard and output folder aside), recorded in
+    /// `settings.json`: a resume or a merge must find the same.
+    fn settings(&self, args: &RobustArgs) -> serde_json::Value {
+        let mut a = args.clone();
+        a.shard = None;
+        a.out = None;
+        serde_json::json!({ "software": SOFTWARE, "backend": backend::name(), "args": &a, "eps": &self.eps_grid, "models": &self.models })
+    }
+}
+
+/// Refuses a folder that holds a sweep with other settings; records them in a new one.
+fn claim_folder(out: &std::path::Path, settings: &serde_json::Value) -> anyhow::Result<()> {
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("cannot create {}", out.display()))?;
-    // The settings of the sweep: a re-run with other settings must use another folder.
-    let settings = serde_json::json!({ "software": SOFTWARE, "backend": backend::name(), "args": &args, "eps": &eps_grid, "models": &models });
     let settings_path = out.join("settings.json");
     if settings_path.exists() {
         let saved: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&settings_path)?)?;
+            serde_json::from_str(&std::fs::read_to_string(&settings_path)?)
+                .with_context(|| format!("{}: not a sweep's settings", settings_path.display()))?;
         anyhow::ensure!(
-            saved == settings,
+            &saved == settings,
             "{} holds a sweep with other settings; run the same command to resume, or use another --out",
             out.display()
         );
     } else {
         write_atomic(
             &settings_path,
-            serde_json::to_string_pretty(&settings)?.as_bytes(),
+            serde_json::to_string_pretty(settings)?.as_bytes(),
         )?;
     }
+    Ok(())
+}
 
-    let bar = ProgressBar::new(list.len() as u64);
+pub fn run(args: RobustArgs) -> anyhow::Result<()> {
+    let plan = Plan::new(&args)?;
+    let out = plan.out.clone();
+    claim_folder(&out, &plan.settings(&args))?;
+    let mine: Vec<&Cell> = plan
+        .cells
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| args.shard.is_none_or(|s| j % s.count == s.index))
+        .map(|(_, c)| c)
+        .collect();
+
+    let bar = ProgressBar::new(mine.len() as u64);
     bar.set_style(
         ProgressStyle::with_template(
             "{elapsed_precise} [{bar:30}] {pos}/{len} cells  ETA {eta}  {msg}",
         )
         .expect("template"),
     );
-    let mut results = Vec::with_capacity(list.len());
-    for cell in &list {
+    let mut results = Vec::with_capacity(mine.len());
+    for cell in mine {
         let r = match outputs::load_cell(&out, cell)? {
             Some(r) => r,
             None => {
@@ -330,7 +400,7 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
                     cell.k,
                     cell.eps.map_or("min".into(), |e| format!("ε={e}"))
                 ));
-                let r = run_cell(&args, cell, &eps_grid)?;
+                let r = run_cell(&args, cell, &plan.eps_grid)?;
                 outputs::save_cell(&out, &r)?;
                 r
             }
@@ -349,11 +419,76 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    finish(&args, &plan, &results)
+}
 
+/// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
+#[derive(Debug, Clone, Args)]
+pub struct MergeArgs {
+    /// The shards' output folders.
+    #[arg(required = true)]
+    pub shards: Vec<PathBuf>,
+    /// The merged folder.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
+    let read = |dir: &PathBuf| -> anyhow::Result<serde_json::Value> {
+        let p = dir.join("settings.json");
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: unreadable", p.display()))
+    };
+    let settings = read(&m.shards[0])?;
+    for dir in &m.shards[1..] {
+        anyhow::ensure!(
+            read(dir)? == settings,
+            "{} ran another sweep than {} (settings.json differ); only shards of one sweep merge",
+            dir.display(),
+            m.shards[0].display()
+        );
+    }
+    let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
+        .context("settings.json: `args` is not a robust sweep's arguments")?;
+    args.out = Some(m.out.clone());
+    let plan = Plan::new(&args)?;
+    anyhow::ensure!(
+        plan.settings(&args) == settings,
+        "the shards were made by another jem-bench or from other models; rerun them"
+    );
+    claim_folder(&m.out, &settings)?;
+    let mut results = Vec::with_capacity(plan.cells.len());
+    for cell in &plan.cells {
+        let found = m
+            .shards
+            .iter()
+            .map(|dir| outputs::load_cell(dir, cell))
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .next()
+            .with_context(|| {
+                format!(
+                    "no shard holds the finished cell {}: finish that shard first",
+                    cell.id()
+                )
+            })?;
+        outputs::save_cell(&m.out, &found)?;
+        results.push(found);
+    }
+    outputs::write_csvs(&m.out, &results)?;
+    finish(&args, &plan, &results)
+}
+
+/// Summary, sanity checks and table of the finished cells.
+fn finish(args: &RobustArgs, plan: &Plan, results: &[CellResult]) -> anyhow::Result<()> {
+    let out = &plan.out;
+    let (models, classes, eps_grid) = (&plan.models, plan.classes, &plan.eps_grid);
     let rows: Vec<TidyRow> = results.iter().flat_map(|r| r.rows.clone()).collect();
     let checks = checks::run(&rows, classes);
     let mut curves = Vec::new();
-    for m in &models {
+    for m in models {
         for &k in &args.ks {
             let of = |e: f32| {
                 rows.iter()
@@ -397,7 +532,7 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
         args.norm, args.n_examples
     );
     print!("{:<36} {:>3} {:>7}", "model", "K", "clean");
-    for e in &eps_grid {
+    for e in eps_grid {
         print!(" {:>8}", format!("ε={e}"));
     }
     println!();
