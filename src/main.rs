@@ -37,8 +37,8 @@ enum Command {
     Robust(jem_bench::harness::RobustArgs),
     /// Nonsense-input (distal adversarial) search per model, K and class.
     Nonsense(jem_bench::nonsense::NonsenseArgs),
-    /// Compare a sweep against a stored reference; non-zero exit on regression [not built yet].
-    Regress(Unbuilt),
+    /// Compare a sweep against a stored reference; non-zero exit on regression.
+    Regress(jem_bench::harness::RegressArgs),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
     Sample(jem_bench::sample::SampleArgs),
     /// Regenerate plots and tables from a run's CSVs [not built yet].
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
         Command::Import(args) => run_import(args),
         Command::Robust(args) => jem_bench::harness::run(args),
         Command::Nonsense(args) => jem_bench::nonsense::run(args),
-        Command::Regress(_) => unbuilt("regress", 5),
+        Command::Regress(args) => jem_bench::harness::regress(args),
         Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(_) => unbuilt("report", 5),
         Command::Merge(args) => jem_bench::harness::merge(args),

@@ -190,3 +190,37 @@ fn shards_merged_equal_the_whole_sweep() {
         "{err}"
     );
 }
+
+#[test]
+fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
+    let reference = tempfile::tempdir().unwrap();
+    let o = sweep(reference.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let regress = |run: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["regress", "--tolerance", "0.02", "--reference"])
+            .arg(reference.path())
+            .arg("--run")
+            .arg(run)
+            .output()
+            .unwrap()
+    };
+    assert!(regress(reference.path()).status.success());
+
+    // Lower one cell's robust accuracy by 0.1 (K=1, FGSM at ε=0.1) in a copy.
+    let doctored = tempfile::tempdir().unwrap();
+    let mut rs = rows(reference.path());
+    let target = rs
+        .iter()
+        .position(|r| r.attack == "fgsm" && r.k == 1 && r.eps == 0.1)
+        .unwrap();
+    rs[target].robust_accuracy -= 0.1;
+    let mut w = csv::Writer::from_path(doctored.path().join("robust.csv")).unwrap();
+    rs.iter().for_each(|r| w.serialize(r).unwrap());
+    w.flush().unwrap();
+    let o = regress(doctored.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("fgsm linf ε=0.1 K=1 grad=bpda") && err.contains("1 of 12"), "{err}");
+}
