@@ -222,5 +222,8 @@ fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
     let o = regress(doctored.path());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("fgsm linf ε=0.1 K=1 grad=bpda") && err.contains("1 of 12"), "{err}");
+    assert!(
+        err.contains("fgsm linf ε=0.1 K=1 grad=bpda") && err.contains("1 of 12"),
+        "{err}"
+    );
 }

@@ -21,7 +21,10 @@ use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
 use crate::model::{write_atomic, Checkpoint, SOFTWARE};
 
+/// Stored in every sweep's settings.json; fields missing there (settings of an older version)
+/// take their command-line defaults, so stored references keep loading.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RobustArgs {
     /// Threat model: linf or l2.
     #[arg(long, default_value = "linf")]
@@ -73,6 +76,12 @@ pub struct RobustArgs {
     /// join the folders with `jem-bench merge`.
     #[arg(long)]
     pub shard: Option<Shard>,
+}
+
+impl Default for RobustArgs {
+    fn default() -> Self {
+        crate::train::clap_defaults()
+    }
 }
 
 impl RobustArgs {

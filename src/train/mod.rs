@@ -14,6 +14,7 @@ mod state;
 mod trainer;
 
 pub use augment::Augmentation;
+pub(crate) use config::clap_defaults;
 pub use config::{TrainConfig, TrainKind};
 pub use guard::GuardConfig;
 pub use jem::{chain_init, JemConfig, JemObjective};
