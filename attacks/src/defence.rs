@@ -179,13 +179,13 @@ impl<M> SgldDefence<M> {
                 // J v from central differences of the logits (f is Lipschitz, so the error stays
                 // bounded even where a kink lies within ±h), then Jᵀ(diag p − p pᵀ)(J v) by
                 // reverse mode, exactly.
-                let logits = self.classifier.logits(Tensor::from_inner(both)).inner();
-                let jv = (logits.clone().slice([0..n]) - logits.slice([n..2 * n])) / (2.0 * h)
+                // One forward pass gives f(x + hû), f(x − hû) and f(x).
+                let three = Tensor::cat(vec![both, x.clone()], 0);
+                let logits = self.classifier.logits(Tensor::from_inner(three)).inner();
+                let jv = (logits.clone().slice([0..n]) - logits.clone().slice([n..2 * n]))
+                    / (2.0 * h)
                     * len.reshape([n, 1]);
-                let (_, at_x) = input_gradient::<B, M>(&self.classifier, x.clone(), |l| {
-                    l.sum_dim(1).reshape([n])
-                });
-                let p = softmax(at_x, 1);
+                let p = softmax(logits.slice([2 * n..3 * n]), 1);
                 let w = p.clone() * jv.clone() - p.clone() * (p * jv).sum_dim(1);
                 let (jtw, _) = input_gradient::<B, M>(&self.classifier, x, |l| {
                     (l * Tensor::from_inner(w.clone())).sum_dim(1).reshape([n])
