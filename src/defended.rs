@@ -44,10 +44,7 @@ impl Defended {
         if steps == 0 {
             return Ok(Defended::Plain(Undefended::new(model)));
         }
-        let jem: JemConfig = match sidecar.training.settings.get("jem") {
-            Some(v) => serde_json::from_value(v.clone())?,
-            None => JemConfig::default(),
-        };
+        let jem = JemConfig::of(sidecar)?;
         let mut sampler = jem.sampler(&sidecar.architecture.input_normalization);
         sampler.config.steps = steps;
         let config = SgldDefenceConfig {

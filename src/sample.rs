@@ -75,14 +75,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     let (model, sidecar) = ckpt.load::<Train>(&device)?;
     let model = model.no_grad();
     let arch = &sidecar.architecture;
-    let trained: JemConfig = sidecar
-        .training
-        .settings
-        .get("jem")
-        .map(|v| serde_json::from_value(v.clone()))
-        .transpose()
-        .with_context(|| format!("{}: unreadable JEM settings", ckpt.sidecar.display()))?
-        .unwrap_or_default();
+    let trained = JemConfig::of(&sidecar).with_context(|| format!("{}", ckpt.sidecar.display()))?;
     let classes: Vec<usize> = if args.class.is_empty() {
         (0..arch.num_classes).collect()
     } else {

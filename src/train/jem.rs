@@ -45,6 +45,19 @@ pub struct JemConfig {
 }
 
 impl JemConfig {
+    /// The SGLD settings a checkpoint was trained with; the official ones for models that were
+    /// not trained as a JEM.
+    pub fn of(sidecar: &crate::model::Sidecar) -> anyhow::Result<Self> {
+        sidecar
+            .training
+            .settings
+            .get("jem")
+            .map(|v| serde_json::from_value(v.clone()))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("unreadable JEM settings in the sidecar: {e}"))
+            .map(Option::unwrap_or_default)
+    }
+
     pub fn sampler(&self, norm: &InputNormalization) -> SgldSampler {
         SgldSampler::new(SgldConfig {
             steps: self.sgld_steps,
