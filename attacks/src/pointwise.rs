@@ -54,13 +54,15 @@ impl PointwiseConfig {
     ) -> AttackOutcome {
         let n = x.dims()[0];
         let mut st = Start::<M, B>::new(model, x, y, self.repeats, self.seed);
-        let d = st.d;
-        let (device, original, clean_wrong) = (
-            st.device.clone(),
-            st.original.clone(),
-            st.clean_wrong.clone(),
-        );
-        let (oracle, rng) = (&mut st.oracle, &mut st.rng);
+        let (d, device) = (st.d, st.device.clone());
+        // Borrow the start's parts (the images stay where they are) until `finish`.
+        let Start {
+            oracle,
+            original,
+            clean_wrong,
+            rng,
+            ..
+        } = &mut st;
         let mut adv: Vec<Vec<f32>> = (0..n)
             .map(|i| original[i * d..(i + 1) * d].to_vec())
             .collect();
