@@ -7,9 +7,16 @@ use std::time::Duration;
 
 use jem_bench::harness::{read_tidy, TidyRow};
 
-fn sweep(out: &Path) -> Command {
+/// The `jem-bench` binary, run from the repository root (where the models' paths start).
+fn cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn sweep(out: &Path) -> Command {
+    let mut c = cli();
+    c.args([
         "robust",
         "--norm",
         "linf",
@@ -95,8 +102,7 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
     );
 
     // A different command on the same folder is refused, naming it.
-    let out = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+    let out = cli()
         .args([
             "robust",
             "--models",
@@ -164,8 +170,8 @@ fn shards_merged_equal_the_whole_sweep() {
         assert_eq!(rows(dir.path()).len(), 4);
     }
     let merged = tempfile::tempdir().unwrap();
-    let mut merge = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
-    merge.current_dir(env!("CARGO_MANIFEST_DIR")).arg("merge");
+    let mut merge = cli();
+    merge.arg("merge");
     shards.iter().for_each(|d| {
         merge.arg(d.path());
     });
@@ -176,8 +182,7 @@ fn shards_merged_equal_the_whole_sweep() {
 
     // A missing shard is named, not silently skipped.
     let partial = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+    let o = cli()
         .arg("merge")
         .args([shards[0].path(), shards[1].path()])
         .arg("--out")
@@ -197,8 +202,7 @@ fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
     let o = sweep(reference.path()).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let regress = |run: &Path| {
-        Command::new(env!("CARGO_BIN_EXE_jem-bench"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+        cli()
             .args(["regress", "--tolerance", "0.02", "--reference"])
             .arg(reference.path())
             .arg("--run")
