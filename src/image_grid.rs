@@ -43,20 +43,30 @@ pub fn write_grid(
             }
         }
     }
-    let mut bytes = Vec::new();
-    {
-        let mut encoder = png::Encoder::new(&mut bytes, gw as u32, gh as u32);
-        encoder.set_color(if c == 1 {
-            png::ColorType::Grayscale
-        } else {
-            png::ColorType::Rgb
-        });
-        encoder.set_depth(png::BitDepth::Eight);
-        let mut writer = encoder.write_header().context("PNG header")?;
-        writer.write_image_data(&canvas).context("PNG data")?;
-    }
+    let bytes = encode_png(&canvas, gw as u32, gh as u32, c)?;
     crate::model::write_atomic(path, &bytes)
         .with_context(|| format!("cannot write the image grid {}", path.display()))
+}
+
+/// 8-bit PNG of row-major pixels with 1 (grey) or 3 (RGB) interleaved channels.
+pub fn encode_png(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    channels: usize,
+) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, width, height);
+    encoder.set_color(if channels == 1 {
+        png::ColorType::Grayscale
+    } else {
+        png::ColorType::Rgb
+    });
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().context("PNG header")?;
+    writer.write_image_data(pixels).context("PNG data")?;
+    writer.finish().context("PNG end")?;
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -11,5 +11,6 @@ pub mod image_grid;
 pub mod metrics;
 pub mod model;
 pub mod nonsense;
+pub mod plot;
 pub mod sample;
 pub mod train;

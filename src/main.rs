@@ -41,8 +41,8 @@ enum Command {
     Regress(jem_bench::harness::RegressArgs),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
     Sample(jem_bench::sample::SampleArgs),
-    /// Regenerate plots and tables from a run's CSVs [not built yet].
-    Report(Unbuilt),
+    /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
+    Report(jem_bench::harness::ReportArgs),
     /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
     Merge(jem_bench::harness::MergeArgs),
 }
@@ -96,13 +96,6 @@ struct ImportArgs {
     data: String,
 }
 
-/// A subcommand that a later piece of work builds.
-#[derive(clap::Args)]
-struct Unbuilt {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    _args: Vec<String>,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -113,7 +106,7 @@ fn main() -> ExitCode {
         Command::Nonsense(args) => jem_bench::nonsense::run(args),
         Command::Regress(args) => jem_bench::harness::regress(args),
         Command::Sample(args) => jem_bench::sample::run(args),
-        Command::Report(_) => unbuilt("report", 5),
+        Command::Report(args) => jem_bench::harness::report(args),
         Command::Merge(args) => jem_bench::harness::merge(args),
     };
     match result {
@@ -123,12 +116,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn unbuilt(name: &str, issue: u32) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "`jem-bench {name}` is not built yet (tracked in issue #{issue}); nothing was run"
-    )
 }
 
 fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {

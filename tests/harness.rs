@@ -231,3 +231,82 @@ fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
         "{err}"
     );
 }
+
+/// `report` rebuilds a sweep's summary and plots from its `robust.csv` alone; the plots are a
+/// PNG that decodes and an SVG that parses, and both draw every model × K line in every panel.
+#[test]
+fn report_regenerates_valid_plots_and_summary_from_the_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/reference/linf-small");
+    std::fs::copy(reference.join("robust.csv"), dir.path().join("robust.csv")).unwrap();
+    let o = cli().arg("report").arg(dir.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("robust accuracy, worst case over attacks"),
+        "{table}"
+    );
+
+    // The summary's worst case is the lowest robust accuracy over attacks, cell by cell.
+    let rs = rows(dir.path());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    let curves = summary["curves"].as_array().unwrap();
+    let ks: Vec<usize> = {
+        let mut k: Vec<usize> = rs.iter().map(|r| r.k).collect();
+        k.sort();
+        k.dedup();
+        k
+    };
+    assert_eq!(curves.len(), ks.len(), "one curve per model × K");
+    for c in curves {
+        let k = c["k"].as_u64().unwrap() as usize;
+        for point in c["worst_case"].as_array().unwrap() {
+            let eps = point[0].as_f64().unwrap() as f32;
+            let lowest = rs
+                .iter()
+                .filter(|r| r.k == k && r.eps == eps)
+                .map(|r| r.robust_accuracy)
+                .fold(f64::INFINITY, f64::min);
+            assert_eq!(point[1].as_f64().unwrap(), lowest, "K={k} ε={eps}");
+        }
+    }
+
+    // SVG: well-formed XML whose size matches the PNG's; one line per series per panel
+    // (worst case + one panel per attack) plus its legend sample, the K = 1 lines dashed.
+    let svg = std::fs::read_to_string(dir.path().join("curves.svg")).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("curves.svg parses as XML");
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    let size = |a: &str| root.attribute(a).unwrap().parse::<u32>().unwrap();
+    let (width, height) = (size("width"), size("height"));
+    let attacks = {
+        let mut a: Vec<&str> = rs.iter().map(|r| r.attack.as_str()).collect();
+        a.sort();
+        a.dedup();
+        a.len()
+    };
+    let series_lines: Vec<_> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline") && n.attribute("stroke") == Some("#1f77b4"))
+        .collect();
+    assert_eq!(series_lines.len(), (attacks + 2) * ks.len());
+    let dashed = series_lines
+        .iter()
+        .filter(|n| n.attribute("stroke-dasharray").is_some())
+        .count();
+    assert_eq!(dashed, (attacks + 2) * (ks.len() - 1));
+
+    // PNG: decodes, same size, and the series colour is really painted.
+    let file = std::fs::File::open(dir.path().join("curves.png")).unwrap();
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .expect("curves.png has a valid PNG header");
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut pixels).expect("curves.png decodes");
+    assert_eq!((info.width, info.height), (width, height));
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    let painted = pixels.chunks(3).filter(|p| *p == [31, 119, 180]).count();
+    assert!(painted > 1000, "only {painted} pixels of the series colour");
+}

@@ -14,8 +14,8 @@ use jem_datasets::{DataSource, ImageSet, Split};
 use serde::{Deserialize, Serialize};
 
 use super::cells::{self, AttackKind, Cell};
-use super::checks;
 use super::outputs::{self, CellResult, ExampleRow, TidyRow};
+use super::report;
 use crate::backend::{self, Inference, Train};
 use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
@@ -265,15 +265,6 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     })
 }
 
-#[derive(Serialize)]
-struct Curve {
-    model: String,
-    k: usize,
-    clean_accuracy: f64,
-    /// (ε, worst-case robust accuracy over every attack and gradient mode).
-    worst_case: Vec<(f32, f64)>,
-}
-
 /// `i/n`: this process runs every n-th cell of the sweep, starting at cell i.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shard {
@@ -299,7 +290,6 @@ impl std::str::FromStr for Shard {
 struct Plan {
     out: PathBuf,
     models: Vec<String>,
-    classes: usize,
     eps_grid: Vec<f32>,
     /// Every cell of the whole sweep, in order.
     cells: Vec<Cell>,
@@ -320,7 +310,6 @@ impl Plan {
             !models.is_empty(),
             "no models: none of results/models/{{baseline,jem,adv}} exists; pass --models"
         );
-        let mut classes = 0;
         for m in &models {
             let ckpt = Checkpoint::at(m);
             anyhow::ensure!(
@@ -328,7 +317,7 @@ impl Plan {
                 "--models {m}: no checkpoint at {} (+ .json)",
                 ckpt.weights.display()
             );
-            classes = classes.max(ckpt.read_sidecar()?.architecture.num_classes);
+            ckpt.read_sidecar()?;
         }
         let eps_grid = args.eps_grid();
         anyhow::ensure!(
@@ -339,7 +328,6 @@ impl Plan {
         Ok(Self {
             out,
             models,
-            classes,
             eps_grid,
             cells,
         })
@@ -428,7 +416,7 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    finish(&args, &plan, &results)
+    finish(&plan, &results)
 }
 
 /// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
@@ -487,79 +475,14 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
         results.push(found);
     }
     outputs::write_csvs(&m.out, &results)?;
-    finish(&args, &plan, &results)
+    finish(&plan, &results)
 }
 
-/// Summary, sanity checks and table of the finished cells.
-fn finish(args: &RobustArgs, plan: &Plan, results: &[CellResult]) -> anyhow::Result<()> {
-    let out = &plan.out;
-    let (models, classes, eps_grid) = (&plan.models, plan.classes, &plan.eps_grid);
+/// Summary, sanity checks, plots and table of the finished cells.
+fn finish(plan: &Plan, results: &[CellResult]) -> anyhow::Result<()> {
     let rows: Vec<TidyRow> = results.iter().flat_map(|r| r.rows.clone()).collect();
-    let checks = checks::run(&rows, classes);
-    let mut curves = Vec::new();
-    for m in models {
-        for &k in &args.ks {
-            let of = |e: f32| {
-                rows.iter()
-                    .filter(|r| &r.model == m && r.k == k && r.eps == e)
-                    .map(|r| r.robust_accuracy)
-                    .reduce(f64::min)
-            };
-            let clean = rows
-                .iter()
-                .find(|r| &r.model == m && r.k == k)
-                .map_or(0.0, |r| r.clean_accuracy);
-            let worst_case = eps_grid
-                .iter()
-                .filter_map(|&e| of(e).map(|a| (e, a)))
-                .collect();
-            curves.push(Curve {
-                model: m.clone(),
-                k,
-                clean_accuracy: clean,
-                worst_case,
-            });
-        }
-    }
-    let summary = serde_json::json!({
-        "software": SOFTWARE,
-        "norm": args.norm.name(),
-        "units": "ε and distances in [0, 1] pixel units; L2 is the Euclidean norm (not foolbox 1.x's RMS)",
-        "n_examples": args.n_examples,
-        "seed": args.seed,
-        "curves": &curves,
-        "sanity_checks": &checks,
-        "seconds": results.iter().map(|r| r.seconds).sum::<f64>(),
-    });
-    write_atomic(
-        &out.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?.as_bytes(),
-    )?;
-
-    println!(
-        "robust accuracy, worst case over attacks ({}; ε in pixel units; n = {})",
-        args.norm, args.n_examples
-    );
-    print!("{:<36} {:>3} {:>7}", "model", "K", "clean");
-    for e in eps_grid {
-        print!(" {:>8}", format!("ε={e}"));
-    }
-    println!();
-    for c in &curves {
-        print!(
-            "{:<36} {:>3} {:>6.1}%",
-            c.model,
-            c.k,
-            100.0 * c.clean_accuracy
-        );
-        for (_, a) in &c.worst_case {
-            print!(" {:>7.1}%", 100.0 * a);
-        }
-        println!();
-    }
-    for c in &checks {
-        println!("[{}] {}: {}", c.status, c.name, c.detail);
-    }
-    println!("wrote {}", out.display());
+    let seconds = results.iter().map(|r| r.seconds).sum::<f64>();
+    print!("{}", report::write(&plan.out, &rows, Some(seconds))?);
+    println!("wrote {}", plan.out.display());
     Ok(())
 }

@@ -1,0 +1,279 @@
+//! What a sweep reports, computed from its tidy rows alone: the worst-case robustness curves and
+//! sanity checks (`summary.json`), the robustness-curve plots (`curves.svg`, `curves.png`) and
+//! the terminal table. `jem-bench robust` and `merge` end here; `jem-bench report DIR…`
+//! regenerates the same from a run's CSV, and can draw several runs (L∞ and L2) in one figure.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use jem_datasets::DataSource;
+use serde::Serialize;
+
+use super::checks;
+use super::outputs::{read_tidy, TidyRow};
+use crate::model::{write_atomic, SOFTWARE};
+use crate::plot::{Dash, Figure, Panel, Series, PALETTE};
+
+/// Clean and worst-case robust accuracy of one model at one K, over the ε grid.
+#[derive(Debug, Clone, Serialize)]
+pub struct Curve {
+    pub model: String,
+    pub k: usize,
+    pub clean_accuracy: f64,
+    /// (ε, worst-case robust accuracy over every attack and gradient mode).
+    pub worst_case: Vec<(f32, f64)>,
+}
+
+/// Distinct values in order of first appearance.
+fn distinct<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut out = Vec::new();
+    for i in items {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+fn eps_grid(rows: &[&TidyRow]) -> Vec<f32> {
+    let mut e = distinct(rows.iter().map(|r| r.eps));
+    e.sort_by(f32::total_cmp);
+    e
+}
+
+/// Lowest robust accuracy among `rows` that pass `keep`, per ε of the grid (ε with no row
+/// are left out).
+fn lowest(rows: &[&TidyRow], grid: &[f32], keep: impl Fn(&TidyRow) -> bool) -> Vec<(f32, f64)> {
+    grid.iter()
+        .filter_map(|&e| {
+            rows.iter()
+                .filter(|r| r.eps == e && keep(r))
+                .map(|r| r.robust_accuracy)
+                .reduce(f64::min)
+                .map(|a| (e, a))
+        })
+        .collect()
+}
+
+pub fn curves(rows: &[TidyRow]) -> Vec<Curve> {
+    let all: Vec<&TidyRow> = rows.iter().collect();
+    let grid = eps_grid(&all);
+    let mut curves = Vec::new();
+    for m in distinct(rows.iter().map(|r| &r.model)) {
+        for k in distinct(rows.iter().filter(|r| &r.model == m).map(|r| r.k)) {
+            let mine = |r: &TidyRow| &r.model == m && r.k == k;
+            let clean = rows
+                .iter()
+                .find(|r| mine(r))
+                .map_or(0.0, |r| r.clean_accuracy);
+            curves.push(Curve {
+                model: m.clone(),
+                k,
+                clean_accuracy: clean,
+                worst_case: lowest(&all, &grid, mine),
+            });
+        }
+    }
+    curves
+}
+
+/// Short legend names: the file stem of each model, or the whole path where stems collide.
+fn model_labels(models: &[&String]) -> Vec<String> {
+    let stem = |m: &str| {
+        Path::new(m)
+            .file_stem()
+            .map_or(m.to_string(), |s| s.to_string_lossy().into_owned())
+    };
+    let stems: Vec<String> = models.iter().map(|m| stem(m)).collect();
+    models
+        .iter()
+        .zip(&stems)
+        .map(|(m, s)| {
+            if stems.iter().filter(|t| *t == s).count() > 1 {
+                m.to_string()
+            } else {
+                s.clone()
+            }
+        })
+        .collect()
+}
+
+fn norm_title(norm: &str) -> &str {
+    match norm {
+        "linf" => "L∞",
+        "l2" => "L2",
+        other => other,
+    }
+}
+
+/// Robust accuracy (%) against ε: one row of panels per norm, the worst case over attacks
+/// first and then each attack; one line per model (colour) × K (stroke).
+pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
+    let models = distinct(rows.iter().map(|r| &r.model));
+    let labels = model_labels(&models);
+    let ks = distinct(rows.iter().map(|r| r.k));
+    let attacks = distinct(rows.iter().map(|r| r.attack.as_str()));
+    let norms = distinct(rows.iter().map(|r| r.norm.as_str()));
+    let mut panels = Vec::new();
+    for norm in &norms {
+        let of_norm: Vec<&TidyRow> = rows.iter().filter(|r| r.norm == *norm).collect();
+        let grid = eps_grid(&of_norm);
+        let x_hi = grid.last().copied().unwrap_or(1.0).max(f32::EPSILON) as f64;
+        for attack in std::iter::once(None).chain(attacks.iter().map(Some)) {
+            let mut series = Vec::new();
+            for (mi, m) in models.iter().enumerate() {
+                for (ki, &k) in ks.iter().enumerate() {
+                    let points = lowest(&of_norm, &grid, |r| {
+                        &&r.model == m && r.k == k && attack.is_none_or(|a| r.attack == *a)
+                    });
+                    if points.is_empty() {
+                        continue;
+                    }
+                    series.push(Series {
+                        label: format!("{}, K = {k}", labels[mi]),
+                        color: PALETTE[mi % PALETTE.len()],
+                        dash: Dash::ALL[ki % Dash::ALL.len()],
+                        points: points.iter().map(|&(e, a)| (e as f64, 100.0 * a)).collect(),
+                    });
+                }
+            }
+            if series.is_empty() {
+                continue;
+            }
+            let what = attack.map_or("worst case over attacks".to_string(), |a| a.to_string());
+            panels.push(Panel {
+                title: format!("{} {what}", norm_title(norm)),
+                x_label: format!("ε ({} norm, [0, 1] pixel units)", norm_title(norm)),
+                y_label: "robust accuracy (%)".into(),
+                x_range: Some((0.0, x_hi)),
+                y_range: Some((0.0, 100.0)),
+                series,
+            });
+        }
+    }
+    Figure {
+        title: title.to_string(),
+        columns: attacks.len() + 1,
+        panels,
+    }
+}
+
+/// Number of classes of the data the rows were measured on (for the chance level).
+fn classes(rows: &[TidyRow]) -> anyhow::Result<usize> {
+    let mut classes = 0;
+    for data in distinct(rows.iter().map(|r| r.data.as_str())) {
+        let source = DataSource::parse(data)
+            .with_context(|| format!("robust.csv: column `data` holds `{data}`, not a data set"))?;
+        classes = classes.max(source.class_names().len());
+    }
+    Ok(classes)
+}
+
+/// Writes `summary.json` and `curves.{svg,png}` of one sweep into `dir` and returns the table.
+/// `seconds`: the cells' run time, when known.
+pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Result<String> {
+    anyhow::ensure!(!rows.is_empty(), "{}: the sweep has no rows", dir.display());
+    let curves = curves(rows);
+    let checks = checks::run(rows, classes(rows)?);
+    let first = &rows[0];
+    let summary = serde_json::json!({
+        "software": SOFTWARE,
+        "norm": first.norm,
+        "units": "ε and distances in [0, 1] pixel units; L2 is the Euclidean norm (not foolbox 1.x's RMS)",
+        "n_examples": first.n,
+        "seed": first.seed,
+        "data": first.data,
+        "curves": &curves,
+        "sanity_checks": &checks,
+        "seconds": seconds,
+    });
+    write_atomic(
+        &dir.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
+    let title = format!(
+        "{} robustness, {} ({} test images, seed {})",
+        norm_title(&first.norm),
+        first.data,
+        first.n,
+        first.seed
+    );
+    figure(rows, &title).write(&dir.join("curves"))?;
+
+    let grid = eps_grid(&rows.iter().collect::<Vec<_>>());
+    let mut t = format!(
+        "robust accuracy, worst case over attacks ({}; ε in [0, 1] pixel units; n = {})\n",
+        first.norm, first.n
+    );
+    t += &format!("{:<36} {:>3} {:>7}", "model", "K", "clean");
+    for e in &grid {
+        t += &format!(" {:>8}", format!("ε={e}"));
+    }
+    t += "\n";
+    for c in &curves {
+        t += &format!(
+            "{:<36} {:>3} {:>6.1}%",
+            c.model,
+            c.k,
+            100.0 * c.clean_accuracy
+        );
+        for &e in &grid {
+            match c.worst_case.iter().find(|(ce, _)| *ce == e) {
+                Some((_, a)) => t += &format!(" {:>7.1}%", 100.0 * a),
+                None => t += &format!(" {:>8}", "-"),
+            }
+        }
+        t += "\n";
+    }
+    for c in &checks {
+        t += &format!("[{}] {}: {}\n", c.status, c.name, c.detail);
+    }
+    Ok(t)
+}
+
+/// `jem-bench report`: regenerates the summary, table and plots of finished sweeps from their
+/// `robust.csv`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// Sweep folders (each holds a robust.csv).
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Also draw all the runs into one figure here (e.g. the L∞ and L2 sweeps side by side):
+    /// writes OUT/curves.svg and OUT/curves.png.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Seconds the finished cells of a sweep folder took, when its cell files are there.
+fn cell_seconds(dir: &Path) -> Option<f64> {
+    let cells = std::fs::read_dir(dir.join("cells")).ok()?;
+    let mut total = 0.0;
+    for entry in cells.flatten() {
+        let text = std::fs::read_to_string(entry.path()).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        total += v["seconds"].as_f64()?;
+    }
+    Some(total)
+}
+
+pub fn report(a: ReportArgs) -> anyhow::Result<()> {
+    let mut all = Vec::new();
+    for dir in &a.runs {
+        let rows = read_tidy(&dir.join("robust.csv"))?;
+        print!("{}", write(dir, &rows, cell_seconds(dir))?);
+        println!("wrote {}", dir.display());
+        all.extend(rows);
+    }
+    if let Some(out) = &a.out {
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+        let first = &all[0];
+        let title = format!(
+            "robustness, {} ({} test images, seed {})",
+            first.data, first.n, first.seed
+        );
+        figure(&all, &title).write(&out.join("curves"))?;
+        println!("wrote {}", out.join("curves.{svg,png}").display());
+    }
+    Ok(())
+}

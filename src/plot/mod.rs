@@ -1,0 +1,320 @@
+//! Line charts (robustness curves) written as SVG and PNG from one description.
+//!
+//! A [`Figure`] is a grid of [`Panel`]s sharing one legend. The layout is computed once, in
+//! pixels, and drawn on a [`Canvas`]: the SVG canvas writes vector elements (text stays text),
+//! the raster canvas draws into an RGB image with an embedded 8×8 bitmap font. Neither needs a
+//! system font or a graphics library, so plots work on a bare CI machine.
+
+mod raster;
+mod svg;
+
+use std::path::Path;
+
+use crate::model::write_atomic;
+
+/// An RGB colour.
+pub type Rgb = [u8; 3];
+
+/// Line colours, one per model (the Tableau 10 palette: distinct in print and for most forms of
+/// colour blindness).
+pub const PALETTE: [Rgb; 8] = [
+    [31, 119, 180],
+    [255, 127, 14],
+    [44, 160, 44],
+    [214, 39, 40],
+    [148, 103, 189],
+    [140, 86, 75],
+    [227, 119, 194],
+    [127, 127, 127],
+];
+
+/// Stroke patterns, one per sampling-step count K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dash {
+    Solid,
+    Dashed,
+    Dotted,
+    DashDot,
+}
+
+impl Dash {
+    pub const ALL: [Dash; 4] = [Dash::Solid, Dash::Dashed, Dash::Dotted, Dash::DashDot];
+
+    /// On/off lengths in pixels (empty: solid).
+    fn pattern(self) -> &'static [f32] {
+        match self {
+            Dash::Solid => &[],
+            Dash::Dashed => &[12.0, 7.0],
+            Dash::Dotted => &[3.0, 5.0],
+            Dash::DashDot => &[12.0, 5.0, 3.0, 5.0],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub label: String,
+    pub color: Rgb,
+    pub dash: Dash,
+    /// (x, y) in data units; drawn in this order.
+    pub points: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    /// Axis ranges in data units; `None` fits the data.
+    pub x_range: Option<(f64, f64)>,
+    pub y_range: Option<(f64, f64)>,
+    pub series: Vec<Series>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub title: String,
+    pub columns: usize,
+    pub panels: Vec<Panel>,
+}
+
+/// Where a figure is drawn. Coordinates are pixels from the top-left corner.
+pub(crate) trait Canvas {
+    fn polyline(&mut self, points: &[(f32, f32)], color: Rgb, width: f32, dash: Dash);
+    fn rect(&mut self, x: f32, y: f32, w: f32, h: f32, stroke: Option<Rgb>, fill: Option<Rgb>);
+    fn marker(&mut self, x: f32, y: f32, radius: f32, color: Rgb);
+    /// `size`: text height in pixels; `anchor`: where (x, y) sits on the text's baseline;
+    /// `vertical`: rotated 90° counter-clockwise (y-axis labels).
+    fn text(&mut self, x: f32, y: f32, s: &str, size: f32, anchor: Anchor, vertical: bool);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Anchor {
+    Start,
+    Middle,
+    End,
+}
+
+const PANEL_W: f32 = 460.0;
+const PANEL_H: f32 = 340.0;
+const MARGIN_L: f32 = 70.0;
+const MARGIN_R: f32 = 20.0;
+const MARGIN_T: f32 = 36.0;
+const MARGIN_B: f32 = 56.0;
+const TITLE_H: f32 = 44.0;
+const LEGEND_W: f32 = 320.0;
+const LEGEND_ROW: f32 = 24.0;
+const BLACK: Rgb = [0, 0, 0];
+const GRID: Rgb = [225, 225, 225];
+const TEXT: f32 = 16.0;
+
+impl Figure {
+    fn rows(&self) -> usize {
+        self.panels.len().div_ceil(self.columns.max(1))
+    }
+
+    /// Pixel size of the whole figure.
+    pub fn size(&self) -> (u32, u32) {
+        let cols = self.columns.max(1).min(self.panels.len().max(1));
+        let legend_rows = self.legend().len() as f32;
+        let w = cols as f32 * (PANEL_W + MARGIN_L + MARGIN_R) + LEGEND_W;
+        let h = (self.rows() as f32 * (PANEL_H + MARGIN_T + MARGIN_B))
+            .max(legend_rows * LEGEND_ROW + 20.0)
+            + TITLE_H;
+        (w.ceil() as u32, h.ceil() as u32)
+    }
+
+    /// One legend entry per distinct series label, in first-seen order.
+    fn legend(&self) -> Vec<&Series> {
+        let mut seen: Vec<&Series> = Vec::new();
+        for s in self.panels.iter().flat_map(|p| &p.series) {
+            if !seen.iter().any(|t| t.label == s.label) {
+                seen.push(s);
+            }
+        }
+        seen
+    }
+
+    fn draw(&self, c: &mut dyn Canvas) {
+        let (w, h) = self.size();
+        c.rect(0.0, 0.0, w as f32, h as f32, None, Some([255, 255, 255]));
+        c.text(
+            w as f32 / 2.0,
+            30.0,
+            &self.title,
+            20.0,
+            Anchor::Middle,
+            false,
+        );
+        let cols = self.columns.max(1);
+        for (i, panel) in self.panels.iter().enumerate() {
+            let (row, col) = (i / cols, i % cols);
+            let x0 = col as f32 * (PANEL_W + MARGIN_L + MARGIN_R) + MARGIN_L;
+            let y0 = TITLE_H + row as f32 * (PANEL_H + MARGIN_T + MARGIN_B) + MARGIN_T;
+            panel.draw(c, x0, y0);
+        }
+        let lx = w as f32 - LEGEND_W + 16.0;
+        for (i, s) in self.legend().iter().enumerate() {
+            let y = TITLE_H + MARGIN_T + i as f32 * LEGEND_ROW + 8.0;
+            c.polyline(&[(lx, y), (lx + 44.0, y)], s.color, 2.5, s.dash);
+            c.marker(lx + 22.0, y, 3.5, s.color);
+            c.text(
+                lx + 54.0,
+                y + 5.0,
+                &s.label,
+                TEXT * 0.875,
+                Anchor::Start,
+                false,
+            );
+        }
+    }
+
+    pub fn to_svg(&self) -> String {
+        let (w, h) = self.size();
+        let mut c = svg::SvgCanvas::new(w, h);
+        self.draw(&mut c);
+        c.finish()
+    }
+
+    pub fn to_png(&self) -> anyhow::Result<Vec<u8>> {
+        let (w, h) = self.size();
+        let mut c = raster::RasterCanvas::new(w, h);
+        self.draw(&mut c);
+        c.encode_png()
+    }
+
+    /// Writes `stem.svg` and `stem.png`, each atomically.
+    pub fn write(&self, stem: &Path) -> anyhow::Result<()> {
+        write_atomic(&stem.with_extension("svg"), self.to_svg().as_bytes())?;
+        write_atomic(&stem.with_extension("png"), &self.to_png()?)
+    }
+}
+
+impl Panel {
+    fn ranges(&self) -> ((f64, f64), (f64, f64)) {
+        let pts = || self.series.iter().flat_map(|s| &s.points);
+        let fit = |v: Vec<f64>| {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            match (lo.is_finite(), hi > lo) {
+                (true, true) => (lo, hi),
+                (true, false) => (lo - 0.5, lo + 0.5),
+                _ => (0.0, 1.0),
+            }
+        };
+        let x = self
+            .x_range
+            .unwrap_or_else(|| fit(pts().map(|p| p.0).collect()));
+        let y = self
+            .y_range
+            .unwrap_or_else(|| fit(pts().map(|p| p.1).collect()));
+        (x, y)
+    }
+
+    fn draw(&self, c: &mut dyn Canvas, x0: f32, y0: f32) {
+        let ((xa, xb), (ya, yb)) = self.ranges();
+        let px = |x: f64| x0 + ((x - xa) / (xb - xa)) as f32 * PANEL_W;
+        let py = |y: f64| y0 + PANEL_H - ((y - ya) / (yb - ya)) as f32 * PANEL_H;
+        for t in ticks(xa, xb) {
+            let x = px(t);
+            c.polyline(&[(x, y0), (x, y0 + PANEL_H)], GRID, 1.0, Dash::Solid);
+            c.polyline(
+                &[(x, y0 + PANEL_H), (x, y0 + PANEL_H + 5.0)],
+                BLACK,
+                1.0,
+                Dash::Solid,
+            );
+            let label = tick_label(t);
+            c.text(
+                x,
+                y0 + PANEL_H + 22.0,
+                &label,
+                TEXT * 0.875,
+                Anchor::Middle,
+                false,
+            );
+        }
+        for t in ticks(ya, yb) {
+            let y = py(t);
+            c.polyline(&[(x0, y), (x0 + PANEL_W, y)], GRID, 1.0, Dash::Solid);
+            c.polyline(&[(x0 - 5.0, y), (x0, y)], BLACK, 1.0, Dash::Solid);
+            let label = tick_label(t);
+            c.text(x0 - 9.0, y + 5.0, &label, TEXT * 0.875, Anchor::End, false);
+        }
+        c.rect(x0, y0, PANEL_W, PANEL_H, Some(BLACK), None);
+        c.text(
+            x0 + PANEL_W / 2.0,
+            y0 - 12.0,
+            &self.title,
+            TEXT,
+            Anchor::Middle,
+            false,
+        );
+        c.text(
+            x0 + PANEL_W / 2.0,
+            y0 + PANEL_H + 46.0,
+            &self.x_label,
+            TEXT,
+            Anchor::Middle,
+            false,
+        );
+        c.text(
+            x0 - 52.0,
+            y0 + PANEL_H / 2.0,
+            &self.y_label,
+            TEXT,
+            Anchor::Middle,
+            true,
+        );
+        for s in &self.series {
+            let pts: Vec<(f32, f32)> = s.points.iter().map(|&(x, y)| (px(x), py(y))).collect();
+            c.polyline(&pts, s.color, 2.5, s.dash);
+            for &(x, y) in &pts {
+                c.marker(x, y, 3.5, s.color);
+            }
+        }
+    }
+}
+
+/// Round tick positions covering [lo, hi]: steps of 1, 2, 2.5 or 5 × 10^k, 4 to 8 of them.
+pub fn ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let span = hi - lo;
+    if !(span > 0.0) || !span.is_finite() {
+        return vec![lo];
+    }
+    let magnitude = 10f64.powf((span / 5.0).log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|s| span / s <= 8.0)
+        .unwrap_or(10.0 * magnitude);
+    let first = (lo / step - 1e-9).ceil() as i64;
+    let last = (hi / step + 1e-9).floor() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
+}
+
+/// A tick value without trailing zeros: 0.1, not 0.100000001.
+fn tick_label(v: f64) -> String {
+    let s = format!("{:.4}", v);
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_range() {
+        assert_eq!(ticks(0.0, 100.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+        let t = ticks(0.0, 0.3);
+        assert_eq!(t.len(), 7, "{t:?}");
+        assert!((t[6] - 0.3).abs() < 1e-12);
+        assert_eq!(tick_label(t[1]), "0.05");
+        assert_eq!(ticks(0.0, 3.0), vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+    }
+}
