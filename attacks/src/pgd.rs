@@ -4,14 +4,14 @@
 //! keep the best per example, per-example early stop, and EOT (gradients averaged over draws
 //! of a stochastic model's noise). Only correctly classified inputs are attacked.
 
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::loss::AttackLoss;
-use crate::model::Model;
+use crate::model::{LossFn, Model};
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
 
@@ -83,25 +83,9 @@ impl PgdConfig {
         y: Tensor<Inner<B>, 1, Int>,
         eps: f32,
     ) -> AttackOutcome {
-        let dims = x.dims();
-        let n = dims[0];
-        let device = x.device();
+        let n = x.dims()[0];
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let labels: Vec<i64> = y
-            .clone()
-            .into_data()
-            .convert::<i64>()
-            .to_vec()
-            .expect("labels");
-        let predicted = |logits: Tensor<Inner<B>, 2>| -> Vec<i64> {
-            logits
-                .argmax(1)
-                .reshape([n])
-                .into_data()
-                .convert::<i64>()
-                .to_vec()
-                .expect("argmax")
-        };
+        let labels = to_labels(y.clone());
         let mut examples = vec![
             ExampleOutcome {
                 clean_correct: false,
@@ -118,78 +102,32 @@ impl PgdConfig {
         for (i, e) in examples.iter_mut().enumerate() {
             e.clean_correct = clean[i] == labels[i];
         }
-        let mask = |on: &[bool]| -> Tensor<Inner<B>, 4> {
-            let v: Vec<f32> = on.iter().map(|&b| f32::from(u8::from(b))).collect();
-            Tensor::from_data(TensorData::new(v, [n, 1, 1, 1]), &device)
-        };
-        let eps_all = Tensor::<Inner<B>, 1>::from_data(TensorData::new(vec![eps; n], [n]), &device);
-        let y_tracked = Tensor::<B, 1, Int>::from_inner(y.clone());
+        let y_tracked = Tensor::<B, 1, Int>::from_inner(y);
         let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_tracked.clone());
 
         let mut best = x.clone();
         let mut found = vec![false; n];
         for _ in 0..self.restarts.max(1) {
-            let mut active: Vec<bool> = (0..n)
+            let attacked: Vec<bool> = (0..n)
                 .map(|i| examples[i].clean_correct && !found[i])
                 .collect();
-            if !active.contains(&true) {
+            if !attacked.contains(&true) {
                 break;
             }
-            let attacked = active.clone();
-            let delta = if self.random_start {
-                self.norm
-                    .random_in_ball(dims, eps_all.clone(), &mut rng, &device)
-            } else {
-                Tensor::zeros(dims, &device)
-            };
-            let mut adv = (x.clone() + delta).clamp(0.0, 1.0);
-            for _ in 0..self.steps {
-                if !active.contains(&true) {
-                    break;
-                }
-                let mut grad = Tensor::<Inner<B>, 4>::zeros(dims, &device);
-                let mut logits_sum = None;
-                for _ in 0..self.eot.max(1) {
-                    let (g, l) = model.loss_gradient(adv.clone(), &loss, &mut rng);
-                    grad = grad + g;
-                    logits_sum = Some(match logits_sum {
-                        None => l,
-                        Some(s) => s + l,
-                    });
-                }
-                for (i, e) in examples.iter_mut().enumerate() {
-                    if active[i] {
-                        e.gradient_evals += self.eot.max(1);
-                    }
-                }
-                if self.early_stop {
-                    let now = predicted(logits_sum.expect("at least one draw"));
-                    for i in 0..n {
-                        active[i] &= now[i] == labels[i];
-                    }
-                }
-                let step = self.norm.steepest(grad) * (self.rel_stepsize * eps);
-                let delta = self
-                    .norm
-                    .project(adv.clone() + step - x.clone(), eps_all.clone());
-                let moved = (x.clone() + delta).clamp(0.0, 1.0);
-                let m = mask(&active);
-                adv = adv * (m.clone().neg() + 1.0) + moved * m;
+            let (adv, evals) = self.ascend(model, &x, &labels, &attacked, eps, &loss, &mut rng);
+            for (e, k) in examples.iter_mut().zip(evals) {
+                e.gradient_evals += k;
             }
             // Confirm each candidate by re-classification (many chains if stochastic).
             let now = predicted(model.recheck_logits(adv.clone(), &mut rng));
-            let newly: Vec<bool> = (0..n).map(|i| attacked[i] && now[i] != labels[i]).collect();
             for i in 0..n {
                 if attacked[i] {
                     examples[i].forward_evals += 1;
+                    found[i] |= now[i] != labels[i];
                 }
             }
             // Keep a confirmed break; elsewhere the last attempt, so its distance is reported.
-            let m = mask(&attacked);
-            best = best.clone() * (m.clone().neg() + 1.0) + adv * m;
-            for i in 0..n {
-                found[i] |= newly[i];
-            }
+            best = blend(best, adv, &attacked);
         }
 
         for (e, &f) in examples.iter_mut().zip(&found) {
@@ -197,4 +135,104 @@ impl PgdConfig {
         }
         AttackOutcome::measure(x, best, examples)
     }
+
+    /// Adversarial inputs for a whole batch, as adversarial training needs them (Madry et al.'s
+    /// inner maximisation): every input is attacked, misclassified ones too, in one run from
+    /// the configured start, with no re-check and no bookkeeping. `restarts` is ignored.
+    pub fn perturb<B: AutodiffBackend, M: Model<B>>(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: f32,
+    ) -> Tensor<Inner<B>, 4> {
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let labels = to_labels(y.clone());
+        let y_tracked = Tensor::<B, 1, Int>::from_inner(y);
+        let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_tracked.clone());
+        let all = vec![true; labels.len()];
+        self.ascend(model, &x, &labels, &all, eps, &loss, &mut rng)
+            .0
+    }
+
+    /// One run of projected steepest ascent on the loss from a random (or zero) start: only
+    /// the rows in `attack` move, and with early stop a row stops once misclassified. Returns
+    /// the inputs reached and each row's gradient evaluations.
+    #[allow(clippy::too_many_arguments)]
+    fn ascend<B: AutodiffBackend, M: Model<B>>(
+        &self,
+        model: &M,
+        x: &Tensor<Inner<B>, 4>,
+        labels: &[i64],
+        attack: &[bool],
+        eps: f32,
+        loss: LossFn<'_, B>,
+        rng: &mut StdRng,
+    ) -> (Tensor<Inner<B>, 4>, Vec<usize>) {
+        let dims = x.dims();
+        let n = dims[0];
+        let device = x.device();
+        let eps_all = Tensor::<Inner<B>, 1>::from_data(TensorData::new(vec![eps; n], [n]), &device);
+        let mut active = attack.to_vec();
+        let mut evals = vec![0; n];
+        let delta = if self.random_start {
+            self.norm
+                .random_in_ball(dims, eps_all.clone(), rng, &device)
+        } else {
+            Tensor::zeros(dims, &device)
+        };
+        let mut adv = (x.clone() + delta).clamp(0.0, 1.0);
+        for _ in 0..self.steps {
+            if !active.contains(&true) {
+                break;
+            }
+            let mut grad = Tensor::<Inner<B>, 4>::zeros(dims, &device);
+            let mut logits_sum = None;
+            for _ in 0..self.eot.max(1) {
+                let (g, l) = model.loss_gradient(adv.clone(), loss, rng);
+                grad = grad + g;
+                logits_sum = Some(match logits_sum {
+                    None => l,
+                    Some(s) => s + l,
+                });
+            }
+            for i in 0..n {
+                if active[i] {
+                    evals[i] += self.eot.max(1);
+                }
+            }
+            if self.early_stop {
+                let now = predicted(logits_sum.expect("at least one draw"));
+                for i in 0..n {
+                    active[i] &= now[i] == labels[i];
+                }
+            }
+            let step = self.norm.steepest(grad) * (self.rel_stepsize * eps);
+            let delta = self
+                .norm
+                .project(adv.clone() + step - x.clone(), eps_all.clone());
+            let moved = (x.clone() + delta).clamp(0.0, 1.0);
+            adv = blend(adv, moved, &active);
+        }
+        // Rows that were never attacked keep the clean input.
+        (blend(x.clone(), adv, attack), evals)
+    }
+}
+
+fn to_labels<B: Backend>(y: Tensor<B, 1, Int>) -> Vec<i64> {
+    y.into_data().convert::<i64>().to_vec().expect("labels")
+}
+
+/// Arg-max class of each row.
+fn predicted<B: Backend>(logits: Tensor<B, 2>) -> Vec<i64> {
+    let n = logits.dims()[0];
+    to_labels(logits.argmax(1).reshape([n]))
+}
+
+/// `b` in the rows where `take_b`, `a` elsewhere.
+fn blend<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>, take_b: &[bool]) -> Tensor<B, 4> {
+    let n = take_b.len();
+    let v: Vec<f32> = take_b.iter().map(|&t| f32::from(u8::from(t))).collect();
+    let m = Tensor::<B, 4>::from_data(TensorData::new(v, [n, 1, 1, 1]), &a.device());
+    a * (m.clone().neg() + 1.0) + b * m
 }
