@@ -11,7 +11,9 @@ use jem_bench::metrics;
 use jem_bench::model::{
     import_pytorch, Checkpoint, PytorchNaming, Sidecar, TrainingRecord, WideResNetConfig,
 };
-use jem_bench::train::{self, ClassifierObjective, JemObjective, TrainConfig, TrainKind};
+use jem_bench::train::{
+    self, AdversarialObjective, ClassifierObjective, JemObjective, TrainConfig, TrainKind,
+};
 use jem_datasets::{DataSource, Split};
 
 #[derive(Parser)]
@@ -126,7 +128,11 @@ fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {
             let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap);
             train::train::<Train, _>(&cfg, &mut jem, &device)?
         }
-        TrainKind::Adv => anyhow::bail!("--kind adv is not built yet (tracked in issue #6)"),
+        TrainKind::Adv => {
+            cfg.adv.validate()?;
+            let mut adv = AdversarialObjective::new(cfg.adv.clone());
+            train::train::<Train, _>(&cfg, &mut adv, &device)?
+        }
     };
     println!(
         "{} after {} iterations, {:.0} s; best checkpoint {} (val accuracy {})",

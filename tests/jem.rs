@@ -31,6 +31,7 @@ fn small_jem(out: &Path) -> TrainConfig {
         log_every: 1,
         init_from: None,
         jem: Default::default(),
+        adv: Default::default(),
         guard: Default::default(),
         max_iters: None,
     };

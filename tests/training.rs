@@ -1,5 +1,6 @@
-//! Training on real MNIST: steps lower the loss, and an interrupted run resumes to exactly the
-//! weights and log of an uninterrupted one.
+//! Training on real MNIST: steps lower the loss, adversarial training steps lower the
+//! adversarial loss, and an interrupted run resumes to exactly the weights and log of an
+//! uninterrupted one.
 
 mod common;
 
@@ -7,11 +8,14 @@ use std::path::Path;
 
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use jem_attacks::{Norm, PgdConfig, Undefended};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches::{self, to_vec};
+use jem_bench::model::Checkpoint;
 use jem_bench::model::WideResNetConfig;
 use jem_bench::train::{
-    cross_entropy, train, ClassifierObjective, GuardConfig, JemConfig, TrainConfig, TrainKind,
+    cross_entropy, train, AdvConfig, AdversarialObjective, ClassifierObjective, GuardConfig,
+    JemConfig, Objective, Step, TrainConfig, TrainKind,
 };
 use jem_datasets::{embedded, Split};
 
@@ -71,6 +75,7 @@ fn small_run(out: &Path) -> TrainConfig {
         log_every: 1,
         init_from: None,
         jem: JemConfig::default(),
+        adv: AdvConfig::default(),
         guard: GuardConfig::default(),
         max_iters: None,
     }
@@ -180,5 +185,83 @@ fn interrupted_run_resumes_to_the_same_result() {
     assert!(
         (lr_at(25) / base - 0.25).abs() < 1e-6,
         "epoch 4 has both decays"
+    );
+}
+
+/// Cross-entropy of `model` on PGD examples (10 steps, fixed seed) of `x` at L∞ radius `eps`.
+fn adversarial_loss(
+    model: &jem_bench::model::WideResNet<Train>,
+    x: &burn::tensor::Tensor<Train, 4>,
+    y: &burn::tensor::Tensor<Train, 1, burn::tensor::Int>,
+    eps: f32,
+) -> f32 {
+    let attack = PgdConfig {
+        steps: 10,
+        rel_stepsize: 0.25,
+        early_stop: false,
+        seed: 99,
+        ..PgdConfig::pgd(Norm::Linf)
+    };
+    let x_adv = attack.perturb::<Train, _>(
+        &Undefended::new(model.clone()),
+        x.clone().inner(),
+        y.clone().inner(),
+        eps,
+    );
+    to_vec(cross_entropy(
+        model.valid().forward(x_adv),
+        y.clone().inner(),
+    ))[0]
+}
+
+#[test]
+fn adversarial_training_steps_lower_the_adversarial_loss() {
+    let device = backend::device();
+    let data = embedded::mnist(Split::Train).unwrap();
+    let idx: Vec<usize> = (0..64).collect();
+    let x = batches::images::<Train>(&data, &idx, &device);
+    let y = batches::labels::<Train>(&data, &idx, &device);
+    let (start, _) = Checkpoint::at("results/models/baseline")
+        .load::<Train>(&device)
+        .unwrap();
+    let eps = 0.1;
+    let before = adversarial_loss(&start, &x, &y, eps);
+
+    // The same number of Adam steps on the same batch, with the PGD objective and with the
+    // clean one: only the first should make the batch robust.
+    let config = AdvConfig {
+        eps,
+        adv_steps: 5,
+        adv_rel_stepsize: 0.5,
+        ..AdvConfig::default()
+    };
+    let mut adversarial = AdversarialObjective::new(config);
+    let steps = |objective: &mut dyn Objective<Train>| {
+        let mut model = start.clone();
+        let mut optim = AdamConfig::new().with_epsilon(1e-8).init::<Train, _>();
+        for iteration in 0..10 {
+            let step = Step {
+                iteration,
+                seed: iteration as u64,
+            };
+            let (loss, stats) = objective.loss(&model, x.clone(), y.clone(), step);
+            assert!(stats.loss.is_finite());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-3, model, grads);
+        }
+        model
+    };
+    let after_adv = adversarial_loss(&steps(&mut adversarial), &x, &y, eps);
+    let after_clean = adversarial_loss(&steps(&mut ClassifierObjective), &x, &y, eps);
+    eprintln!(
+        "adversarial loss at ε = {eps}: {before} -> {after_adv} (clean steps: {after_clean})"
+    );
+    assert!(
+        before > 0.5,
+        "the baseline should not be robust at ε = {eps}: {before}"
+    );
+    assert!(
+        after_adv < 0.5 * before && after_adv < 0.5 * after_clean,
+        "adversarial loss {before} -> {after_adv} (clean training: {after_clean})"
     );
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{Augmentation, GuardConfig, JemConfig, LrSchedule};
+use super::{AdvConfig, Augmentation, GuardConfig, JemConfig, LrSchedule};
 
 /// Which objective trains the network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -81,6 +81,10 @@ pub struct TrainConfig {
     pub init_from: Option<PathBuf>,
     #[command(flatten)]
     pub jem: JemConfig,
+    /// The training attack of `--kind adv` (absent from older sidecars).
+    #[command(flatten)]
+    #[serde(default)]
+    pub adv: AdvConfig,
     #[command(flatten)]
     pub guard: GuardConfig,
     /// Stop after this many iterations in total (the run can be resumed later).
@@ -90,11 +94,16 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// The settings recorded in the sidecar and compared on resume: JEM's only for JEM runs.
+    /// The settings recorded in the sidecar and compared on resume: JEM's only for JEM runs,
+    /// the training attack's only for adversarial ones.
     pub fn settings(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).expect("settings serialise");
+        let o = v.as_object_mut().expect("an object");
         if self.kind != TrainKind::Jem {
-            v.as_object_mut().expect("an object").remove("jem");
+            o.remove("jem");
+        }
+        if self.kind != TrainKind::Adv {
+            o.remove("adv");
         }
         v
     }
@@ -128,6 +137,12 @@ pub(crate) fn clap_defaults<T: clap::Args>() -> T {
 }
 
 impl Default for JemConfig {
+    fn default() -> Self {
+        clap_defaults()
+    }
+}
+
+impl Default for AdvConfig {
     fn default() -> Self {
         clap_defaults()
     }

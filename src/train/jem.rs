@@ -11,7 +11,7 @@ use jem_attacks::{log_sum_exp, SgldConfig, SgldSampler, SgldTarget, UniformInit}
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::objective::{accuracy, cross_entropy, Objective, StepStats};
+use super::objective::{accuracy, cross_entropy, Objective, Step, StepStats};
 use super::replay_buffer::ReplayBuffer;
 use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
 
@@ -147,11 +147,11 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
         model: &WideResNet<B>,
         x: Tensor<B, 4>,
         y: Tensor<B, 1, Int>,
-        step_seed: u64,
+        step: Step,
     ) -> (Tensor<B, 1>, StepStats) {
         let [n, c, h, w] = x.dims();
         let device = x.device();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(step_seed);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step.seed);
 
         // Advance persistent chains with the current parameters frozen: input gradients only.
         let sgld_start = Instant::now();

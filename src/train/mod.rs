@@ -1,7 +1,8 @@
 //! Training a [`WideResNet`](crate::model::WideResNet): the shared loop (schedule, augmentation,
 //! data noise, validation, best checkpoint, resumable state, CSV log, divergence guard) and the
-//! objectives that plug into it: the plain classifier and JEM (adversarial training is to come).
+//! objectives that plug into it: the plain classifier, JEM and PGD adversarial training.
 
+mod adversarial;
 mod augment;
 mod config;
 mod guard;
@@ -13,13 +14,14 @@ mod schedule;
 mod state;
 mod trainer;
 
+pub use adversarial::{AdvConfig, AdversarialObjective};
 pub use augment::Augmentation;
 pub(crate) use config::clap_defaults;
 pub use config::{TrainConfig, TrainKind};
 pub use guard::GuardConfig;
 pub use jem::{chain_init, JemConfig, JemObjective};
 pub use log::CsvLog;
-pub use objective::{accuracy, cross_entropy, ClassifierObjective, Objective, StepStats};
+pub use objective::{accuracy, cross_entropy, ClassifierObjective, Objective, Step, StepStats};
 pub use replay_buffer::{Draw, ReplayBuffer};
 pub use schedule::LrSchedule;
 pub use trainer::{train, TrainOutcome};

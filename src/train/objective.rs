@@ -7,6 +7,15 @@ use burn::tensor::{ElementConversion, Int, Tensor};
 
 use crate::model::{WideResNet, WideResNetConfig};
 
+/// Which training step a loss is for.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    /// Iterations done before this one (0 for the first step).
+    pub iteration: usize,
+    /// Seeds any randomness the objective needs, so that a resumed run repeats it exactly.
+    pub seed: u64,
+}
+
 /// Numbers a step reports for the log.
 #[derive(Debug, Clone, Default)]
 pub struct StepStats {
@@ -25,14 +34,13 @@ pub trait Objective<B: AutodiffBackend> {
     fn extra_columns(&self) -> Vec<&'static str> {
         Vec::new()
     }
-    /// The loss of one batch (`x` already augmented and noised). `step_seed` seeds any
-    /// randomness the objective needs, so that a resumed run repeats it exactly.
+    /// The loss of one batch (`x` already augmented and noised).
     fn loss(
         &mut self,
         model: &WideResNet<B>,
         x: Tensor<B, 4>,
         y: Tensor<B, 1, Int>,
-        step_seed: u64,
+        step: Step,
     ) -> (Tensor<B, 1>, StepStats);
 
     /// Called once before training starts (and before any saved state is restored) with the
@@ -86,7 +94,7 @@ impl<B: AutodiffBackend> Objective<B> for ClassifierObjective {
         model: &WideResNet<B>,
         x: Tensor<B, 4>,
         y: Tensor<B, 1, Int>,
-        _step_seed: u64,
+        _step: Step,
     ) -> (Tensor<B, 1>, StepStats) {
         let logits = model.forward(x);
         let acc = accuracy(logits.clone().detach(), y.clone());

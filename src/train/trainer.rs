@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
 use super::log::CsvLog;
-use super::objective::Objective;
+use super::objective::{Objective, Step};
 use super::state::{Progress, StateDir};
 use super::TrainConfig;
 use crate::batches;
@@ -258,8 +258,15 @@ where
             );
             let y = batches::labels::<B>(&train, idx, device);
             let lr = schedule.at(it, epoch) * progress.lr_scale;
-            let (loss, stats) =
-                objective.loss(&model, x, y, stream_seed(cfg.seed, OBJECTIVE, it as u64));
+            let (loss, stats) = objective.loss(
+                &model,
+                x,
+                y,
+                Step {
+                    iteration: it,
+                    seed: stream_seed(cfg.seed, OBJECTIVE, it as u64),
+                },
+            );
             if let Some(symptom) = cfg
                 .guard
                 .symptom(&stats)
