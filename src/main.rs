@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::metrics;
 use jem_bench::model::{
-    import_pytorch, Checkpoint, PytorchNaming, Sidecar, TrainingRecord, WideResNetConfig,
+    import_pytorch, stored_normalization, Checkpoint, PytorchNaming, Sidecar, TrainingRecord,
+    WideResNetConfig,
 };
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainConfig, TrainKind,
@@ -207,12 +208,35 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     let device = backend::device();
     let mut arch =
         WideResNetConfig::new(args.depth, args.width, args.in_channels, args.num_classes);
-    if let Some(mean) = args.mean {
+    if let Some(mean) = args.mean.clone() {
         arch.input_normalization.mean = mean;
     }
-    if let Some(std) = args.std {
+    if let Some(std) = args.std.clone() {
         arch.input_normalization.std = std;
     }
+    if let Some(stored) = stored_normalization(&args.input)? {
+        anyhow::ensure!(
+            args.mean.is_none() && args.std.is_none() || arch.input_normalization == stored,
+            "{} stores its input normalisation (mean {:?}, std {:?}), which --mean/--std \
+             contradict; leave them out to use the stored one",
+            args.input.display(),
+            stored.mean,
+            stored.std
+        );
+        println!(
+            "input normalisation from the file's buffers: mean {:?}, std {:?}",
+            stored.mean, stored.std
+        );
+        arch.input_normalization = stored;
+    }
+    let norm = &arch.input_normalization;
+    anyhow::ensure!(
+        norm.mean.len() == args.in_channels && norm.std.len() == args.in_channels,
+        "the input normalisation has {} mean and {} std values; --in-channels is {}",
+        norm.mean.len(),
+        norm.std.len(),
+        args.in_channels
+    );
     let model = import_pytorch::<Inference>(
         &args.input,
         &arch,

@@ -147,7 +147,11 @@ fn fixture(name: &str) -> std::path::PathBuf {
 }
 
 fn expected(name: &str) -> (Vec<f32>, Vec<usize>) {
-    let bytes = std::fs::read(fixture("expected.safetensors")).unwrap();
+    expected_in("expected.safetensors", name)
+}
+
+fn expected_in(file: &str, name: &str) -> (Vec<f32>, Vec<usize>) {
+    let bytes = std::fs::read(fixture(file)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor(name).unwrap();
     let data = t
@@ -210,4 +214,55 @@ fn pytorch_pt_import_of_jem_checkpoint_matches_pytorch_logits() {
     let (x, _) = expected("x");
     let got = to_vec(model.forward(tensor(&x, 4)));
     assert_logits_match(&got, &expected("jem_logits").0);
+}
+
+/// A CIFAR-shaped model that normalises its input with `mu`/`sigma` buffers (RobustBench's
+/// convention), imported through the CLI: the buffers become the checkpoint's input
+/// normalisation and the imported model gives PyTorch's logits on [0, 1] pixels.
+#[test]
+fn imported_model_with_stored_normalisation_matches_pytorch_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let import = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+            .arg("import")
+            .arg(fixture("wrn10_1_cifar_normalized.safetensors"))
+            .args([
+                "--depth",
+                "10",
+                "--width",
+                "1",
+                "--in-channels",
+                "3",
+                "--out",
+            ])
+            .arg(dir.path().join("cifar"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = import(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (model, sidecar) = Checkpoint::at(dir.path().join("cifar"))
+        .load::<Inference>(&backend::device())
+        .unwrap();
+    let norm = &sidecar.architecture.input_normalization;
+    assert_eq!(norm.mean, vec![0.4914, 0.4822, 0.4465]);
+    assert_eq!(norm.std, vec![0.2471, 0.2435, 0.2616]);
+    let (x, shape) = expected_in("expected_normalized.safetensors", "x");
+    assert_eq!(shape, [4, 3, 32, 32]);
+    let input =
+        Tensor::<Inference, 4>::from_data(TensorData::new(x, [4, 3, 32, 32]), &backend::device());
+    let got = to_vec(model.forward(input));
+    assert_logits_match(
+        &got,
+        &expected_in("expected_normalized.safetensors", "logits").0,
+    );
+
+    // --mean/--std that contradict the stored buffers are refused, naming the file.
+    let o = import(&["--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("wrn10_1_cifar_normalized.safetensors"),
+        "{err}"
+    );
 }

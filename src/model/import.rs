@@ -1,5 +1,7 @@
 //! Importing weights trained in PyTorch: a `state_dict` saved as safetensors or as a `.pt` file
-//! (`torch.save`), in the naming of the official JEM code.
+//! (`torch.save`), in the naming of the official JEM code, with the input normalisation the
+//! network expects (from `--mean/--std`, or from `mu`/`sigma` buffers stored in the file, as
+//! RobustBench's wrappers keep them).
 //!
 //! burn-store's `PyTorchToBurnAdapter` transposes linear weights; the key remapping below turns
 //! the naming of a checkpoint into the field names of [`WideResNet`].
@@ -12,7 +14,10 @@ use burn_store::{
     ApplyResult, KeyRemapper, ModuleSnapshot, PyTorchToBurnAdapter, PytorchStore, SafetensorsStore,
 };
 
-use super::{WideResNet, WideResNetConfig};
+use super::{InputNormalization, WideResNet, WideResNetConfig};
+
+/// Names of input-normalisation buffers in a state_dict: (mean, std).
+const NORMALIZATION_BUFFERS: [(&str, &str); 2] = [("mu", "sigma"), ("mean", "std")];
 
 /// How the tensors of a PyTorch checkpoint are named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,7 +32,9 @@ pub enum PytorchNaming {
 
 impl PytorchNaming {
     fn remapper(self) -> KeyRemapper {
-        let patterns: Vec<(&str, &str)> = match self {
+        // Normalisation buffers are read by `stored_normalization`, not loaded as weights.
+        let mut patterns: Vec<(&str, &str)> = vec![(r"^(mu|sigma|mean|std)$", "ignored.$1")];
+        patterns.extend(match self {
             PytorchNaming::WideResnet => vec![],
             PytorchNaming::Jem => vec![
                 // Applied in order: park the heads JEM does not classify with, then unwrap `f.`.
@@ -36,7 +43,7 @@ impl PytorchNaming {
                 (r"^f\.", ""),
                 (r"^class_output\.", "linear."),
             ],
-        };
+        });
         KeyRemapper::from_patterns(patterns).expect("static patterns are valid regexes")
     }
 }
@@ -100,4 +107,59 @@ pub fn import_pytorch<B: Backend>(
         );
     }
     Ok(model)
+}
+
+/// The input normalisation a safetensors checkpoint stores as top-level buffers (`mu`/`sigma`
+/// or `mean`/`std`, one value per channel, any broadcastable shape such as `[1, C, 1, 1]`), or
+/// `None` when it stores none (and for `.pt` files, which need `--mean/--std`).
+pub fn stored_normalization(path: &Path) -> anyhow::Result<Option<InputNormalization>> {
+    if path.extension().and_then(|e| e.to_str()) != Some("safetensors") {
+        return Ok(None);
+    }
+    let bytes =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a safetensors file: {e}", path.display()))?;
+    let values = |name: &str| -> anyhow::Result<Option<Vec<f32>>> {
+        let Ok(view) = file.tensor(name) else {
+            return Ok(None);
+        };
+        let data = view.data();
+        let out = match view.dtype() {
+            safetensors::Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            safetensors::Dtype::F64 => data
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+                .collect(),
+            other => bail!(
+                "{}: tensor `{name}` is {other:?}; expected a float32 or float64 normalisation buffer",
+                path.display()
+            ),
+        };
+        Ok(Some(out))
+    };
+    for (mean_name, std_name) in NORMALIZATION_BUFFERS {
+        match (values(mean_name)?, values(std_name)?) {
+            (Some(mean), Some(std)) => {
+                anyhow::ensure!(
+                    mean.len() == std.len() && std.iter().all(|s| *s > 0.0),
+                    "{}: normalisation buffers `{mean_name}` ({} values) and `{std_name}` ({} values) \
+                     must have one value per channel, and the std must be positive",
+                    path.display(),
+                    mean.len(),
+                    std.len()
+                );
+                return Ok(Some(InputNormalization { mean, std }));
+            }
+            (None, None) => {}
+            _ => bail!(
+                "{}: holds only one of the normalisation buffers `{mean_name}` and `{std_name}`",
+                path.display()
+            ),
+        }
+    }
+    Ok(None)
 }
