@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum AttackKind {
     Pgd,
+    /// PGD with 4× the steps (each 4× shorter) and 2× the restarts: the convergence check of
+    /// SPEC §5 (more steps and restarts should not help much).
+    #[serde(rename = "pgd-long")]
+    PgdLong,
     Fgsm,
     Boundary,
     Pointwise,
@@ -18,6 +22,7 @@ impl AttackKind {
     pub fn name(self) -> &'static str {
         match self {
             AttackKind::Pgd => "pgd",
+            AttackKind::PgdLong => "pgd-long",
             AttackKind::Fgsm => "fgsm",
             AttackKind::Boundary => "boundary",
             AttackKind::Pointwise => "pointwise",
@@ -26,7 +31,10 @@ impl AttackKind {
 
     /// Decision-based attacks find a minimum perturbation; gradient attacks work at a fixed ε.
     pub fn fixed_eps(self) -> bool {
-        matches!(self, AttackKind::Pgd | AttackKind::Fgsm)
+        matches!(
+            self,
+            AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm
+        )
     }
 
     pub fn uses_gradients(self) -> bool {

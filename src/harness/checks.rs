@@ -28,6 +28,9 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
     }
 }
 
+/// Largest drop in robust accuracy from PGD to `pgd-long` that still counts as converged.
+const CONVERGED: f64 = 0.05;
+
 /// `classes`: number of classes of the data (chance = 1 / classes).
 pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     let mut checks = Vec::new();
@@ -93,6 +96,39 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
         "PGD and FGSM cells",
     ));
 
+    // More steps and restarts do not help much (PGD has converged).
+    let long = find("pgd-long");
+    let mut compared = 0;
+    let mut changes = Vec::new();
+    let mut problems = Vec::new();
+    for (k, p) in &pgd {
+        if let Some(l) = long.get(k) {
+            compared += 1;
+            let cell = format!("{} K={} {} ε={}", k.0, k.1, k.2, f32::from_bits(k.3));
+            changes.push(p - l);
+            if p - l > CONVERGED {
+                problems.push(format!(
+                    "{cell}: PGD {p:.3}, 4× steps and 2× restarts {l:.3}: PGD has not converged, \
+                     raise --pgd-steps / --restarts"
+                ));
+            }
+        }
+    }
+    let mut check = verdict(
+        "more steps and restarts do not help much",
+        compared,
+        problems,
+        "PGD and pgd-long cells (add pgd-long to --attacks)",
+    );
+    if check.status == "pass" {
+        let largest = changes.iter().copied().fold(f64::MIN, f64::max);
+        check.detail = format!(
+            "{compared} comparisons; largest drop in robust accuracy {:.3} (threshold {CONVERGED})",
+            largest.max(0.0)
+        );
+    }
+    checks.push(check);
+
     // Decision-based attacks do not beat white-box ones.
     let mut compared = 0;
     let mut problems = Vec::new();
@@ -135,4 +171,61 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
         detail: format!("{with_eot} of {} PGD cells with K > 0 use EOT (> 1 draw); breaks are re-checked with the recheck chains", stochastic.len()),
     });
     checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(attack: &str, eps: f32, robust_accuracy: f64) -> TidyRow {
+        TidyRow {
+            model: "m".into(),
+            attack: attack.into(),
+            norm: "linf".into(),
+            eps,
+            k: 0,
+            grad: "none".into(),
+            n: 20,
+            clean_accuracy: 1.0,
+            robust_accuracy,
+            eot: 1,
+            restarts: 1,
+            chains: 0,
+            recheck_chains: 0,
+            seed: 0,
+            attack_settings: "{}".into(),
+            data: "mnist".into(),
+            software: "test".into(),
+            backend: "test".into(),
+        }
+    }
+
+    fn check<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn convergence_check_warns_when_more_steps_break_more_and_names_the_cell() {
+        let name = "more steps and restarts do not help much";
+        let converged = run(
+            &[
+                row("pgd", 0.1, 0.50),
+                row("pgd-long", 0.1, 0.45),
+                row("pgd", 0.3, 0.0),
+                row("pgd-long", 0.3, 0.0),
+            ],
+            10,
+        );
+        let c = check(&converged, name);
+        assert_eq!(c.status, "pass", "{}", c.detail);
+        assert!(c.detail.contains("0.050"), "{}", c.detail);
+
+        let unconverged = run(&[row("pgd", 0.1, 0.50), row("pgd-long", 0.1, 0.40)], 10);
+        let c = check(&unconverged, name);
+        assert_eq!(c.status, "warn");
+        assert!(c.detail.contains("m K=0 none ε=0.1"), "{}", c.detail);
+
+        let absent = run(&[row("pgd", 0.1, 0.50)], 10);
+        assert_eq!(check(&absent, name).status, "not run");
+    }
 }

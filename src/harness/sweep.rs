@@ -95,6 +95,26 @@ impl RobustArgs {
         }
     }
 
+    /// PGD steps and step size (fraction of ε) of a PGD cell; `pgd-long` takes 4× the steps,
+    /// each 4× shorter, so that it can cross the ball as often but more finely.
+    fn pgd_schedule(&self, attack: AttackKind) -> (usize, f32) {
+        let factor = if attack == AttackKind::PgdLong { 4 } else { 1 };
+        let steps = self.pgd_steps * factor;
+        let rel = self
+            .pgd_rel_stepsize
+            .map_or(2.5 / steps.max(1) as f32, |r| r / factor as f32);
+        (steps, rel)
+    }
+
+    /// Restarts of an attack: `pgd-long` doubles PGD's; single runs elsewhere.
+    fn restarts_of(&self, attack: AttackKind) -> usize {
+        match attack {
+            AttackKind::Pgd => self.restarts,
+            AttackKind::PgdLong => 2 * self.restarts,
+            _ => 1,
+        }
+    }
+
     fn model_paths(&self) -> Vec<PathBuf> {
         if !self.models.is_empty() {
             return self.models.clone();
@@ -152,19 +172,19 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     )?;
     let norm = args.norm;
     let (outcome, settings): (AttackOutcome, serde_json::Value) = match cell.attack {
-        AttackKind::Pgd | AttackKind::Fgsm => {
+        AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
             let eps = cell.eps.expect("fixed-ε cell");
-            let mut cfg = if cell.attack == AttackKind::Pgd {
-                PgdConfig {
-                    steps: args.pgd_steps,
-                    restarts: args.restarts,
-                    rel_stepsize: args
-                        .pgd_rel_stepsize
-                        .unwrap_or(2.5 / args.pgd_steps.max(1) as f32),
-                    ..PgdConfig::pgd(norm)
+            let mut cfg = match cell.attack {
+                AttackKind::Fgsm => PgdConfig::fgsm(norm),
+                pgd => {
+                    let (steps, rel_stepsize) = args.pgd_schedule(pgd);
+                    PgdConfig {
+                        steps,
+                        restarts: args.restarts_of(pgd),
+                        rel_stepsize,
+                        ..PgdConfig::pgd(norm)
+                    }
                 }
-            } else {
-                PgdConfig::fgsm(norm)
             };
             cfg.eot = args.eot;
             cfg.seed = args.seed;
@@ -217,11 +237,7 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
             } else {
                 0
             },
-            restarts: if cell.attack == AttackKind::Pgd {
-                args.restarts
-            } else {
-                1
-            },
+            restarts: args.restarts_of(cell.attack),
             chains: if cell.k > 0 { args.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
                 args.defence.recheck_chains
