@@ -279,7 +279,7 @@ impl Panel {
 /// Round tick positions covering [lo, hi]: steps of 1, 2, 2.5 or 5 × 10^k, 4 to 8 of them.
 pub fn ticks(lo: f64, hi: f64) -> Vec<f64> {
     let span = hi - lo;
-    if !(span > 0.0) || !span.is_finite() {
+    if !span.is_finite() || span <= 0.0 {
         return vec![lo];
     }
     let magnitude = 10f64.powf((span / 5.0).log10().floor());
