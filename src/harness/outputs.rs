@@ -99,7 +99,10 @@ pub fn load_cell(out: &Path, cell: &Cell) -> anyhow::Result<Option<CellResult>> 
 }
 
 /// Writes `robust.csv` and `examples.csv` from the finished cells, in sweep order.
-pub fn write_csvs(out: &Path, results: &[CellResult]) -> anyhow::Result<()> {
+pub fn write_csvs<'a>(
+    out: &Path,
+    results: impl IntoIterator<Item = &'a CellResult>,
+) -> anyhow::Result<()> {
     let mut tidy = csv::Writer::from_writer(Vec::new());
     let mut per_example = csv::Writer::from_writer(Vec::new());
     for r in results {

@@ -3,6 +3,8 @@
 //! and worst-case robust accuracy per model, K and ε, with the sanity checks) and a table.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -76,6 +78,15 @@ pub struct RobustArgs {
     /// join the folders with `jem-bench merge`.
     #[arg(long)]
     pub shard: Option<Shard>,
+    /// Cells run at once, each on its own thread (default: the number of cores). Results do
+    /// not depend on it, so it is not part of the sweep's settings.
+    #[arg(long, default_value_t = default_jobs())]
+    #[serde(skip)]
+    pub jobs: usize,
+}
+
+fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl Default for RobustArgs {
@@ -394,6 +405,13 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
         .map(|(_, c)| c)
         .collect();
 
+    // Finished cells (from an earlier, interrupted run) are read back; the rest run on
+    // `--jobs` worker threads. The CSVs always hold the finished cells in plan order.
+    let mut done: Vec<Option<CellResult>> = Vec::with_capacity(mine.len());
+    for cell in &mine {
+        done.push(outputs::load_cell(&out, cell)?);
+    }
+    let pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
     let bar = ProgressBar::new(mine.len() as u64);
     bar.set_style(
         ProgressStyle::with_template(
@@ -401,36 +419,59 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
         )
         .expect("template"),
     );
-    let mut results = Vec::with_capacity(mine.len());
-    for cell in mine {
-        let r = match outputs::load_cell(&out, cell)? {
-            Some(r) => r,
-            None => {
-                bar.set_message(format!(
-                    "{} {} K={} {}",
-                    cell.attack.name(),
-                    cell.model,
-                    cell.k,
-                    cell.eps.map_or("min".into(), |e| format!("ε={e}"))
-                ));
-                let r = run_cell(&args, cell, &plan.eps_grid)?;
-                outputs::save_cell(&out, &r)?;
-                r
-            }
-        };
-        if let Some(row) = r.rows.last() {
-            bar.set_message(format!(
-                "last: {} K={} ε={} robust {:.1} %",
-                row.attack,
-                row.k,
-                row.eps,
-                100.0 * row.robust_accuracy
-            ));
+    bar.set_position((mine.len() - pending.len()) as u64);
+    bar.reset_eta();
+    outputs::write_csvs(&out, done.iter().flatten())?;
+
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel::<(usize, anyhow::Result<CellResult>)>();
+    let jobs = args.jobs.clamp(1, pending.len().max(1));
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        for _ in 0..jobs {
+            let tx = tx.clone();
+            let (next, failed, pending, mine, args, plan) =
+                (&next, &failed, &pending, &mine, &args, &plan);
+            scope.spawn(move || {
+                while !failed.load(Ordering::Relaxed) {
+                    let Some(&i) = pending.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        break;
+                    };
+                    let result = run_cell(args, mine[i], &plan.eps_grid);
+                    if tx.send((i, result)).is_err() {
+                        break;
+                    }
+                }
+            });
         }
-        results.push(r);
-        outputs::write_csvs(&out, &results)?;
-        bar.inc(1);
-    }
+        drop(tx);
+        for (i, result) in rx {
+            let r = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    // Stop handing out cells; what finished is already saved.
+                    failed.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            };
+            outputs::save_cell(&out, &r)?;
+            if let Some(row) = r.rows.last() {
+                bar.set_message(format!(
+                    "last: {} {} K={} ε={} robust {:.1} %",
+                    row.attack,
+                    row.model,
+                    row.k,
+                    row.eps,
+                    100.0 * row.robust_accuracy
+                ));
+            }
+            done[i] = Some(r);
+            outputs::write_csvs(&out, done.iter().flatten())?;
+            bar.inc(1);
+        }
+        Ok(())
+    })?;
+    let results: Vec<CellResult> = done.into_iter().flatten().collect();
     bar.finish_and_clear();
     finish(&plan, &results)
 }
