@@ -102,7 +102,11 @@ const MARGIN_R: f32 = 20.0;
 const MARGIN_T: f32 = 36.0;
 const MARGIN_B: f32 = 56.0;
 const TITLE_H: f32 = 44.0;
-const LEGEND_W: f32 = 320.0;
+/// Legend width before its longest label.
+const LEGEND_PAD: f32 = 90.0;
+/// Width of a legend character in the raster font (8 pixels × 2 at the legend's text size),
+/// the wider of the two backends.
+const LEGEND_CHAR: f32 = 16.0;
 const LEGEND_ROW: f32 = 24.0;
 const BLACK: Rgb = [0, 0, 0];
 const GRID: Rgb = [225, 225, 225];
@@ -117,11 +121,21 @@ impl Figure {
     pub fn size(&self) -> (u32, u32) {
         let cols = self.columns.max(1).min(self.panels.len().max(1));
         let legend_rows = self.legend().len() as f32;
-        let w = cols as f32 * (PANEL_W + MARGIN_L + MARGIN_R) + LEGEND_W;
+        let w = cols as f32 * (PANEL_W + MARGIN_L + MARGIN_R) + self.legend_width();
         let h = (self.rows() as f32 * (PANEL_H + MARGIN_T + MARGIN_B))
             .max(legend_rows * LEGEND_ROW + 20.0)
             + TITLE_H;
         (w.ceil() as u32, h.ceil() as u32)
+    }
+
+    fn legend_width(&self) -> f32 {
+        let longest = self
+            .legend()
+            .iter()
+            .map(|s| s.label.chars().count())
+            .max()
+            .unwrap_or(0);
+        LEGEND_PAD + longest as f32 * LEGEND_CHAR
     }
 
     /// One legend entry per distinct series label, in first-seen order.
@@ -153,7 +167,7 @@ impl Figure {
             let y0 = TITLE_H + row as f32 * (PANEL_H + MARGIN_T + MARGIN_B) + MARGIN_T;
             panel.draw(c, x0, y0);
         }
-        let lx = w as f32 - LEGEND_W + 16.0;
+        let lx = w as f32 - self.legend_width() + 16.0;
         for (i, s) in self.legend().iter().enumerate() {
             let y = TITLE_H + MARGIN_T + i as f32 * LEGEND_ROW + 8.0;
             c.polyline(&[(lx, y), (lx + 44.0, y)], s.color, 2.5, s.dash);
