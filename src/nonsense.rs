@@ -18,8 +18,9 @@ use crate::model::{write_atomic, Checkpoint, SOFTWARE};
 
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct NonsenseArgs {
-    /// Checkpoints, comma-separated (default: the embedded baseline).
-    #[arg(long, value_delimiter = ',', default_value = "results/models/baseline")]
+    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
+    /// trained models that exist under results/models/).
+    #[arg(long, value_delimiter = ',')]
     pub models: Vec<PathBuf>,
     /// SGLD sampling steps K before classifying, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0")]
@@ -62,7 +63,14 @@ fn median<T: Copy + PartialOrd>(v: &[T]) -> T {
     s[s.len() / 2]
 }
 
-pub fn run(args: NonsenseArgs) -> anyhow::Result<()> {
+pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
+    if args.models.is_empty() {
+        args.models = crate::model::embedded_models();
+        anyhow::ensure!(
+            !args.models.is_empty(),
+            "no --models given and no embedded model under results/models/"
+        );
+    }
     let device = backend::device();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;

@@ -130,11 +130,7 @@ impl RobustArgs {
         if !self.models.is_empty() {
             return self.models.clone();
         }
-        ["baseline", "jem", "adv"]
-            .iter()
-            .map(|m| PathBuf::from("results/models").join(m))
-            .filter(|p| Checkpoint::at(p).exists())
-            .collect()
+        crate::model::embedded_models()
     }
 }
 

@@ -178,3 +178,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::rename(&tmp, path)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
+
+/// The embedded default models that exist under `results/models/` (baseline, JEM, adversarially
+/// trained, in that order): what `robust` and `nonsense` use when no `--models` is given.
+pub fn embedded_models() -> Vec<PathBuf> {
+    ["baseline", "jem", "adv"]
+        .iter()
+        .map(|m| PathBuf::from("results/models").join(m))
+        .filter(|p| Checkpoint::at(p).exists())
+        .collect()
+}

@@ -5,6 +5,8 @@ mod checkpoint;
 mod import;
 mod wrn;
 
-pub use checkpoint::{write_atomic, Checkpoint, Sidecar, TrainingRecord, SOFTWARE};
+pub use checkpoint::{
+    embedded_models, write_atomic, Checkpoint, Sidecar, TrainingRecord, SOFTWARE,
+};
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
 pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig};
