@@ -53,7 +53,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
         .iter()
         .filter(|(_, (_, acc))| *acc > chance + 0.1)
         .map(|((m, k), (eps, acc))| {
-            format!("{m} K={k}: {:.1} % robust at the largest ε = {eps} (chance {:.0} %): extend --eps to a radius no model can withstand (L∞ 0.5) — if accuracy stays up there, the attack is too weak or the gradients are masked", 100.0 * acc, 100.0 * chance)
+            format!("{m} K={k}: {:.1} % robust at the largest ε = {eps} (chance {:.0} %): extend --eps until no model can withstand it (L∞ 0.5 can turn any image grey) — if accuracy stays up there, the attack is too weak or the gradients are masked", 100.0 * acc, 100.0 * chance)
         })
         .collect();
     checks.push(verdict(
