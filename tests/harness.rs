@@ -261,22 +261,26 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
         k.dedup();
         k
     };
-    assert_eq!(curves.len(), ks.len(), "one curve per model × K");
+    let mut models: Vec<&str> = rs.iter().map(|r| r.model.as_str()).collect();
+    models.sort();
+    models.dedup();
+    assert_eq!(curves.len(), models.len() * ks.len(), "one curve per model × K");
     for c in curves {
-        let k = c["k"].as_u64().unwrap() as usize;
+        let (model, k) = (c["model"].as_str().unwrap(), c["k"].as_u64().unwrap() as usize);
         for point in c["worst_case"].as_array().unwrap() {
             let eps = point[0].as_f64().unwrap() as f32;
             let lowest = rs
                 .iter()
-                .filter(|r| r.k == k && r.eps == eps)
+                .filter(|r| r.model == model && r.k == k && r.eps == eps)
                 .map(|r| r.robust_accuracy)
                 .fold(f64::INFINITY, f64::min);
-            assert_eq!(point[1].as_f64().unwrap(), lowest, "K={k} ε={eps}");
+            assert_eq!(point[1].as_f64().unwrap(), lowest, "{model} K={k} ε={eps}");
         }
     }
 
-    // SVG: well-formed XML whose size matches the PNG's; one line per series per panel
-    // (worst case + one panel per attack) plus its legend sample, the K = 1 lines dashed.
+    // SVG: well-formed XML whose size matches the PNG's; in the first model's colour, one line
+    // per K per panel (worst case + one panel per attack) plus its legend sample, the K = 1
+    // lines dashed.
     let svg = std::fs::read_to_string(dir.path().join("curves.svg")).unwrap();
     let doc = roxmltree::Document::parse(&svg).expect("curves.svg parses as XML");
     let root = doc.root_element();
