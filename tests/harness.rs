@@ -264,9 +264,16 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
     let mut models: Vec<&str> = rs.iter().map(|r| r.model.as_str()).collect();
     models.sort();
     models.dedup();
-    assert_eq!(curves.len(), models.len() * ks.len(), "one curve per model × K");
+    assert_eq!(
+        curves.len(),
+        models.len() * ks.len(),
+        "one curve per model × K"
+    );
     for c in curves {
-        let (model, k) = (c["model"].as_str().unwrap(), c["k"].as_u64().unwrap() as usize);
+        let (model, k) = (
+            c["model"].as_str().unwrap(),
+            c["k"].as_u64().unwrap() as usize,
+        );
         for point in c["worst_case"].as_array().unwrap() {
             let eps = point[0].as_f64().unwrap() as f32;
             let lowest = rs

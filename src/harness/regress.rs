@@ -10,6 +10,7 @@ use clap::Args;
 
 use super::outputs::{read_tidy, TidyRow};
 use super::sweep::{run, RobustArgs};
+use crate::model::write_atomic;
 
 #[derive(Debug, Clone, Args)]
 pub struct RegressArgs {
@@ -22,8 +23,8 @@ pub struct RegressArgs {
     /// Compare this finished sweep folder instead of rerunning the reference's sweep.
     #[arg(long)]
     pub run: Option<PathBuf>,
-    /// Where the rerun goes (default: runs/regress/<reference folder name>); a previous rerun of
-    /// the same sweep there is started afresh.
+    /// Where the rerun goes (default: runs/regress/<reference folder name>); a previous rerun
+    /// there is cleared first (any other folder is refused).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -66,6 +67,9 @@ pub fn compare(reference: &[TidyRow], candidate: &[TidyRow], tolerance: f64) -> 
         .collect()
 }
 
+/// File that marks a folder as a `regress` rerun, which a later rerun may clear.
+const RERUN_MARKER: &str = "REGRESS-RERUN";
+
 fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
     let p = reference.join("settings.json");
     let settings: serde_json::Value = serde_json::from_str(
@@ -74,17 +78,28 @@ fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
     .with_context(|| format!("{}: unreadable", p.display()))?;
     let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
-    // Start afresh, but only over a folder that a rerun of this same sweep made.
+    // Start afresh, but only over a folder that a rerun made (it carries a marker; the
+    // reference it reran may have changed since) or that holds this same sweep.
     let own = out.join("settings.json");
+    let marker = out.join(RERUN_MARKER);
     if own.exists() {
         let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&own)?)?;
         anyhow::ensure!(
-            theirs == settings,
-            "{} holds another sweep; pass another --out",
+            theirs == settings || marker.exists(),
+            "{} holds another sweep, not made by `regress`; pass another --out",
             out.display()
         );
         std::fs::remove_dir_all(out).with_context(|| format!("cannot clear {}", out.display()))?;
     }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    write_atomic(
+        &marker,
+        format!(
+            "a rerun of {} by `jem-bench regress`; the next rerun clears this folder\n",
+            reference.display()
+        )
+        .as_bytes(),
+    )?;
     args.out = Some(out.to_path_buf());
     run(args)
 }
