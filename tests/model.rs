@@ -61,8 +61,10 @@ fn tensor(data: &[f32], n: usize) -> Tensor<Inference, 4> {
 #[test]
 fn lse_input_gradient_matches_central_differences() {
     let device = backend::device();
-    <Inference as burn::tensor::backend::Backend>::seed(&device, 7);
-    let model = mnist_wrn(10, 1).init::<Train>(&device).unwrap().no_grad();
+    let model = mnist_wrn(10, 1)
+        .init_seeded::<Train>(7, &device)
+        .unwrap()
+        .no_grad();
     let inference = model.valid();
     let n = 2;
     let x = random_images(n, 1);

@@ -22,13 +22,12 @@ use jem_datasets::{embedded, Split};
 #[test]
 fn adam_steps_on_real_digits_lower_the_loss() {
     let device = backend::device();
-    <Inference as burn::tensor::backend::Backend>::seed(&device, 11);
     let data = embedded::mnist(Split::Train).unwrap();
     let idx: Vec<usize> = (0..64).collect();
     let x = batches::images::<Train>(&data, &idx, &device);
     let y = batches::labels::<Train>(&data, &idx, &device);
     let mut model = WideResNetConfig::new(10, 1, 1, 10)
-        .init::<Train>(&device)
+        .init_seeded::<Train>(11, &device)
         .unwrap();
     let mut optim = AdamConfig::new().with_epsilon(1e-8).init::<Train, _>();
     let loss_of = |m: &jem_bench::model::WideResNet<Train>| {

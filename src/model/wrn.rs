@@ -7,7 +7,7 @@
 //! without renaming. The model takes pixels in [0, 1] (the unit of every attack) and applies its
 //! own input normalisation first; JEM's is mean 0.5, std 0.5, i.e. data in [−1, 1].
 
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::leaky_relu;
@@ -112,6 +112,29 @@ impl WideResNetConfig {
             }
         }
         Ok(flops + 2 * (cin * self.num_classes) as u64)
+    }
+
+    /// [`init`](Self::init) with the backend's generator seeded by `seed`: the same seed gives
+    /// the same weights even while other threads draw random tensors. burn draws a parameter
+    /// lazily, on first use, from a process-wide generator, so this holds a lock from seeding
+    /// until every parameter has been drawn.
+    pub fn init_seeded<B: Backend>(
+        &self,
+        seed: u64,
+        device: &B::Device,
+    ) -> anyhow::Result<WideResNet<B>> {
+        static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _held = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+        B::seed(device, seed);
+        let model = self.init(device)?;
+        struct Draw;
+        impl<B: Backend> ModuleVisitor<B> for Draw {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let _ = param.val();
+            }
+        }
+        model.visit(&mut Draw);
+        Ok(model)
     }
 
     pub fn init<B: Backend>(&self, device: &B::Device) -> anyhow::Result<WideResNet<B>> {

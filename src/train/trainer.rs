@@ -101,14 +101,7 @@ where
         [train.channels, train.height, train.width],
         stream_seed(cfg.seed, OBJECTIVE_INIT, 0),
     );
-    let mut model: WideResNet<B> = {
-        // The backend's generator is process-wide: hold it while seeding and drawing the
-        // initial weights, so that runs in parallel threads (tests) stay reproducible.
-        static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _held = INIT.lock().unwrap_or_else(|e| e.into_inner());
-        B::seed(device, cfg.seed);
-        arch.init(device)?
-    };
+    let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;
     let mut optim = AdamConfig::new()
         .with_epsilon(1e-8)
         .init::<B, WideResNet<B>>();
