@@ -10,7 +10,7 @@ use jem_bench::backend::{self, Inference, Train};
 use jem_bench::metrics;
 use jem_bench::model::{
     import_pytorch, stored_normalization, Checkpoint, PytorchNaming, Sidecar, TrainingRecord,
-    WideResNetConfig,
+    WideResNetConfig, WrnVariant,
 };
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainConfig, TrainKind,
@@ -88,10 +88,11 @@ struct ImportArgs {
     in_channels: usize,
     #[arg(long, default_value_t = 10)]
     num_classes: usize,
-    /// Per-channel input mean the network expects after [0, 1] pixels (JEM: 0.5).
+    /// Per-channel input mean the network expects after [0, 1] pixels (default: JEM's 0.5;
+    /// 0 for --naming robustbench, whose models take [0, 1] pixels).
     #[arg(long, value_delimiter = ',')]
     mean: Option<Vec<f32>>,
-    /// Per-channel input std (JEM: 0.5).
+    /// Per-channel input std (default: JEM's 0.5; 1 for --naming robustbench).
     #[arg(long, value_delimiter = ',')]
     std: Option<Vec<f32>>,
     /// Data set the model was trained on, recorded in the sidecar.
@@ -206,8 +207,12 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
 
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     let device = backend::device();
-    let mut arch =
-        WideResNetConfig::new(args.depth, args.width, args.in_channels, args.num_classes);
+    let (depth, width, channels, classes) =
+        (args.depth, args.width, args.in_channels, args.num_classes);
+    let mut arch = match args.naming.variant() {
+        WrnVariant::Jem => WideResNetConfig::new(depth, width, channels, classes),
+        WrnVariant::RobustBench => WideResNetConfig::robustbench(depth, width, channels, classes),
+    };
     if let Some(mean) = args.mean.clone() {
         arch.input_normalization.mean = mean;
     }

@@ -268,3 +268,56 @@ fn imported_model_with_stored_normalisation_matches_pytorch_logits() {
         "{err}"
     );
 }
+
+/// RobustBench's WRN layout (BatchNorm, ReLU, bias-free convs, stride on conv1, `convShortcut`
+/// on the activated input) from a `.pt` whose keys carry DataParallel's `module.` prefix,
+/// imported through the CLI and reloaded from jem-bench's own checkpoint: PyTorch's eval-mode
+/// logits on [0, 1] pixels, also under autodiff (the attacks' backend), where BatchNorm must
+/// keep its running statistics rather than use the batch's.
+#[test]
+fn robustbench_wrn_import_matches_pytorch_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let import = |naming: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+            .arg("import")
+            .arg(fixture("robustbench_wrn16_1.pt"))
+            .args(["--naming", naming, "--top-level-key", "state_dict"])
+            .args(["--depth", "16", "--width", "1", "--in-channels", "3"])
+            .arg("--out")
+            .arg(dir.path().join("rb"))
+            .output()
+            .unwrap()
+    };
+    let o = import("robustbench");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let device = backend::device();
+    let (model, sidecar) = Checkpoint::at(dir.path().join("rb"))
+        .load::<Inference>(&device)
+        .unwrap();
+    let norm = &sidecar.architecture.input_normalization;
+    assert_eq!(
+        (norm.mean.clone(), norm.std.clone()),
+        (vec![0.0; 3], vec![1.0; 3])
+    );
+    let (x, shape) = expected_in("expected_robustbench.safetensors", "x");
+    assert_eq!(shape, [4, 3, 32, 32]);
+    let want = expected_in("expected_robustbench.safetensors", "logits").0;
+    let input =
+        Tensor::<Inference, 4>::from_data(TensorData::new(x.clone(), shape.clone()), &device);
+    assert_logits_match(&to_vec(model.forward(input)), &want);
+
+    let (model, _) = Checkpoint::at(dir.path().join("rb"))
+        .load::<Train>(&device)
+        .unwrap();
+    let input = Tensor::<Train, 4>::from_data(TensorData::new(x, shape), &device);
+    let got: Vec<f32> = model.forward(input).into_data().to_vec().unwrap();
+    assert_logits_match(&got, &want);
+
+    // The same file under JEM's naming does not fit, and the error names it.
+    let o = import("wide-resnet");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("robustbench_wrn16_1.pt"),
+        "{err}"
+    );
+}

@@ -1,5 +1,6 @@
 //! Importing weights trained in PyTorch: a `state_dict` saved as safetensors or as a `.pt` file
-//! (`torch.save`), in the naming of the official JEM code, with the input normalisation the
+//! (`torch.save`), in the naming of the official JEM code or of RobustBench's WRN (which also
+//! selects that architecture, [`WrnVariant::RobustBench`]), with the input normalisation the
 //! network expects (from `--mean/--std`, or from `mu`/`sigma` buffers stored in the file, as
 //! RobustBench's wrappers keep them).
 //!
@@ -14,7 +15,7 @@ use burn_store::{
     ApplyResult, KeyRemapper, ModuleSnapshot, PyTorchToBurnAdapter, PytorchStore, SafetensorsStore,
 };
 
-use super::{InputNormalization, WideResNet, WideResNetConfig};
+use super::{InputNormalization, WideResNet, WideResNetConfig, WrnVariant};
 
 /// Names of input-normalisation buffers in a state_dict: (mean, std).
 const NORMALIZATION_BUFFERS: [(&str, &str); 2] = [("mu", "sigma"), ("mean", "std")];
@@ -28,9 +29,21 @@ pub enum PytorchNaming {
     /// The JEM wrapper `F` of `train_wrn_ebm.py`: the network under `f.`, the classifier head
     /// `class_output` (the unused `f.linear` and `energy_output` heads are ignored).
     Jem,
+    /// RobustBench's `WideResNet` (`robustbench/model_zoo/architectures/wide_resnet.py`, also
+    /// TRADES' and MART's): `block1.layer.0.bn1`, `convShortcut`, final `bn1`, head `fc`; a
+    /// `module.` prefix (DataParallel) is dropped. Implies [`WrnVariant::RobustBench`].
+    Robustbench,
 }
 
 impl PytorchNaming {
+    /// The architecture a checkpoint in this naming has.
+    pub fn variant(self) -> WrnVariant {
+        match self {
+            PytorchNaming::WideResnet | PytorchNaming::Jem => WrnVariant::Jem,
+            PytorchNaming::Robustbench => WrnVariant::RobustBench,
+        }
+    }
+
     fn remapper(self) -> KeyRemapper {
         // Normalisation buffers are read by `stored_normalization`, not loaded as weights.
         let mut patterns: Vec<(&str, &str)> = vec![(r"^(mu|sigma|mean|std)$", "ignored.$1")];
@@ -42,6 +55,21 @@ impl PytorchNaming {
                 (r"^energy_output\.", "ignored.energy_output."),
                 (r"^f\.", ""),
                 (r"^class_output\.", "linear."),
+            ],
+            PytorchNaming::Robustbench => vec![
+                (r"^module\.", ""),
+                // Carmon et al.'s and TRADES' checkpoints keep an unused `sub_block1`.
+                (r"^sub_block1\.", "ignored.sub_block1."),
+                (
+                    r"^(.*)num_batches_tracked$",
+                    "ignored.${1}num_batches_tracked",
+                ),
+                (r"^block(\d)\.layer\.", "layer$1."),
+                (r"\.convShortcut\.", ".shortcut.0."),
+                (r"^fc\.", "linear."),
+                // burn's BatchNorm calls PyTorch's weight and bias gamma and beta.
+                (r"^(.*\bbn\d)\.weight$", "$1.gamma"),
+                (r"^(.*\bbn\d)\.bias$", "$1.beta"),
             ],
         });
         KeyRemapper::from_patterns(patterns).expect("static patterns are valid regexes")
@@ -91,10 +119,12 @@ pub fn import_pytorch<B: Backend>(
         .iter()
         .filter(|k| !k.starts_with("ignored."))
         .collect();
-    if !result.errors.is_empty() || !unexpected.is_empty() {
+    // A tensor the file lacks would keep its random initialisation: refuse that too.
+    let missing: Vec<_> = result.missing.iter().map(|(path, _)| path).collect();
+    if !result.errors.is_empty() || !unexpected.is_empty() || !missing.is_empty() {
         bail!(
-            "{}: does not fit {} with {:?} naming: errors {:?}, unexpected tensors {:?} \
-             (check --depth/--width/--naming)",
+            "{}: does not fit {} with {:?} naming: errors {:?}, unexpected tensors {:?}, \
+             missing tensors {:?} (check --depth/--width/--naming)",
             path.display(),
             config.name(),
             naming,
@@ -103,7 +133,8 @@ pub fn import_pytorch<B: Backend>(
                 .iter()
                 .map(|e| e.to_string())
                 .collect::<Vec<_>>(),
-            unexpected
+            unexpected,
+            missing
         );
     }
     Ok(model)

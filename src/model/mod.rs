@@ -9,4 +9,4 @@ pub use checkpoint::{
     embedded_models, write_atomic, Checkpoint, Sidecar, TrainingRecord, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
-pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig};
+pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};

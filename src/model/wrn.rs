@@ -1,15 +1,20 @@
-//! Wide-ResNet without normalisation layers, as in the official JEM code (`wideresnet.py`,
-//! `norm=None`): LeakyReLU(0.2) before every convolution, conv biases, no dropout, the stride on
-//! each stage's second convolution, global average pooling and a linear head.
+//! Wide-ResNet in two variants. [`WrnVariant::Jem`], the official JEM code (`wideresnet.py`,
+//! `norm=None`): no normalisation layers, LeakyReLU(0.2) before every convolution, conv biases,
+//! no dropout, the stride on each stage's second convolution. [`WrnVariant::RobustBench`], the
+//! `WideResNet` of RobustBench (and of TRADES, MART, Carmon et al.) that published adversarially
+//! trained CIFAR-10 models use: BatchNorm + ReLU before every convolution, no conv biases, the
+//! stride on the first convolution, and a shortcut that sees the activated input when the shape
+//! changes. Both end in an activation, global average pooling and a linear head.
 //!
 //! Field names follow PyTorch's `Wide_ResNet` state_dict (`conv1`, `layer1.0.conv1`,
-//! `layer2.0.shortcut.0`, `linear`), so a PyTorch checkpoint of the same architecture loads
-//! without renaming. The model takes pixels in [0, 1] (the unit of every attack) and applies its
-//! own input normalisation first; JEM's is mean 0.5, std 0.5, i.e. data in [−1, 1].
+//! `layer2.0.shortcut.0`, `bn1`, `linear`), so a PyTorch checkpoint of the JEM architecture
+//! loads without renaming (RobustBench's names are remapped on import). The model takes pixels
+//! in [0, 1] (the unit of every attack) and applies its own input normalisation first; JEM's is
+//! mean 0.5, std 0.5, i.e. data in [−1, 1].
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::leaky_relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -38,6 +43,18 @@ impl InputNormalization {
     }
 }
 
+/// Which layout of Wide-ResNet (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WrnVariant {
+    /// The official JEM network: no normalisation layers, conv biases, stride on conv2.
+    #[default]
+    Jem,
+    /// RobustBench's: BatchNorm (running statistics, always) and ReLU, bias-free convolutions,
+    /// stride on conv1, shortcut on the activated input.
+    RobustBench,
+}
+
 /// Architecture of a [`WideResNet`]: WRN-`depth`-`width`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WideResNetConfig {
@@ -50,6 +67,9 @@ pub struct WideResNetConfig {
     /// Slope of LeakyReLU for negative inputs (0.2 in JEM).
     pub leak: f64,
     pub input_normalization: InputNormalization,
+    /// Absent from sidecars written before RobustBench import existed: those are JEM networks.
+    #[serde(default)]
+    pub variant: WrnVariant,
 }
 
 impl WideResNetConfig {
@@ -61,6 +81,21 @@ impl WideResNetConfig {
             num_classes,
             leak: 0.2,
             input_normalization: InputNormalization::symmetric(in_channels),
+            variant: WrnVariant::Jem,
+        }
+    }
+
+    /// RobustBench's WRN-`depth`-`width`: ReLU, and no input normalisation unless the
+    /// checkpoint says otherwise (its models take [0, 1] pixels).
+    pub fn robustbench(depth: usize, width: usize, in_channels: usize, num_classes: usize) -> Self {
+        Self {
+            leak: 0.0,
+            input_normalization: InputNormalization {
+                mean: vec![0.0; in_channels],
+                std: vec![1.0; in_channels],
+            },
+            variant: WrnVariant::RobustBench,
+            ..Self::new(depth, width, in_channels, num_classes)
         }
     }
 
@@ -86,9 +121,18 @@ impl WideResNetConfig {
         [16, 16 * self.width, 32 * self.width, 64 * self.width]
     }
 
-    /// Short name, e.g. `WRN-10-1`.
+    /// Short name, e.g. `WRN-10-1`, or `WRN-28-10 (RobustBench)`.
     pub fn name(&self) -> String {
-        format!("WRN-{}-{}", self.depth, self.width)
+        match self.variant {
+            WrnVariant::Jem => format!("WRN-{}-{}", self.depth, self.width),
+            WrnVariant::RobustBench => format!("WRN-{}-{} (RobustBench)", self.depth, self.width),
+        }
+    }
+
+    /// Whether a stage's stride sits on a block's first convolution (RobustBench) rather than
+    /// its second (JEM).
+    fn stride_on_conv1(&self) -> bool {
+        self.variant == WrnVariant::RobustBench
     }
 
     /// Multiply-adds × 2 of one forward pass on an `h`×`w` image (convolutions and the head).
@@ -104,7 +148,12 @@ impl WideResNetConfig {
             for b in 0..n {
                 let stride = if b == 0 && stage > 0 { 2 } else { 1 };
                 let (ho, wo) = (h.div_ceil(stride), w.div_ceil(stride));
-                flops += conv(cin, cout, 3, h, w) + conv(cout, cout, 3, ho, wo);
+                let (h1, w1) = if self.stride_on_conv1() {
+                    (ho, wo)
+                } else {
+                    (h, w)
+                };
+                flops += conv(cin, cout, 3, h1, w1) + conv(cout, cout, 3, ho, wo);
                 if stride != 1 || cin != cout {
                     flops += conv(cin, cout, 1, ho, wo);
                 }
@@ -140,12 +189,16 @@ impl WideResNetConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> anyhow::Result<WideResNet<B>> {
         let n = self.blocks_per_stage()?;
         let s = self.stages();
+        let robustbench = self.variant == WrnVariant::RobustBench;
         let conv3 = |cin, cout, stride| {
             Conv2dConfig::new([cin, cout], [3, 3])
                 .with_stride([stride, stride])
                 .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .with_bias(!robustbench)
                 .init(device)
         };
+        let norm = |channels| robustbench.then(|| BatchNormConfig::new(channels).init(device));
+        let stride_on_conv1 = self.stride_on_conv1();
         let mut cin = s[0];
         let mut stage = |cout: usize, stride: usize| {
             (0..n)
@@ -154,13 +207,21 @@ impl WideResNetConfig {
                     let shortcut = if stride != 1 || cin != cout {
                         vec![Conv2dConfig::new([cin, cout], [1, 1])
                             .with_stride([stride, stride])
+                            .with_bias(!robustbench)
                             .init(device)]
                     } else {
                         vec![]
                     };
+                    let (stride1, stride2) = if stride_on_conv1 {
+                        (stride, 1)
+                    } else {
+                        (1, stride)
+                    };
                     let block = WideBasic {
-                        conv1: conv3(cin, cout, 1),
-                        conv2: conv3(cout, cout, stride),
+                        bn1: norm(cin),
+                        conv1: conv3(cin, cout, stride1),
+                        bn2: norm(cout),
+                        conv2: conv3(cout, cout, stride2),
                         shortcut,
                     };
                     cin = cout;
@@ -176,16 +237,39 @@ impl WideResNetConfig {
             layer1,
             layer2,
             layer3,
+            bn1: norm(s[3]),
             linear: LinearConfig::new(s[3], self.num_classes).init(device),
             config: self.clone(),
         })
     }
 }
 
-/// One pre-activation residual block (`wide_basic` in the official code).
+/// The activation before a convolution: BatchNorm with its running statistics (RobustBench),
+/// then (Leaky)ReLU. The statistics are used even under autodiff, where burn's `BatchNorm`
+/// would switch to batch statistics: an attacked or sampled model must not depend on its batch.
+fn activate<B: Backend>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>, leak: f64) -> Tensor<B, 4> {
+    let x = match norm {
+        Some(bn) => {
+            let c = x.dims()[1];
+            let per_channel = |t: Tensor<B, 1>| t.reshape([1, c, 1, 1]);
+            let scale = bn.gamma.val() / (bn.running_var.value() + bn.epsilon).sqrt();
+            let shift = bn.beta.val() - bn.running_mean.value() * scale.clone();
+            x * per_channel(scale) + per_channel(shift)
+        }
+        None => x,
+    };
+    leaky_relu(x, leak)
+}
+
+/// One pre-activation residual block (`wide_basic` in the official JEM code, `BasicBlock` in
+/// RobustBench's).
 #[derive(Module, Debug)]
 pub struct WideBasic<B: Backend> {
+    /// BatchNorm before conv1 (RobustBench only).
+    pub bn1: Option<BatchNorm<B>>,
     pub conv1: Conv2d<B>,
+    /// BatchNorm before conv2 (RobustBench only).
+    pub bn2: Option<BatchNorm<B>>,
     pub conv2: Conv2d<B>,
     /// Empty, or one 1×1 convolution when the shape changes; a `Vec` mirrors PyTorch's
     /// `nn.Sequential`, so the weight is named `shortcut.0.weight` as in its state_dict.
@@ -194,9 +278,12 @@ pub struct WideBasic<B: Backend> {
 
 impl<B: Backend> WideBasic<B> {
     pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
-        let out = self.conv1.forward(leaky_relu(x.clone(), leak));
-        let out = self.conv2.forward(leaky_relu(out, leak));
+        let pre = activate(x.clone(), &self.bn1, leak);
+        let out = self.conv1.forward(pre.clone());
+        let out = self.conv2.forward(activate(out, &self.bn2, leak));
         let skip = match self.shortcut.first() {
+            // RobustBench's block projects the activated input, JEM's the raw one.
+            Some(conv) if self.bn1.is_some() => conv.forward(pre),
             Some(conv) => conv.forward(x),
             None => x,
         };
@@ -211,6 +298,8 @@ pub struct WideResNet<B: Backend> {
     pub layer1: Vec<WideBasic<B>>,
     pub layer2: Vec<WideBasic<B>>,
     pub layer3: Vec<WideBasic<B>>,
+    /// BatchNorm before the final activation (RobustBench only).
+    pub bn1: Option<BatchNorm<B>>,
     pub linear: Linear<B>,
     #[module(skip)]
     pub config: WideResNetConfig,
@@ -237,7 +326,7 @@ impl<B: Backend> WideResNet<B> {
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
             out = block.forward(out, cfg.leak);
         }
-        let out = leaky_relu(out, cfg.leak);
+        let out = activate(out, &self.bn1, cfg.leak);
         let [n, ch, _, _] = out.dims();
         // Global average pool (the official code's avg_pool2d(out, 8) on 8×8 maps).
         let pooled = out.mean_dim(3).mean_dim(2).reshape([n, ch]);
