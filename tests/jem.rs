@@ -199,3 +199,58 @@ fn divergence_guard_gives_up_after_its_rollbacks() {
         "{err}"
     );
 }
+
+/// The energy penalty λ·(mean E(x)² + mean E(x̂)²): with everything else equal (same weights,
+/// same chains, same seed), switching it on adds exactly λ·mean E(x)² over the data, which a
+/// forward pass gives, plus λ·mean E(x̂)² over the samples, which is at least λ·(mean E(x̂))².
+#[test]
+fn energy_penalty_adds_the_squared_energies() {
+    use burn::tensor::{Int, Tensor, TensorData};
+    use jem_bench::model::WideResNetConfig;
+    use jem_bench::train::{Objective, Step};
+
+    let device = backend::device();
+    let arch = WideResNetConfig::new(10, 1, 1, 10);
+    let model = arch.init_seeded::<Train>(3, &device).unwrap();
+    let mnist = jem_datasets::DataSource::parse("mnist")
+        .unwrap()
+        .load(jem_datasets::Split::Train)
+        .unwrap();
+    let n = 8;
+    let x = Tensor::<Train, 4>::from_data(
+        TensorData::new(mnist.images[..n * 784].to_vec(), [n, 1, 28, 28]),
+        &device,
+    );
+    let y = Tensor::<Train, 1, Int>::from_data(
+        TensorData::new(mnist.labels[..n].iter().map(|&l| l as i64).collect(), [n]),
+        &device,
+    );
+    let lambda = 0.5;
+    let stats = |energy_reg: f64| {
+        let mut cfg = small_jem(Path::new("unused")).jem;
+        cfg.energy_reg = energy_reg;
+        let mut jem = JemObjective::new(cfg, 1e4);
+        Objective::<Train>::prepare(&mut jem, &arch, [1, 28, 28], 5);
+        let step = Step {
+            iteration: 0,
+            seed: 9,
+        };
+        Objective::<Train>::loss(&mut jem, &model, x.clone(), y.clone(), step).1
+    };
+    let (plain, penalised) = (stats(0.0), stats(lambda));
+    // Same chains: the sample energies agree.
+    assert_eq!(plain.extra[2], penalised.extra[2]);
+    let lse: Vec<f32> = jem_attacks::log_sum_exp(model.forward(x.clone()))
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let data_term = lse.iter().map(|e| (*e as f64).powi(2)).sum::<f64>() / n as f64;
+    let sample_term = (penalised.loss - plain.loss) / lambda - data_term;
+    let mean_sample_energy = penalised.extra[2];
+    assert!(
+        sample_term >= mean_sample_energy.powi(2) * (1.0 - 1e-4) - 1e-4,
+        "sample part of the penalty {sample_term} < (mean E(x̂))² = {}",
+        mean_sample_energy.powi(2)
+    );
+    assert!(data_term > 0.0 && sample_term.is_finite());
+}
