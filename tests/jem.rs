@@ -254,3 +254,57 @@ fn energy_penalty_adds_the_squared_energies() {
     );
     assert!(data_term > 0.0 && sample_term.is_finite());
 }
+
+/// Sharded SGLD (the chains of a step split across threads) gives the chains of the one-thread
+/// run on a WRN, to rounding (a shard's batch size moves the last bit of a few pixels): the
+/// same noise reaches every chain, and a chain does not depend on the others.
+#[test]
+fn sharded_sgld_matches_one_thread() {
+    use burn::module::Module;
+    use burn::tensor::{Tensor, TensorData};
+    use jem_attacks::SgldTarget;
+    use jem_bench::model::WideResNetConfig;
+    use jem_bench::train::{chain_init, JemConfig};
+    use rand::SeedableRng;
+
+    let device = backend::device();
+    let arch = WideResNetConfig::new(10, 1, 1, 10);
+    let model = arch.init_seeded::<Train>(4, &device).unwrap().no_grad();
+    let mut config = JemConfig::default();
+    config.sgld_steps = 4;
+    let sampler = config.sampler(&arch.input_normalization);
+    let init = chain_init(&arch.input_normalization);
+    let n = 7;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let x0: Vec<f32> = (0..n)
+        .flat_map(|_| init.image([1, 28, 28], &mut rng))
+        .collect();
+    let x0 = || {
+        Tensor::<<Train as burn::tensor::backend::AutodiffBackend>::InnerBackend, 4>::from_data(
+            TensorData::new(x0.clone(), [n, 1, 28, 28]),
+            &device,
+        )
+    };
+    let chains = |threads: usize| -> Vec<f32> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        sampler
+            .run_sharded::<Train, _>(&model, x0(), &SgldTarget::Marginal, &mut rng, threads)
+            .into_data()
+            .to_vec()
+            .unwrap()
+    };
+    let one = chains(1);
+    let start: Vec<f32> = x0().into_data().to_vec().unwrap();
+    assert!(
+        one.iter().zip(&start).any(|(a, b)| a != b),
+        "the chains moved"
+    );
+    for threads in [2, 3] {
+        let worst = chains(threads)
+            .iter()
+            .zip(&one)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{threads} threads: max |Δ| = {worst}");
+    }
+}

@@ -37,6 +37,14 @@ pub enum SgldTarget<B: Backend> {
 }
 
 impl<I: Backend> SgldTarget<I> {
+    /// The target of the examples in `rows` (a shard of the batch).
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Self {
+        match self {
+            SgldTarget::Marginal => SgldTarget::Marginal,
+            SgldTarget::Class(y) => SgldTarget::Class(y.clone().slice([rows])),
+        }
+    }
+
     /// The per-example score whose input gradient drives the chain.
     pub fn score<B: AutodiffBackend<InnerBackend = I>>(
         &self,
@@ -119,6 +127,58 @@ impl SgldSampler {
             x = self.step::<B, M>(model, x, target, eps);
         }
         x
+    }
+
+    /// [`run`](Self::run) with the batch split into `threads` shards that run side by side, each
+    /// on its own copy of the model: chains are independent, and a CPU backend computes one
+    /// batch on one core. The noise is drawn up front in `run`'s order, so every chain gets the
+    /// same noise whatever the number of threads.
+    pub fn run_sharded<B, M>(
+        &self,
+        model: &M,
+        x0: Tensor<B::InnerBackend, 4>,
+        target: &SgldTarget<B::InnerBackend>,
+        rng: &mut impl Rng,
+        threads: usize,
+    ) -> Tensor<B::InnerBackend, 4>
+    where
+        B: AutodiffBackend,
+        M: Classifier<B> + Clone + Send,
+    {
+        let n = x0.dims()[0];
+        let threads = threads.clamp(1, n.max(1));
+        if threads == 1 {
+            return self.run::<B, M>(model, x0, target, rng);
+        }
+        let noise: Vec<_> = (0..self.config.steps)
+            .map(|_| self.draw_noise(&x0, rng))
+            .collect();
+        let shards: Vec<_> = (0..threads)
+            .map(|t| t * n / threads..(t + 1) * n / threads)
+            .collect();
+        std::thread::scope(|scope| {
+            let running: Vec<_> = shards
+                .into_iter()
+                .map(|rows| {
+                    let model = model.clone();
+                    let x = x0.clone().slice([rows.clone()]);
+                    let eps: Vec<_> = noise
+                        .iter()
+                        .map(|e| e.clone().slice([rows.clone()]))
+                        .collect();
+                    let target = target.rows(rows);
+                    scope.spawn(move || {
+                        eps.into_iter()
+                            .fold(x, |x, e| self.step::<B, M>(&model, x, &target, e))
+                    })
+                })
+                .collect();
+            let parts = running
+                .into_iter()
+                .map(|h| h.join().expect("an SGLD shard panicked"))
+                .collect();
+            Tensor::cat(parts, 0)
+        })
     }
 }
 

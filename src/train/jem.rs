@@ -49,6 +49,17 @@ pub struct JemConfig {
     #[arg(long, default_value_t = 0.0)]
     #[serde(default)]
     pub energy_reg: f64,
+    /// Threads that share the SGLD chains of a step (0: one per core). Every chain gets the
+    /// same noise whatever the count, but a shard's batch size moves the last bit of some
+    /// results, so runs with different counts drift apart: the count is a setting of the run.
+    #[arg(long, default_value_t = 0)]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sgld_threads: usize,
+}
+
+/// The default thread count (one per core) is left out of sidecars, which then read as before.
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl JemConfig {
@@ -163,6 +174,10 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
         // Advance persistent chains with the current parameters frozen: input gradients only.
         let sgld_start = Instant::now();
         let reinit = self.config.reinit_freq;
+        let threads = match self.config.sgld_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            t => t,
+        };
         let chains = self.chains();
         let draw = chains.buffer.draw(n, reinit, &chains.init, &mut rng);
         let x0 = Tensor::<B::InnerBackend, 4>::from_data(
@@ -170,9 +185,13 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
             &device,
         );
         let frozen = model.clone().no_grad();
-        let samples = chains
-            .sampler
-            .run::<B, _>(&frozen, x0, &SgldTarget::Marginal, &mut rng);
+        let samples = chains.sampler.run_sharded::<B, _>(
+            &frozen,
+            x0,
+            &SgldTarget::Marginal,
+            &mut rng,
+            threads,
+        );
         let pixels: Vec<f32> = samples.clone().into_data().to_vec().expect("f32 samples");
         chains.buffer.store(&draw.slots, &pixels);
         let sgld_seconds = sgld_start.elapsed().as_secs_f64();
