@@ -198,6 +198,22 @@ fn interrupted_run_resumes_to_the_same_result() {
         (lr_at(25) / base - 0.25).abs() < 1e-6,
         "epoch 4 has both decays"
     );
+
+    // A state whose model record cannot be read (here cut short, as by an older layout) is
+    // refused with an error naming the file, not a panic.
+    let progress: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(target.join("state/progress.json")).unwrap())
+            .unwrap();
+    let record = target.join(format!("state/model-{}.bin", progress["generation"]));
+    let bytes = std::fs::read(&record).unwrap();
+    std::fs::write(&record, &bytes[..bytes.len() / 2]).unwrap();
+    let mut more = small_run(&target);
+    more.epochs = 6;
+    more.decay_epochs = vec![1, 4];
+    let err = train::<Train, _>(&more, &mut ClassifierObjective, &device)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&record.display().to_string()), "{err}");
 }
 
 /// Cross-entropy of `model` on PGD examples (10 steps, fixed seed) of `x` at L∞ radius `eps`.

@@ -193,18 +193,39 @@ impl StateDir {
         O: Optimizer<WideResNet<B>, B>,
     {
         let g = progress.generation;
-        let read = |name: String| {
-            let p = self.dir.join(name);
-            std::fs::read(&p).with_context(|| format!("cannot read training state {}", p.display()))
-        };
-        let model_rec = Rec::default()
-            .load(read(format!("model-{g}.bin"))?, device)
-            .context("training state: model record does not fit this architecture")?;
-        let optim_rec = Rec::default()
-            .load(read(format!("optim-{g}.bin"))?, device)
-            .context("training state: optimiser record is unreadable")?;
+        let model_rec = load_record::<B, _>(&self.dir.join(format!("model-{g}.bin")), device)?;
+        let optim_rec = load_record::<B, _>(&self.dir.join(format!("optim-{g}.bin")), device)?;
         Ok((model.load_record(model_rec), optim.load_record(optim_rec)))
     }
+}
+
+/// One record of a training state. burn's binary recorder panics, rather than erring, on a
+/// record of another layout (one written before the model gained a field, say): that becomes
+/// an error that says what to do.
+fn load_record<B: burn::tensor::backend::Backend, R: burn::record::Record<B>>(
+    path: &Path,
+    device: &B::Device,
+) -> anyhow::Result<R> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read training state {}", path.display()))?;
+    // Silence the default hook's panic message and backtrace while loading: the error below
+    // replaces them.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Rec::default().load(bytes, device)
+    }));
+    std::panic::set_hook(hook);
+    loaded
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "training state {} was written by a jem-bench whose model or optimiser layout \
+             differs from this one's and cannot be resumed; start a fresh run, with --init-from \
+             the run's best checkpoint to keep its weights",
+                path.display()
+            )
+        })?
+        .with_context(|| format!("training state {} is unreadable", path.display()))
 }
 
 /// The generation number in a state file name (`model-3.bin`, `progress-3.json`, …).
