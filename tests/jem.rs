@@ -205,46 +205,25 @@ fn divergence_guard_gives_up_after_its_rollbacks() {
 /// forward pass gives, plus λ·mean E(x̂)² over the samples, which is at least λ·(mean E(x̂))².
 #[test]
 fn energy_penalty_adds_the_squared_energies() {
-    use burn::tensor::{Int, Tensor, TensorData};
     use jem_bench::model::WideResNetConfig;
-    use jem_bench::train::{Objective, Step};
 
-    let device = backend::device();
     let arch = WideResNetConfig::new(10, 1, 1, 10);
-    let model = arch.init_seeded::<Train>(3, &device).unwrap();
-    let mnist = jem_datasets::DataSource::parse("mnist")
-        .unwrap()
-        .load(jem_datasets::Split::Train)
-        .unwrap();
-    let n = 8;
-    let x = Tensor::<Train, 4>::from_data(
-        TensorData::new(mnist.images[..n * 784].to_vec(), [n, 1, 28, 28]),
-        &device,
-    );
-    let y = Tensor::<Train, 1, Int>::from_data(
-        TensorData::new(mnist.labels[..n].iter().map(|&l| l as i64).collect(), [n]),
-        &device,
-    );
+    let model = arch.init_seeded::<Train>(3, &backend::device()).unwrap();
+    let (x, _) = first_digits(8);
     let lambda = 0.5;
     let stats = |energy_reg: f64| {
         let mut cfg = small_jem(Path::new("unused")).jem;
         cfg.energy_reg = energy_reg;
-        let mut jem = JemObjective::new(cfg, 1e4);
-        Objective::<Train>::prepare(&mut jem, &arch, [1, 28, 28], 5);
-        let step = Step {
-            iteration: 0,
-            seed: 9,
-        };
-        Objective::<Train>::loss(&mut jem, &model, x.clone(), y.clone(), step).1
+        one_jem_step(cfg, &arch, &model, 8)
     };
     let (plain, penalised) = (stats(0.0), stats(lambda));
     // Same chains: the sample energies agree.
     assert_eq!(plain.extra[2], penalised.extra[2]);
-    let lse: Vec<f32> = jem_attacks::log_sum_exp(model.forward(x.clone()))
+    let lse: Vec<f32> = jem_attacks::log_sum_exp(model.forward(x))
         .into_data()
         .to_vec()
         .unwrap();
-    let data_term = lse.iter().map(|e| (*e as f64).powi(2)).sum::<f64>() / n as f64;
+    let data_term = lse.iter().map(|e| (*e as f64).powi(2)).sum::<f64>() / 8.0;
     let sample_term = (penalised.loss - plain.loss) / lambda - data_term;
     let mean_sample_energy = penalised.extra[2];
     assert!(
@@ -253,6 +232,75 @@ fn energy_penalty_adds_the_squared_energies() {
         mean_sample_energy.powi(2)
     );
     assert!(data_term > 0.0 && sample_term.is_finite());
+}
+
+/// The logged chain shift is the RMS pixel change of the step's chains: with the gradient
+/// switched off (α = 0) and no clamp, η steps of noise σ move a pixel by σ·s·√η (s = 0.5 pixels
+/// per network unit); with the gradient on, the chains of a WRN move further.
+#[test]
+fn chain_shift_measures_how_far_the_chains_moved() {
+    use jem_bench::model::WideResNetConfig;
+
+    let arch = WideResNetConfig::new(10, 1, 1, 10);
+    let model = arch.init_seeded::<Train>(3, &backend::device()).unwrap();
+    let shift = |step_size: f32, noise: f32| {
+        let mut cfg = small_jem(Path::new("unused")).jem;
+        (cfg.sgld_lr, cfg.sgld_std, cfg.sgld_clamp, cfg.sgld_steps) = (step_size, noise, false, 10);
+        *one_jem_step(cfg, &arch, &model, 32).extra.last().unwrap()
+    };
+    let expected = 0.05 * 0.5 * 10f64.sqrt();
+    let noise_only = shift(0.0, 0.05);
+    assert!(
+        (noise_only / expected - 1.0).abs() < 0.02,
+        "noise alone moved the chains by {noise_only}, expected {expected}"
+    );
+    assert_eq!(shift(0.0, 0.0), 0.0);
+    let drift_only = shift(1.0, 0.0);
+    assert!(drift_only > 0.0, "the gradient did not move the chains");
+}
+
+/// The first `n` training digits and their labels, as a batch.
+fn first_digits(
+    n: usize,
+) -> (
+    burn::tensor::Tensor<Train, 4>,
+    burn::tensor::Tensor<Train, 1, burn::tensor::Int>,
+) {
+    use burn::tensor::{Int, Tensor, TensorData};
+
+    let device = backend::device();
+    let mnist = jem_datasets::DataSource::parse("mnist")
+        .unwrap()
+        .load(jem_datasets::Split::Train)
+        .unwrap();
+    let x = Tensor::<Train, 4>::from_data(
+        TensorData::new(mnist.images[..n * 784].to_vec(), [n, 1, 28, 28]),
+        &device,
+    );
+    let y = Tensor::<Train, 1, Int>::from_data(
+        TensorData::new(mnist.labels[..n].iter().map(|&l| l as i64).collect(), [n]),
+        &device,
+    );
+    (x, y)
+}
+
+/// The loss statistics of one JEM step on the first `n` digits, chains fresh from the buffer.
+fn one_jem_step(
+    cfg: jem_bench::train::JemConfig,
+    arch: &jem_bench::model::WideResNetConfig,
+    model: &jem_bench::model::WideResNet<Train>,
+    n: usize,
+) -> jem_bench::train::StepStats {
+    use jem_bench::train::{Objective, Step};
+
+    let (x, y) = first_digits(n);
+    let mut jem = JemObjective::new(cfg, 1e4);
+    Objective::<Train>::prepare(&mut jem, arch, [1, 28, 28], 5);
+    let step = Step {
+        iteration: 0,
+        seed: 9,
+    };
+    Objective::<Train>::loss(&mut jem, model, x, y, step).1
 }
 
 /// Sharded SGLD (the chains of a step split across threads) gives the chains of the one-thread

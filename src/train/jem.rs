@@ -131,12 +131,13 @@ impl JemObjective {
 }
 
 /// Extra log columns, in order.
-const COLUMNS: [&str; 5] = [
+const COLUMNS: [&str; 6] = [
     "gen_loss",
     "energy_data",
     "energy_samples",
     "reinitialised",
     "sgld_seconds",
+    "chain_shift",
 ];
 
 impl<B: AutodiffBackend> Objective<B> for JemObjective {
@@ -187,11 +188,15 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
         let frozen = model.clone().no_grad();
         let samples = chains.sampler.run_sharded::<B, _>(
             &frozen,
-            x0,
+            x0.clone(),
             &SgldTarget::Marginal,
             &mut rng,
             threads,
         );
+        // How far the chains moved this step (RMS over pixels, [0, 1] units): noise alone moves
+        // them by σ·s·√η, so a value near that says the energy gradient does not move them.
+        let chain_shift = (samples.clone() - x0).powi_scalar(2).mean().sqrt();
+        let chain_shift: f64 = chain_shift.into_scalar().elem();
         let pixels: Vec<f32> = samples.clone().into_data().to_vec().expect("f32 samples");
         chains.buffer.store(&draw.slots, &pixels);
         let sgld_seconds = sgld_start.elapsed().as_secs_f64();
@@ -228,6 +233,7 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
                 -scalar(lse_samples),
                 draw.reinitialised as f64 / n as f64,
                 sgld_seconds,
+                chain_shift,
             ],
         };
         (loss, stats)
