@@ -209,7 +209,7 @@ fn energy_penalty_adds_the_squared_energies() {
 
     let arch = WideResNetConfig::new(10, 1, 1, 10);
     let model = arch.init_seeded::<Train>(3, &backend::device()).unwrap();
-    let (x, _) = first_digits(8);
+    let (x, _) = common::first_training_digits(8);
     let lambda = 0.5;
     let stats = |energy_reg: f64| {
         let mut cfg = small_jem(Path::new("unused")).jem;
@@ -259,31 +259,6 @@ fn chain_shift_measures_how_far_the_chains_moved() {
     assert!(drift_only > 0.0, "the gradient did not move the chains");
 }
 
-/// The first `n` training digits and their labels, as a batch.
-fn first_digits(
-    n: usize,
-) -> (
-    burn::tensor::Tensor<Train, 4>,
-    burn::tensor::Tensor<Train, 1, burn::tensor::Int>,
-) {
-    use burn::tensor::{Int, Tensor, TensorData};
-
-    let device = backend::device();
-    let mnist = jem_datasets::DataSource::parse("mnist")
-        .unwrap()
-        .load(jem_datasets::Split::Train)
-        .unwrap();
-    let x = Tensor::<Train, 4>::from_data(
-        TensorData::new(mnist.images[..n * 784].to_vec(), [n, 1, 28, 28]),
-        &device,
-    );
-    let y = Tensor::<Train, 1, Int>::from_data(
-        TensorData::new(mnist.labels[..n].iter().map(|&l| l as i64).collect(), [n]),
-        &device,
-    );
-    (x, y)
-}
-
 /// The loss statistics of one JEM step on the first `n` digits, chains fresh from the buffer.
 fn one_jem_step(
     cfg: jem_bench::train::JemConfig,
@@ -293,7 +268,7 @@ fn one_jem_step(
 ) -> jem_bench::train::StepStats {
     use jem_bench::train::{Objective, Step};
 
-    let (x, y) = first_digits(n);
+    let (x, y) = common::first_training_digits(n);
     let mut jem = JemObjective::new(cfg, 1e4);
     Objective::<Train>::prepare(&mut jem, arch, [1, 28, 28], 5);
     let step = Step {

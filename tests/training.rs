@@ -10,35 +10,18 @@ use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use jem_attacks::{Norm, PgdConfig, Undefended};
 use jem_bench::backend::{self, Train};
-use jem_bench::batches::{self, to_vec};
+use jem_bench::batches::to_vec;
 use jem_bench::model::Checkpoint;
 use jem_bench::model::WideResNetConfig;
 use jem_bench::train::{
     cross_entropy, train, AdvConfig, AdversarialObjective, ClassifierObjective, GuardConfig,
     JemConfig, Objective, Step, TrainConfig, TrainKind,
 };
-use jem_datasets::{embedded, Split};
-
-/// The first `n` MNIST training digits and their labels.
-fn first_training_digits(
-    n: usize,
-) -> (
-    burn::tensor::Tensor<Train, 4>,
-    burn::tensor::Tensor<Train, 1, burn::tensor::Int>,
-) {
-    let device = backend::device();
-    let data = embedded::mnist(Split::Train).unwrap();
-    let idx: Vec<usize> = (0..n).collect();
-    (
-        batches::images::<Train>(&data, &idx, &device),
-        batches::labels::<Train>(&data, &idx, &device),
-    )
-}
 
 #[test]
 fn adam_steps_on_real_digits_lower_the_loss() {
     let device = backend::device();
-    let (x, y) = first_training_digits(64);
+    let (x, y) = common::first_training_digits(64);
     let mut model = WideResNetConfig::new(10, 1, 1, 10)
         .init_seeded::<Train>(11, &device)
         .unwrap();
@@ -245,7 +228,7 @@ fn adversarial_loss(
 #[test]
 fn adversarial_training_steps_lower_the_adversarial_loss() {
     let device = backend::device();
-    let (x, y) = first_training_digits(64);
+    let (x, y) = common::first_training_digits(64);
     let (start, _) = Checkpoint::at("results/models/baseline")
         .load::<Train>(&device)
         .unwrap();

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use jem_bench::backend::{self, Inference};
+use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches::{self, to_vec};
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
@@ -20,4 +20,20 @@ pub fn best_logits(dir: &Path) -> Vec<f32> {
         &[0, 1, 2],
         &backend::device(),
     )))
+}
+
+/// The first `n` MNIST training digits and their labels.
+pub fn first_training_digits(
+    n: usize,
+) -> (
+    burn::tensor::Tensor<Train, 4>,
+    burn::tensor::Tensor<Train, 1, burn::tensor::Int>,
+) {
+    let device = backend::device();
+    let data = embedded::mnist(Split::Train).unwrap();
+    let idx: Vec<usize> = (0..n).collect();
+    (
+        batches::images::<Train>(&data, &idx, &device),
+        batches::labels::<Train>(&data, &idx, &device),
+    )
 }
