@@ -209,12 +209,13 @@ fn energy_penalty_adds_the_squared_energies() {
 
     let arch = WideResNetConfig::new(10, 1, 1, 10);
     let model = arch.init_seeded::<Train>(3, &backend::device()).unwrap();
-    let (x, _) = common::first_training_digits(8);
+    let n = 8;
+    let (x, _) = common::first_training_digits(n);
     let lambda = 0.5;
     let stats = |energy_reg: f64| {
         let mut cfg = small_jem(Path::new("unused")).jem;
         cfg.energy_reg = energy_reg;
-        one_jem_step(cfg, &arch, &model, 8)
+        one_jem_step(cfg, &arch, &model, n)
     };
     let (plain, penalised) = (stats(0.0), stats(lambda));
     // Same chains: the sample energies agree.
@@ -223,7 +224,7 @@ fn energy_penalty_adds_the_squared_energies() {
         .into_data()
         .to_vec()
         .unwrap();
-    let data_term = lse.iter().map(|e| (*e as f64).powi(2)).sum::<f64>() / 8.0;
+    let data_term = lse.iter().map(|e| (*e as f64).powi(2)).sum::<f64>() / n as f64;
     let sample_term = (penalised.loss - plain.loss) / lambda - data_term;
     let mean_sample_energy = penalised.extra[2];
     assert!(
