@@ -323,3 +323,66 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
     let painted = pixels.chunks(3).filter(|p| *p == [31, 119, 180]).count();
     assert!(painted > 1000, "only {painted} pixels of the series colour");
 }
+
+/// Sweeps record the sha256 of each model's weights: a checkpoint retrained under the same
+/// path must neither resume an old sweep nor be "regressed" against a reference of other weights.
+#[test]
+fn sweeps_of_other_weights_under_the_same_path_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/models");
+    for ext in ["safetensors", "json"] {
+        std::fs::copy(
+            root.join(format!("baseline.{ext}")),
+            model.with_extension(ext),
+        )
+        .unwrap();
+    }
+    let out = dir.path().join("sweep");
+    let small = |out: &Path| {
+        let mut c = cli();
+        c.args([
+            "robust",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "0",
+            "--eps",
+            "0,0.1",
+        ])
+        .args(["--n-examples", "4", "--models"])
+        .arg(&model)
+        .arg("--out")
+        .arg(out);
+        c.output().unwrap()
+    };
+    let o = small(&out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let settings = std::fs::read_to_string(out.join("settings.json")).unwrap();
+    assert!(settings.contains("sha256:"), "{settings}");
+
+    // Same path, other weights (the adversarially trained model has the same architecture).
+    std::fs::copy(
+        root.join("adv.safetensors"),
+        model.with_extension("safetensors"),
+    )
+    .unwrap();
+    let o = small(&out);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("other weights"),
+        "{err}"
+    );
+    let o = cli()
+        .args(["regress", "--reference"])
+        .arg(&out)
+        .arg("--out")
+        .arg(dir.path().join("rerun"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("other weights"),
+        "{err}"
+    );
+}

@@ -104,11 +104,57 @@ fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
     run(args)
 }
 
+/// A sweep folder's settings.json; `Null` for a folder without one (a bare robust.csv).
+fn read_settings(dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let p = dir.join("settings.json");
+    if !p.exists() {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_str(
+        &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
+    )
+    .with_context(|| format!("{}: unreadable", p.display()))
+}
+
+/// Refuses to compare sweeps of different weights under the same model paths: a retrained
+/// model makes the reference stale, which is not a regression. References made before sweeps
+/// recorded their weights are not checked.
+fn check_same_weights(
+    reference: &Path,
+    saved: &serde_json::Value,
+    now: &serde_json::Value,
+) -> anyhow::Result<()> {
+    if saved.is_null() || now.is_null() || saved == now {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} was swept with other weights ({saved}) than the models have now ({now}); a model \
+         changed, so regenerate the reference with the command in its settings.json \
+         (results/README.md lists it)",
+        reference.display()
+    )
+}
+
 pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
     let reference = read_tidy(&a.reference.join("robust.csv"))?;
+    let saved_weights = read_settings(&a.reference)?["weights"].clone();
     let candidate_dir = match &a.run {
-        Some(dir) => dir.clone(),
+        Some(dir) => {
+            check_same_weights(
+                &a.reference,
+                &saved_weights,
+                &read_settings(dir)?["weights"],
+            )?;
+            dir.clone()
+        }
         None => {
+            let models = read_settings(&a.reference)?["models"].clone();
+            let paths: Vec<String> = serde_json::from_value(models).unwrap_or_default();
+            let now = paths
+                .iter()
+                .map(|m| crate::model::Checkpoint::at(m).weights_digest())
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            check_same_weights(&a.reference, &saved_weights, &serde_json::json!(now))?;
             let name = a
                 .reference
                 .file_name()

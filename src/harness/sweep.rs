@@ -313,6 +313,8 @@ impl std::str::FromStr for Shard {
 struct Plan {
     out: PathBuf,
     models: Vec<String>,
+    /// `sha256:…` of each model's weights, in `models` order.
+    weights: Vec<String>,
     eps_grid: Vec<f32>,
     /// Every cell of the whole sweep, in order.
     cells: Vec<Cell>,
@@ -333,6 +335,7 @@ impl Plan {
             !models.is_empty(),
             "no models: none of results/models/{{baseline,jem,adv}} exists; pass --models"
         );
+        let mut weights = Vec::with_capacity(models.len());
         for m in &models {
             let ckpt = Checkpoint::at(m);
             anyhow::ensure!(
@@ -341,6 +344,7 @@ impl Plan {
                 ckpt.weights.display()
             );
             ckpt.read_sidecar()?;
+            weights.push(ckpt.weights_digest()?);
         }
         let eps_grid = args.eps_grid();
         anyhow::ensure!(
@@ -351,18 +355,27 @@ impl Plan {
         Ok(Self {
             out,
             models,
+            weights,
             eps_grid,
             cells,
         })
     }
 
     /// The settings that identify the sweep (the shard and output folder aside), recorded in
-    /// `settings.json`: a resume or a merge must find the same.
+    /// `settings.json`: a resume or a merge must find the same, the models' weights included
+    /// (a checkpoint retrained under the same path must not resume an old sweep).
     fn settings(&self, args: &RobustArgs) -> serde_json::Value {
         let mut a = args.clone();
         a.shard = None;
         a.out = None;
-        serde_json::json!({ "software": SOFTWARE, "backend": backend::name(), "args": &a, "eps": &self.eps_grid, "models": &self.models })
+        serde_json::json!({
+            "software": SOFTWARE,
+            "backend": backend::name(),
+            "args": &a,
+            "eps": &self.eps_grid,
+            "models": &self.models,
+            "weights": &self.weights,
+        })
     }
 }
 
@@ -375,6 +388,15 @@ fn claim_folder(out: &std::path::Path, settings: &serde_json::Value) -> anyhow::
         let saved: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&settings_path)?)
                 .with_context(|| format!("{}: not a sweep's settings", settings_path.display()))?;
+        if saved["models"] == settings["models"] && saved["weights"] != settings["weights"] {
+            anyhow::bail!(
+                "{} holds a sweep of other weights under the same model paths (its settings.json \
+                 records {}, the files now hash to {}); delete the folder or use another --out",
+                out.display(),
+                saved["weights"],
+                settings["weights"]
+            );
+        }
         anyhow::ensure!(
             &saved == settings,
             "{} holds a sweep with other settings; run the same command to resume, or use another --out",

@@ -113,6 +113,19 @@ impl Checkpoint {
         )
     }
 
+    /// `sha256:<hex>` of the weights file: what sweeps record, so that a folder swept with other
+    /// weights under the same path is never resumed, merged or compared as if it were this one.
+    pub fn weights_digest(&self) -> anyhow::Result<String> {
+        use sha2::{Digest, Sha256};
+        let bytes = std::fs::read(&self.weights)
+            .with_context(|| format!("cannot read weights {}", self.weights.display()))?;
+        let hex: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(format!("sha256:{hex}"))
+    }
+
     pub fn read_sidecar(&self) -> anyhow::Result<Sidecar> {
         let text = std::fs::read_to_string(&self.sidecar).with_context(|| {
             format!(
