@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Regenerates every committed result that depends on the embedded models (results/models/):
+# the CI reference sweep, the default L∞ and L2 sweeps with their curves, and the nonsense table.
+# Run it from the repository root after an embedded model changes (`regress` refuses a reference
+# swept with other weights). About 30 minutes on two cores with the WRN-10-1 models.
+#
+#   bash results/regenerate.sh            # everything
+#   bash results/regenerate.sh reference  # one part: reference | sweeps | nonsense
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release
+bin=target/release/jem-bench
+parts=("${@:-reference sweeps nonsense}")
+
+# Each part writes to a fresh folder under runs/regenerate/ and replaces the committed folder
+# only when it finished, so an interrupted regeneration leaves the old results whole (and
+# rerunning the same part resumes the sweep where it stopped).
+work=runs/regenerate
+mkdir -p "$work"
+
+replace() { # replace SRC DEST
+    rm -rf "$2.old" && { [ ! -e "$2" ] || mv "$2" "$2.old"; } && cp -r "$1" "$2" && rm -rf "$2.old"
+}
+
+for part in ${parts[*]}; do
+    case "$part" in
+    reference)
+        "$bin" robust --norm linf --models results/models/baseline,results/models/adv \
+            --attacks pgd,fgsm --steps 0,1 --eps 0,0.1,0.2,0.3 --n-examples 50 --pgd-steps 10 \
+            --chains 2 --recheck-chains 4 --out "$work/reference-linf-small"
+        replace "$work/reference-linf-small" results/reference/linf-small
+        ;;
+    sweeps)
+        for norm in linf l2; do
+            "$bin" robust --norm "$norm" --out "$work/sweep-$norm"
+            replace "$work/sweep-$norm" "results/sweeps/$norm"
+        done
+        "$bin" report results/sweeps/linf results/sweeps/l2 --out results/sweeps
+        ;;
+    nonsense)
+        rm -rf "$work/nonsense" # nonsense searches do not resume
+        "$bin" nonsense --steps 0,1 --out "$work/nonsense"
+        replace "$work/nonsense" results/nonsense
+        ;;
+    *)
+        echo "unknown part '$part': expected reference, sweeps or nonsense" >&2
+        exit 2
+        ;;
+    esac
+done
