@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use jem_bench::backend::{self, Train};
-use jem_bench::train::{train, JemObjective, TrainConfig, TrainKind};
+use jem_bench::train::{train, JemObjective, ReplayBuffer, TrainConfig, TrainKind};
 
 fn small_jem(out: &Path) -> TrainConfig {
     let mut cfg = TrainConfig {
@@ -128,6 +128,28 @@ fn resumed_jem_run_continues_the_same_chains_and_log() {
         buffer(whole.path()) == buffer(parts.path()),
         "replay buffers differ"
     );
+
+    // buffer.png pictures the latest chains: 40 chains, 10 per row, 28×28 cells 2 pixels apart.
+    let chains = ReplayBuffer::from_bytes(&buffer(whole.path()), "buffer").unwrap();
+    let png = std::fs::File::open(whole.path().join("buffer.png")).unwrap();
+    let mut reader = png::Decoder::new(std::io::BufReader::new(png))
+        .read_info()
+        .unwrap();
+    let mut grid = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut grid).unwrap();
+    assert_eq!((info.width, info.height), (10 * 30 + 2, 4 * 30 + 2));
+    for (chain, (row, col)) in [(0, (0, 0)), (13, (1, 3)), (39, (3, 9))] {
+        let (y0, x0) = (2 + row * 30, 2 + col * 30);
+        for (i, &v) in chains.image(chain).iter().enumerate() {
+            let (y, x) = (y0 + i / 28, x0 + i % 28);
+            let want = (v.clamp(0.0, 1.0) * 255.0).round() as u8;
+            assert_eq!(
+                grid[y * info.width as usize + x],
+                want,
+                "chain {chain} pixel {i}"
+            );
+        }
+    }
 }
 
 /// Deliberately unstable: a sound first epoch, then the learning rate jumps ×1000 to 1.0

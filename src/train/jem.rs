@@ -130,6 +130,9 @@ impl JemObjective {
     }
 }
 
+/// Chains drawn in the run folder's `buffer.png`.
+const BUFFER_PICTURE_CHAINS: usize = 100;
+
 /// Extra log columns, in order.
 const COLUMNS: [&str; 6] = [
     "gen_loss",
@@ -251,6 +254,24 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
 
     fn state(&self) -> Option<Vec<u8>> {
         self.buffer().map(ReplayBuffer::to_bytes)
+    }
+
+    /// `buffer.png`: the first 100 chains, 10 per row, as they are now (the same picture as
+    /// `sample --from-buffer RUN --steps 0`, without a model).
+    fn snapshot(&self, run: &std::path::Path) -> anyhow::Result<()> {
+        let Some(buffer) = self.buffer() else {
+            return Ok(());
+        };
+        let shown = buffer.capacity().min(BUFFER_PICTURE_CHAINS);
+        let pixels: Vec<f32> = (0..shown).flat_map(|i| buffer.image(i)).copied().collect();
+        let [channels, height, width] = buffer.shape();
+        let images = crate::image_grid::ImageBatch {
+            pixels: &pixels,
+            channels,
+            height,
+            width,
+        };
+        crate::image_grid::write_grid(&run.join("buffer.png"), &images, shown.div_ceil(10), 10)
     }
 
     fn restore(&mut self, bytes: &[u8], what: &str) -> anyhow::Result<()> {

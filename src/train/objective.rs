@@ -59,6 +59,12 @@ pub trait Objective<B: AutodiffBackend> {
         None
     }
 
+    /// Writes a picture of that state into the run folder whenever the trainer saves (JEM:
+    /// `buffer.png`), so that a long run can be watched without stopping it.
+    fn snapshot(&self, _run: &std::path::Path) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// Restores [`Objective::state`]; `what` names the file in errors.
     fn restore(&mut self, _bytes: &[u8], _what: &str) -> anyhow::Result<()> {
         Ok(())

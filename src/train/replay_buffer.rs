@@ -84,6 +84,11 @@ impl ReplayBuffer {
         }
     }
 
+    /// The image shape (C, H, W) of every chain.
+    pub fn shape(&self) -> [usize; 3] {
+        self.shape
+    }
+
     /// Slot `i` as pixels.
     pub fn image(&self, i: usize) -> &[f32] {
         let len = self.image_len();

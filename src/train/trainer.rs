@@ -328,6 +328,7 @@ where
             {
                 progress.generation += 1;
                 state.save(&model, &optim, objective.state(), &progress)?;
+                objective.snapshot(&cfg.out)?;
             }
         }
         if progress.batch_in_epoch < batches_per_epoch {
@@ -378,6 +379,7 @@ where
         progress.batch_in_epoch = 0;
         progress.generation += 1;
         state.save(&model, &optim, objective.state(), &progress)?;
+        objective.snapshot(&cfg.out)?;
     }
     if progress.batch_in_epoch > 0 {
         progress.generation += 1;
