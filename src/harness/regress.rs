@@ -137,24 +137,21 @@ fn check_same_weights(
 
 pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
     let reference = read_tidy(&a.reference.join("robust.csv"))?;
-    let saved_weights = read_settings(&a.reference)?["weights"].clone();
+    let saved = read_settings(&a.reference)?;
+    let saved_weights = &saved["weights"];
     let candidate_dir = match &a.run {
         Some(dir) => {
-            check_same_weights(
-                &a.reference,
-                &saved_weights,
-                &read_settings(dir)?["weights"],
-            )?;
+            check_same_weights(&a.reference, saved_weights, &read_settings(dir)?["weights"])?;
             dir.clone()
         }
         None => {
-            let models = read_settings(&a.reference)?["models"].clone();
-            let paths: Vec<String> = serde_json::from_value(models).unwrap_or_default();
+            let paths: Vec<String> =
+                serde_json::from_value(saved["models"].clone()).unwrap_or_default();
             let now = paths
                 .iter()
                 .map(|m| crate::model::Checkpoint::at(m).weights_digest())
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            check_same_weights(&a.reference, &saved_weights, &serde_json::json!(now))?;
+            check_same_weights(&a.reference, saved_weights, &serde_json::json!(now))?;
             let name = a
                 .reference
                 .file_name()
