@@ -42,6 +42,12 @@ fn sweep(out: &Path) -> Command {
     c
 }
 
+/// The command failed and its error output says `what`.
+fn assert_fails_with(o: &std::process::Output, what: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains(what), "{err}");
+}
+
 fn rows(out: &Path) -> Vec<TidyRow> {
     read_tidy(&out.join("robust.csv")).unwrap()
 }
@@ -114,11 +120,7 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
         .arg(parts.path())
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("other settings"),
-        "{err}"
-    );
+    assert_fails_with(&out, "other settings");
 }
 
 #[test]
@@ -191,11 +193,7 @@ fn shards_merged_equal_the_whole_sweep() {
         .arg(partial.path())
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("no shard holds the finished cell"),
-        "{err}"
-    );
+    assert_fails_with(&o, "no shard holds the finished cell");
 }
 
 #[test]
@@ -368,11 +366,7 @@ fn sweeps_of_other_weights_under_the_same_path_are_refused() {
     )
     .unwrap();
     let o = small(&out);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("other weights"),
-        "{err}"
-    );
+    assert_fails_with(&o, "other weights");
     let o = cli()
         .args(["regress", "--reference"])
         .arg(&out)
@@ -380,9 +374,5 @@ fn sweeps_of_other_weights_under_the_same_path_are_refused() {
         .arg(dir.path().join("rerun"))
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("other weights"),
-        "{err}"
-    );
+    assert_fails_with(&o, "other weights");
 }
