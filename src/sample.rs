@@ -1,6 +1,7 @@
 //! `jem-bench sample`: draws class-conditional samples from a JEM by SGLD on f(x)[y], starting
-//! from JEM's uniform noise or from a training run's replay buffer, and writes a PNG grid (one
-//! row per class) with a JSON record of the settings and of how the model classifies them.
+//! from JEM's uniform noise, from each class's Gaussian fitted to the training images (JEM++) or
+//! from a training run's replay buffer, and writes a PNG grid (one row per class) with a JSON
+//! record of the settings and of how the model classifies them.
 
 use std::path::PathBuf;
 
@@ -10,13 +11,14 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use jem_attacks::{SgldConfig, SgldSampler, SgldTarget};
+use jem_datasets::Split;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::backend::{self, Train};
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{Checkpoint, SOFTWARE};
-use crate::train::{chain_init, JemConfig, ReplayBuffer};
+use crate::train::{chain_init, ChainStart, ChainStartKind, JemConfig, ReplayBuffer};
 
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct SampleArgs {
@@ -42,6 +44,10 @@ pub struct SampleArgs {
     /// uniform noise.
     #[arg(long)]
     pub from_buffer: Option<PathBuf>,
+    /// Start each row from its class's Gaussian fitted to the model's training images (the
+    /// whole training split; JEM++'s informative initialisation) instead of uniform noise.
+    #[arg(long, conflicts_with = "from_buffer")]
+    pub from_class_gaussian: bool,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// The PNG to write; a JSON record goes next to it.
@@ -108,11 +114,26 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (start, pixels): (String, Vec<f32>) = match &args.from_buffer {
         None => {
-            let init = chain_init(norm);
-            let v = (0..n)
-                .flat_map(|_| init.image([c, h, w], &mut rng))
+            let kind = if args.from_class_gaussian {
+                ChainStartKind::ClassGaussian
+            } else {
+                ChainStartKind::Uniform
+            };
+            let train = match kind {
+                ChainStartKind::Uniform => None,
+                ChainStartKind::ClassGaussian => Some(source.load(Split::Train)?),
+            };
+            let init = match &train {
+                None => ChainStart::Uniform(chain_init(norm)),
+                Some(train) => ChainStart::new(kind, chain_init(norm), train)?,
+            };
+            let v = classes
+                .iter()
+                .flat_map(|&k| std::iter::repeat_n(k, args.per_class))
+                .flat_map(|k| init.image_of_class(k, [c, h, w], &mut rng))
                 .collect();
-            ("uniform noise U(-1, 1) on the network scale".into(), v)
+            let of = train.map_or(String::new(), |t| format!(" ({})", t.name));
+            (format!("{}{of}", init.describe()), v)
         }
         Some(run) => {
             let buffer = latest_buffer(run)?;

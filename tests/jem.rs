@@ -293,7 +293,8 @@ fn one_jem_step(
 
     let (x, y) = common::first_training_digits(n);
     let mut jem = JemObjective::new(cfg, 1e4);
-    Objective::<Train>::prepare(&mut jem, arch, [1, 28, 28], 5);
+    let train = jem_datasets::embedded::mnist(jem_datasets::Split::Train).unwrap();
+    Objective::<Train>::prepare(&mut jem, arch, &train, 5).unwrap();
     let step = Step {
         iteration: 0,
         seed: 9,

@@ -8,9 +8,11 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use clap::Args;
 use jem_attacks::{log_sum_exp, SgldConfig, SgldSampler, SgldTarget, UniformInit};
+use jem_datasets::ImageSet;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use super::chain_start::{ChainStart, ChainStartKind};
 use super::objective::{accuracy, cross_entropy, Objective, Step, StepStats};
 use super::replay_buffer::ReplayBuffer;
 use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
@@ -55,6 +57,17 @@ pub struct JemConfig {
     #[arg(long, default_value_t = 0)]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub sgld_threads: usize,
+    /// Where chains start and restart: `uniform`, U(−1, 1) (the paper), or `class-gaussian`, a
+    /// Gaussian per class fitted to the training images (JEM++'s informative initialisation),
+    /// which puts short chains near the data from the first step.
+    #[arg(long, value_enum, default_value_t = ChainStartKind::Uniform)]
+    #[serde(default, skip_serializing_if = "is_uniform")]
+    pub chain_start: ChainStartKind,
+}
+
+/// The paper's chain start is left out of sidecars, which then read as before.
+fn is_uniform(kind: &ChainStartKind) -> bool {
+    *kind == ChainStartKind::Uniform
 }
 
 /// The default thread count (one per core) is left out of sidecars, which then read as before.
@@ -87,7 +100,8 @@ impl JemConfig {
     }
 }
 
-/// Chain starts for JEM, per channel U(−1, 1) on the network's scale.
+/// JEM's U(−1, 1) box on the network's scale, per channel: the paper's chain start, and the
+/// bounds every chain start is clamped to.
 pub fn chain_init(norm: &InputNormalization) -> UniformInit {
     UniformInit {
         mean: norm.mean.clone(),
@@ -105,7 +119,7 @@ pub struct JemObjective {
 
 struct Chains {
     sampler: SgldSampler,
-    init: UniformInit,
+    init: ChainStart,
     buffer: ReplayBuffer,
 }
 
@@ -152,9 +166,15 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
         COLUMNS.to_vec()
     }
 
-    fn prepare(&mut self, arch: &WideResNetConfig, shape: [usize; 3], seed: u64) {
+    fn prepare(
+        &mut self,
+        arch: &WideResNetConfig,
+        train: &ImageSet,
+        seed: u64,
+    ) -> anyhow::Result<()> {
         let norm = &arch.input_normalization;
-        let init = chain_init(norm);
+        let init = ChainStart::new(self.config.chain_start, chain_init(norm), train)?;
+        let shape = [train.channels, train.height, train.width];
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let buffer = ReplayBuffer::new(self.config.buffer_size, shape, &init, &mut rng);
         self.chains = Some(Chains {
@@ -162,6 +182,7 @@ impl<B: AutodiffBackend> Objective<B> for JemObjective {
             init,
             buffer,
         });
+        Ok(())
     }
 
     fn loss(

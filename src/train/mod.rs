@@ -4,6 +4,7 @@
 
 mod adversarial;
 mod augment;
+mod chain_start;
 mod config;
 mod guard;
 mod jem;
@@ -16,6 +17,7 @@ mod trainer;
 
 pub use adversarial::{AdvConfig, AdversarialObjective};
 pub use augment::Augmentation;
+pub use chain_start::{ChainStart, ChainStartKind, ClassGaussians};
 pub(crate) use config::clap_defaults;
 pub use config::{TrainConfig, TrainKind};
 pub use guard::GuardConfig;

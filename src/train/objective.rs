@@ -5,6 +5,8 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor};
 
+use jem_datasets::ImageSet;
+
 use crate::model::{WideResNet, WideResNetConfig};
 
 /// Which training step a loss is for.
@@ -44,8 +46,15 @@ pub trait Objective<B: AutodiffBackend> {
     ) -> (Tensor<B, 1>, StepStats);
 
     /// Called once before training starts (and before any saved state is restored) with the
-    /// architecture, the image shape (C, H, W) and a seed for the objective's own randomness.
-    fn prepare(&mut self, _arch: &WideResNetConfig, _shape: [usize; 3], _seed: u64) {}
+    /// architecture, the training images and a seed for the objective's own randomness.
+    fn prepare(
+        &mut self,
+        _arch: &WideResNetConfig,
+        _train: &ImageSet,
+        _seed: u64,
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
 
     /// A sign, beyond a non-finite or huge loss, that training is diverging (checked by the
     /// trainer's divergence guard after every step).

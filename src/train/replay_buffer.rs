@@ -1,10 +1,10 @@
 //! JEM's replay buffer of persistent SGLD chains (SPEC §2): each iteration draws chain starts
-//! from the buffer, re-initialising each with probability ρ from U(−1, 1) on the network's
-//! scale, and writes the advanced chains back. It is saved with the training state, so that a
+//! from the buffer, re-initialising each with probability ρ from the chain-start distribution
+//! (U(−1, 1) on the network's scale in the paper), and writes the advanced chains back. It is saved with the training state, so that a
 //! resumed run continues the same chains.
 
+use super::chain_start::ChainStart;
 use anyhow::Context;
-use jem_attacks::UniformInit;
 use rand::Rng;
 
 /// Persistent chains: `capacity` images of `shape` (C, H, W), in [0, 1] pixel units.
@@ -28,14 +28,8 @@ pub struct Draw {
 const MAGIC: &[u8; 8] = b"JEMRBUF1";
 
 impl ReplayBuffer {
-    /// A buffer filled from `noise`, JEM's initial distribution: per channel c, pixels
-    /// uniform on `mean[c] ± scale[c]` (U(−1, 1) on the network's scale).
-    pub fn new(
-        capacity: usize,
-        shape: [usize; 3],
-        noise: &UniformInit,
-        rng: &mut impl Rng,
-    ) -> Self {
+    /// A buffer filled from `noise`, the chain-start distribution.
+    pub fn new(capacity: usize, shape: [usize; 3], noise: &ChainStart, rng: &mut impl Rng) -> Self {
         let len = shape.iter().product::<usize>();
         let mut data = Vec::with_capacity(capacity * len);
         for _ in 0..capacity {
@@ -52,8 +46,8 @@ impl ReplayBuffer {
         self.shape.iter().product()
     }
 
-    /// `n` chain starts: a random slot each, replaced by fresh noise with probability `reinit`.
-    pub fn draw(&self, n: usize, reinit: f64, noise: &UniformInit, rng: &mut impl Rng) -> Draw {
+    /// `n` chain starts: a random slot each, replaced by a fresh start with probability `reinit`.
+    pub fn draw(&self, n: usize, reinit: f64, noise: &ChainStart, rng: &mut impl Rng) -> Draw {
         let len = self.image_len();
         let mut draw = Draw {
             slots: Vec::with_capacity(n),
@@ -141,13 +135,14 @@ impl ReplayBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jem_attacks::UniformInit;
     use rand::SeedableRng;
 
-    fn init() -> UniformInit {
-        UniformInit {
+    fn init() -> ChainStart {
+        ChainStart::Uniform(UniformInit {
             mean: vec![0.5],
             scale: vec![0.5],
-        }
+        })
     }
 
     #[test]
@@ -209,10 +204,10 @@ mod tests {
             .contains("magic"));
     }
 
-    fn init_rgb() -> UniformInit {
-        UniformInit {
+    fn init_rgb() -> ChainStart {
+        ChainStart::Uniform(UniformInit {
             mean: vec![0.4914, 0.4822, 0.4465],
             scale: vec![0.247, 0.243, 0.261],
-        }
+        })
     }
 }

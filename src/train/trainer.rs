@@ -96,11 +96,7 @@ where
     // σ_data is stated on the network's scale; the noise is added to [0, 1] pixels.
     let pixel_sigma = cfg.sigma_data * norm.std[0];
 
-    objective.prepare(
-        &arch,
-        [train.channels, train.height, train.width],
-        stream_seed(cfg.seed, OBJECTIVE_INIT, 0),
-    );
+    objective.prepare(&arch, &train, stream_seed(cfg.seed, OBJECTIVE_INIT, 0))?;
     let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;
     let mut optim = AdamConfig::new()
         .with_epsilon(1e-8)
