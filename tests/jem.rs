@@ -355,3 +355,60 @@ fn sharded_sgld_matches_one_thread() {
         assert!(worst < 1e-5, "{threads} threads: max |Δ| = {worst}");
     }
 }
+
+/// `sample --from-class-gaussian --steps 0` starts row k from class k's Gaussian: the baseline
+/// classifier reads most starts as their row's class, where uniform noise reads as one class
+/// for every row.
+#[test]
+fn class_gaussian_starts_are_read_as_their_class() {
+    use jem_bench::sample::{run, SampleArgs};
+
+    let dir = tempfile::tempdir().unwrap();
+    let args = |gaussian: bool, name: &str| SampleArgs {
+        model: Path::new(env!("CARGO_MANIFEST_DIR")).join("results/models/baseline"),
+        class: vec![],
+        per_class: 6,
+        steps: 0,
+        sgld_lr: None,
+        sgld_std: None,
+        from_buffer: None,
+        from_class_gaussian: gaussian,
+        seed: 3,
+        out: dir.path().join(name),
+    };
+    let read_as_class = |name: &str| -> (f64, String) {
+        let json = std::fs::read_to_string(dir.path().join(name).with_extension("json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let rows = v["classes"].as_array().unwrap();
+        assert_eq!(rows.len(), 10);
+        let mean = rows
+            .iter()
+            .map(|r| r["classified_as_class"].as_f64().unwrap())
+            .sum::<f64>()
+            / 10.0;
+        (mean, v["start"].as_str().unwrap().to_string())
+    };
+    run(args(true, "gaussian.png")).unwrap();
+    run(args(false, "uniform.png")).unwrap();
+    let (gaussian, start) = read_as_class("gaussian.png");
+    let (uniform, _) = read_as_class("uniform.png");
+    assert!(
+        start.contains("Gaussian per class") && start.contains("mnist/train"),
+        "{start}"
+    );
+    assert!(
+        gaussian > 0.7,
+        "class-Gaussian starts read as their class {gaussian}"
+    );
+    assert!(
+        uniform < 0.3,
+        "uniform starts read as their row's class {uniform}"
+    );
+    // One row per class, one column per sample, 28×28 cells 2 pixels apart.
+    let png = std::fs::File::open(dir.path().join("gaussian.png")).unwrap();
+    let reader = png::Decoder::new(std::io::BufReader::new(png))
+        .read_info()
+        .unwrap();
+    let info = reader.info();
+    assert_eq!((info.width, info.height), (6 * 30 + 2, 10 * 30 + 2));
+}
