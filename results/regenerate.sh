@@ -26,7 +26,7 @@ replace() { # replace SRC DEST
 for part in ${parts[*]}; do
     case "$part" in
     reference)
-        "$bin" robust --norm linf --models results/models/baseline,results/models/adv \
+        "$bin" robust --norm linf --models results/models/baseline,results/models/jem,results/models/adv \
             --attacks pgd,fgsm --steps 0,1 --eps 0,0.1,0.2,0.3 --n-examples 50 --pgd-steps 10 \
             --chains 2 --recheck-chains 4 --out "$work/reference-linf-small"
         replace "$work/reference-linf-small" results/reference/linf-small
