@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::backend::{self, Train};
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{Checkpoint, SOFTWARE};
-use crate::train::{chain_init, ChainStart, ChainStartKind, JemConfig, ReplayBuffer};
+use crate::train::{chain_init, ChainStart, ClassGaussians, JemConfig, ReplayBuffer};
 
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct SampleArgs {
@@ -114,18 +114,16 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (start, pixels): (String, Vec<f32>) = match &args.from_buffer {
         None => {
-            let kind = if args.from_class_gaussian {
-                ChainStartKind::ClassGaussian
-            } else {
-                ChainStartKind::Uniform
-            };
-            let train = match kind {
-                ChainStartKind::Uniform => None,
-                ChainStartKind::ClassGaussian => Some(source.load(Split::Train)?),
+            // Only the class Gaussians need the training images.
+            let train = match args.from_class_gaussian {
+                true => Some(source.load(Split::Train)?),
+                false => None,
             };
             let init = match &train {
                 None => ChainStart::Uniform(chain_init(norm)),
-                Some(train) => ChainStart::new(kind, chain_init(norm), train)?,
+                Some(train) => {
+                    ChainStart::ClassGaussian(ClassGaussians::fit(train, chain_init(norm))?)
+                }
             };
             let v = classes
                 .iter()
