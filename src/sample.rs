@@ -115,10 +115,10 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     let (start, pixels): (String, Vec<f32>) = match &args.from_buffer {
         None => {
             // Only the class Gaussians need the training images.
-            let train = match args.from_class_gaussian {
-                true => Some(source.load(Split::Train)?),
-                false => None,
-            };
+            let train = args
+                .from_class_gaussian
+                .then(|| source.load(Split::Train))
+                .transpose()?;
             let init = match &train {
                 None => ChainStart::Uniform(chain_init(norm)),
                 Some(train) => {

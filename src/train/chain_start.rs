@@ -180,17 +180,12 @@ impl ClassGaussians {
     /// One image of `class`: μ + L·z, z ~ N(0, I), clamped to the bounds.
     pub fn sample(&self, class: usize, rng: &mut impl Rng) -> Vec<f32> {
         let z: Vec<f64> = (0..self.dim).map(|_| StandardNormal.sample(rng)).collect();
-        self.transform(class, &z)
-    }
-
-    /// μ + L·z clamped to the bounds (the deterministic half of [`Self::sample`]).
-    fn transform(&self, class: usize, z: &[f64]) -> Vec<f32> {
         let (mean, l) = (&self.means[class], &self.factors[class]);
         let plane = self.dim / self.bounds.mean.len();
         (0..self.dim)
             .map(|r| {
                 let row = &l[r * self.dim..r * self.dim + r + 1];
-                let v = mean[r] + row.iter().zip(z).map(|(a, b)| a * b).sum::<f64>();
+                let v = mean[r] + row.iter().zip(&z).map(|(a, b)| a * b).sum::<f64>();
                 let (m, s) = (self.bounds.mean[r / plane], self.bounds.scale[r / plane]);
                 (v as f32).clamp(m - s, m + s)
             })
