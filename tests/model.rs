@@ -117,6 +117,7 @@ fn checkpoint_round_trip_gives_identical_logits() {
         cfg.clone(),
         TrainingRecord {
             kind: "baseline".into(),
+            data: "mnist".into(),
             seed: 3,
             ..Default::default()
         },
@@ -235,6 +236,8 @@ fn imported_model_with_stored_normalisation_matches_pytorch_logits() {
                 "1",
                 "--in-channels",
                 "3",
+                "--data",
+                "cifar10",
                 "--out",
             ])
             .arg(dir.path().join("cifar"))
@@ -283,6 +286,7 @@ fn robustbench_wrn_import_matches_pytorch_logits() {
             .arg(fixture("robustbench_wrn16_1.pt"))
             .args(["--naming", naming, "--top-level-key", "state_dict"])
             .args(["--depth", "16", "--width", "1", "--in-channels", "3"])
+            .args(["--data", "cifar10"])
             .arg("--out")
             .arg(dir.path().join("rb"))
             .output()

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 /// Why a data file could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
-    /// The file could not be opened or read (missing, permissions, bad gzip stream).
-    #[error("cannot read {path}: {source}")]
+    /// The file could not be opened or read (missing, permissions, bad gzip stream). The
+    /// cause is the error's `source`, so that a chain printer (`{:#}`) shows it once.
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         #[source]

@@ -101,6 +101,23 @@ impl DataSource {
         }
     }
 
+    /// Parses a spec that names a data set without necessarily saying where its files are
+    /// (`cifar10` as well as `cifar10:DIR`): enough for its image shape and classes, as when
+    /// recording what a model was trained on. Loading the returned source reads the
+    /// placeholder directory `-` where none was given, and fails.
+    pub fn parse_name(spec: &str) -> Result<Self> {
+        DataSource::parse(spec).or_else(|first| {
+            let name = spec.split_once(':').map_or(spec, |(n, _)| n);
+            DataSource::parse(&format!("{name}:-")).map_err(|_| first)
+        })
+    }
+
+    /// Image shape (C, H, W) of the data set a spec names (`mnist`, `cifar10:DIR`, …), without
+    /// reading anything; `None` for a spec that names no known data set.
+    pub fn image_shape_of(spec: &str) -> Option<[usize; 3]> {
+        DataSource::parse_name(spec).ok().map(|s| s.image_shape())
+    }
+
     /// Class names, by label.
     pub fn class_names(&self) -> Vec<String> {
         let names: &[&str] = match self {

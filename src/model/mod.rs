@@ -6,7 +6,8 @@ mod import;
 mod wrn;
 
 pub use checkpoint::{
-    embedded_models, write_atomic, Checkpoint, Sidecar, TrainingRecord, SOFTWARE,
+    embedded_models, weights_digest, write_atomic, Checkpoint, Sidecar, TrainingRecord,
+    FORMAT_VERSION, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
 pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};
