@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::outputs::{read_tidy, TidyRow};
-use super::sweep::{run, RobustArgs};
+use super::sweep::{check, run, RobustArgs};
 use crate::model::write_atomic;
 
 #[derive(Debug, Clone, Args)]
@@ -24,7 +24,8 @@ pub struct RegressArgs {
     #[arg(long)]
     pub run: Option<PathBuf>,
     /// Where the rerun goes (default: runs/regress/<reference folder name>); a previous rerun
-    /// there is cleared first (any other folder is refused).
+    /// there (marked by a REGRESS-RERUN file) is cleared first; any other folder, and one that
+    /// overlaps the reference, is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -70,7 +71,40 @@ pub fn compare(reference: &[TidyRow], candidate: &[TidyRow], tolerance: f64) -> 
 /// File that marks a folder as a `regress` rerun, which a later rerun may clear.
 const RERUN_MARKER: &str = "REGRESS-RERUN";
 
+/// Whether `a` and `b` are the same folder or one lies inside the other (either may not exist
+/// yet: its nearest existing ancestor is resolved).
+fn overlapping(a: &Path, b: &Path) -> bool {
+    fn resolve(p: &Path) -> PathBuf {
+        let absolute = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut existing = absolute.as_path();
+        let mut rest = Vec::new();
+        while !existing.exists() {
+            match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name.to_os_string());
+                    existing = parent;
+                }
+                _ => break,
+            }
+        }
+        let mut resolved = existing
+            .canonicalize()
+            .unwrap_or_else(|_| existing.to_path_buf());
+        resolved.extend(rest.iter().rev());
+        resolved
+    }
+    let (a, b) = (resolve(a), resolve(b));
+    a.starts_with(&b) || b.starts_with(&a)
+}
+
 fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !overlapping(reference, out),
+        "--out {} overlaps the reference {}: the rerun would overwrite what it is compared \
+         with; pass another --out",
+        out.display(),
+        reference.display()
+    );
     let p = reference.join("settings.json");
     let settings: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
@@ -78,15 +112,21 @@ fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
     .with_context(|| format!("{}: unreadable", p.display()))?;
     let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
-    // Start afresh, but only over a folder that a rerun made (it carries a marker; the
-    // reference it reran may have changed since) or that holds this same sweep.
-    let own = out.join("settings.json");
+    args.out = Some(out.to_path_buf());
+    // Models, data and flags are checked before the folder is touched.
+    check(&args).with_context(|| format!("the sweep of {}", p.display()))?;
+    // Start afresh, but only over a folder that an earlier rerun made (it carries the
+    // marker): anything else, a finished sweep above all, is never deleted.
     let marker = out.join(RERUN_MARKER);
-    if own.exists() {
-        let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&own)?)?;
+    if out.exists() {
+        let empty = std::fs::read_dir(out)
+            .with_context(|| format!("cannot read {}", out.display()))?
+            .next()
+            .is_none();
         anyhow::ensure!(
-            theirs == settings || marker.exists(),
-            "{} holds another sweep, not made by `regress`; pass another --out",
+            empty || marker.exists(),
+            "{} exists and was not made by `regress` (no {RERUN_MARKER} file in it); pass \
+             another --out",
             out.display()
         );
         std::fs::remove_dir_all(out).with_context(|| format!("cannot clear {}", out.display()))?;
@@ -100,7 +140,6 @@ fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
         )
         .as_bytes(),
     )?;
-    args.out = Some(out.to_path_buf());
     run(args)
 }
 
@@ -136,7 +175,17 @@ fn check_same_weights(
 }
 
 pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.tolerance.is_finite() && (0.0..=1.0).contains(&a.tolerance),
+        "--tolerance: expected an accuracy drop in [0, 1] (0.02 = 2 points), found {}",
+        a.tolerance
+    );
     let reference = read_tidy(&a.reference.join("robust.csv"))?;
+    anyhow::ensure!(
+        !reference.is_empty(),
+        "{}: the reference has no rows",
+        a.reference.join("robust.csv").display()
+    );
     let saved = read_settings(&a.reference)?;
     let saved_weights = &saved["weights"];
     let candidate_dir = match &a.run {
@@ -147,9 +196,15 @@ pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
         None => {
             let paths: Vec<String> =
                 serde_json::from_value(saved["models"].clone()).unwrap_or_default();
+            let device = crate::backend::device();
             let now = paths
                 .iter()
-                .map(|m| crate::model::Checkpoint::at(m).weights_digest())
+                .map(|m| {
+                    let (model, _) = crate::model::Checkpoint::at(m)
+                        .load::<crate::backend::Inference>(&device)
+                        .with_context(|| format!("model {m} of the reference"))?;
+                    crate::model::weights_digest(&model)
+                })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             check_same_weights(&a.reference, saved_weights, &serde_json::json!(now))?;
             let name = a

@@ -21,7 +21,7 @@ use super::report;
 use crate::backend::{self, Inference, Train};
 use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
-use crate::model::{write_atomic, Checkpoint, SOFTWARE};
+use crate::model::{weights_digest, write_atomic, Checkpoint, Sidecar, SOFTWARE};
 
 /// Stored in every sweep's settings.json; fields missing there (settings of an older version)
 /// take their command-line defaults, so stored references keep loading.
@@ -126,6 +126,58 @@ impl RobustArgs {
         }
     }
 
+    /// Checks the flags on their own (models and data are checked by [`Plan::new`]).
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.attacks.is_empty(), "--attacks: name at least one attack");
+        anyhow::ensure!(!self.ks.is_empty(), "--steps: name at least one K (0 = no SGLD)");
+        anyhow::ensure!(!self.grad.is_empty(), "--grad: name at least one of full, bpda");
+        for (flag, value) in [
+            ("--n-examples", self.n_examples),
+            ("--eot", self.eot),
+            ("--restarts", self.restarts),
+            ("--pgd-steps", self.pgd_steps),
+            ("--boundary-steps", self.boundary_steps),
+            ("--jobs", self.jobs),
+        ] {
+            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        }
+        if self.ks.iter().any(|&k| k > 0) {
+            for (flag, value) in [
+                ("--chains", self.defence.chains),
+                ("--recheck-chains", self.defence.recheck_chains),
+            ] {
+                anyhow::ensure!(
+                    value >= 1,
+                    "{flag}: expected at least 1 chain for K > 0, found {value}"
+                );
+            }
+            anyhow::ensure!(
+                self.defence.init_noise.is_finite() && self.defence.init_noise >= 0.0,
+                "--init-noise: expected a finite number >= 0, found {}",
+                self.defence.init_noise
+            );
+        }
+        if let Some(r) = self.pgd_rel_stepsize {
+            anyhow::ensure!(
+                r.is_finite() && r > 0.0,
+                "--pgd-rel-stepsize: expected a finite number > 0, found {r}"
+            );
+        }
+        let grid = self.eps_grid();
+        for &e in &grid {
+            anyhow::ensure!(
+                e.is_finite() && e >= 0.0,
+                "--eps: expected numbers >= 0, found {e}"
+            );
+            anyhow::ensure!(
+                self.norm != Norm::Linf || e <= 1.0,
+                "--eps: {e} exceeds 1, the largest L∞ distance between [0, 1] pixels \
+                 (ε is in [0, 1] pixel units: 8/255 = 0.0314)"
+            );
+        }
+        Ok(())
+    }
+
     fn model_paths(&self) -> Vec<PathBuf> {
         if !self.models.is_empty() {
             return self.models.clone();
@@ -140,13 +192,37 @@ struct Loaded {
     indices: Vec<usize>,
 }
 
-fn load_data(args: &RobustArgs, training_data: &str) -> anyhow::Result<Loaded> {
+/// The test images a model is attacked on: `--data` or the model's own data set, the first
+/// `--n-examples` of them, checked against the model (channels, size, classes).
+fn load_data(args: &RobustArgs, model: &str, sidecar: &Sidecar) -> anyhow::Result<Loaded> {
     let spec = args
         .data
         .clone()
-        .unwrap_or_else(|| training_data.to_string());
-    let data = DataSource::parse(&spec)?.load(Split::Test)?;
-    let indices: Vec<usize> = (0..args.n_examples.min(data.len())).collect();
+        .unwrap_or_else(|| sidecar.training.data.clone());
+    let data = DataSource::parse(&spec)
+        .and_then(|s| s.load(Split::Test))
+        .with_context(|| match &args.data {
+            Some(_) => "--data".to_string(),
+            None => format!("the data set of {model} (its sidecar's training.data; pass --data)"),
+        })?;
+    sidecar.check_data(model, &data)?;
+    anyhow::ensure!(
+        args.n_examples <= data.len(),
+        "--n-examples {}: the test split of {spec} has only {} images",
+        args.n_examples,
+        data.len()
+    );
+    if args.norm == Norm::L2 {
+        let largest = (data.image_len() as f32).sqrt();
+        for &e in &args.eps_grid() {
+            anyhow::ensure!(
+                e <= largest,
+                "--eps: {e} exceeds {largest:.2}, the largest L2 distance between [0, 1] images \
+                 of {spec}"
+            );
+        }
+    }
+    let indices: Vec<usize> = (0..args.n_examples).collect();
     Ok(Loaded {
         data,
         spec,
@@ -159,7 +235,7 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     let device = backend::device();
     let ckpt = Checkpoint::at(&cell.model);
     let (model, sidecar) = ckpt.load::<Train>(&device)?;
-    let loaded = load_data(args, &sidecar.training.data)?;
+    let loaded = load_data(args, &cell.model, &sidecar)?;
     let x = batches::images::<Inference>(&loaded.data, &loaded.indices, &device);
     let labels: Vec<i64> = loaded
         .indices
@@ -321,7 +397,11 @@ struct Plan {
 }
 
 impl Plan {
+    /// Everything a sweep needs, checked before anything touches the disk: the flags, each
+    /// model (sidecar, weights, and the SGLD settings K > 0 needs), each model's data and its
+    /// compatibility with the model.
     fn new(args: &RobustArgs) -> anyhow::Result<Self> {
+        args.validate()?;
         let out = args
             .out
             .clone()
@@ -331,26 +411,23 @@ impl Plan {
             .iter()
             .map(|p| p.display().to_string())
             .collect();
-        anyhow::ensure!(
-            !models.is_empty(),
-            "no models: none of results/models/{{baseline,jem,adv}} exists; pass --models"
-        );
+        anyhow::ensure!(!models.is_empty(), "--models: name at least one checkpoint");
+        let device = backend::device();
         let mut weights = Vec::with_capacity(models.len());
         for m in &models {
             let ckpt = Checkpoint::at(m);
-            anyhow::ensure!(
-                ckpt.exists(),
-                "--models {m}: no checkpoint at {} (+ .json)",
-                ckpt.weights.display()
-            );
-            ckpt.read_sidecar()?;
-            weights.push(ckpt.weights_digest()?);
+            ckpt.ensure_exists().with_context(|| format!("--models {m}"))?;
+            let (model, sidecar) = ckpt
+                .load::<Inference>(&device)
+                .with_context(|| format!("--models {m}"))?;
+            load_data(args, m, &sidecar)?;
+            if args.ks.iter().any(|&k| k > 0) {
+                crate::train::JemConfig::of(&sidecar)
+                    .with_context(|| format!("--models {m}: the SGLD defence (K > 0)"))?;
+            }
+            weights.push(weights_digest(&model)?);
         }
         let eps_grid = args.eps_grid();
-        anyhow::ensure!(
-            eps_grid.iter().all(|e| e.is_finite() && *e >= 0.0),
-            "--eps: expected non-negative numbers, got {eps_grid:?}"
-        );
         let cells = cells::list(&models, &args.attacks, &args.ks, &args.grad, &eps_grid);
         Ok(Self {
             out,
@@ -379,28 +456,37 @@ impl Plan {
     }
 }
 
-/// Refuses a folder that holds a sweep with other settings; records them in a new one.
-fn claim_folder(out: &std::path::Path, settings: &serde_json::Value) -> anyhow::Result<()> {
+/// Refuses a folder that holds a sweep with other settings, naming each setting that differs;
+/// records them in a new one. Call with the folder's [`SweepLock`] held.
+fn claim_folder(
+    out: &std::path::Path,
+    settings: &serde_json::Value,
+    _lock: &SweepLock,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("cannot create {}", out.display()))?;
     let settings_path = out.join("settings.json");
     if settings_path.exists() {
-        let saved: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&settings_path)?)
-                .with_context(|| format!("{}: not a sweep's settings", settings_path.display()))?;
+        let text = std::fs::read_to_string(&settings_path)
+            .with_context(|| format!("cannot read {}", settings_path.display()))?;
+        let saved: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a sweep's settings", settings_path.display()))?;
         if saved["models"] == settings["models"] && saved["weights"] != settings["weights"] {
             anyhow::bail!(
                 "{} holds a sweep of other weights under the same model paths (its settings.json \
-                 records {}, the files now hash to {}); delete the folder or use another --out",
+                 records {}, the models now hold {}); delete the folder or use another --out",
                 out.display(),
                 saved["weights"],
                 settings["weights"]
             );
         }
+        let differences = settings_differences(&saved, settings);
         anyhow::ensure!(
-            &saved == settings,
-            "{} holds a sweep with other settings; run the same command to resume, or use another --out",
-            out.display()
+            differences.is_empty(),
+            "{} holds a sweep with other settings ({}); run that sweep's command to resume it, \
+             or use another --out",
+            out.display(),
+            differences.join("; ")
         );
     } else {
         write_atomic(
@@ -411,10 +497,83 @@ fn claim_folder(out: &std::path::Path, settings: &serde_json::Value) -> anyhow::
     Ok(())
 }
 
+/// `field: the folder has A, this command B` for each leaf setting that differs.
+pub(crate) fn settings_differences(
+    saved: &serde_json::Value,
+    now: &serde_json::Value,
+) -> Vec<String> {
+    fn walk(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+        use serde_json::Value::Object;
+        match (a, b) {
+            (Object(x), Object(y)) => {
+                let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for k in keys {
+                    let null = serde_json::Value::Null;
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(&p, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+                }
+            }
+            _ if a != b => out.push(format!("{path}: the folder has {a}, this command {b}")),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk("", saved, now, &mut out);
+    out
+}
+
+/// An exclusive lock on a sweep folder (`sweep.lock`, an OS file lock): a second process on
+/// the same folder is refused instead of computing the same cells. The operating system
+/// releases the lock when its holder exits, however it exits, so a killed sweep leaves no
+/// stale lock behind.
+pub(crate) struct SweepLock {
+    _file: std::fs::File,
+}
+
+impl SweepLock {
+    pub(crate) fn acquire(out: &std::path::Path) -> anyhow::Result<Self> {
+        use std::io::{Read, Seek, Write};
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+        let path = out.join("sweep.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                anyhow::bail!(
+                    "{} is in use by another jem-bench ({}); wait for it to finish (then the \
+                     same command resumes or reports), or use another --out",
+                    out.display(),
+                    holder.trim()
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+        file.set_len(0)?;
+        file.rewind()?;
+        write!(file, "pid {}", std::process::id())?;
+        Ok(Self { _file: file })
+    }
+}
+
 pub fn run(args: RobustArgs) -> anyhow::Result<()> {
     let plan = Plan::new(&args)?;
     let out = plan.out.clone();
-    claim_folder(&out, &plan.settings(&args))?;
+    let lock = SweepLock::acquire(&out)?;
+    claim_folder(&out, &plan.settings(&args), &lock)?;
     let mine: Vec<&Cell> = plan
         .cells
         .iter()
@@ -491,7 +650,18 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
     })?;
     let results: Vec<CellResult> = done.into_iter().flatten().collect();
     bar.finish_and_clear();
+    println!(
+        "ran {} cells ({} were finished already)",
+        pending.len(),
+        mine.len() - pending.len()
+    );
     finish(&plan, &results)
+}
+
+/// Checks a sweep's flags, models and data without touching the disk (what `robust` does
+/// first), so that a caller can refuse bad settings before it prepares a folder.
+pub fn check(args: &RobustArgs) -> anyhow::Result<()> {
+    Plan::new(args).map(|_| ())
 }
 
 /// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
@@ -529,7 +699,8 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
         plan.settings(&args) == settings,
         "the shards were made by another jem-bench or from other models; rerun them"
     );
-    claim_folder(&m.out, &settings)?;
+    let lock = SweepLock::acquire(&m.out)?;
+    claim_folder(&m.out, &settings, &lock)?;
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
         let found = m
