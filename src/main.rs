@@ -28,25 +28,36 @@ struct Cli {
     command: Command,
 }
 
+/// Every subcommand reads `-0.1` as a value (then refuses it with a message that says what is
+/// allowed), not as an unknown flag.
 #[derive(Subcommand)]
 enum Command {
     /// Train a Wide-ResNet as a classifier (baseline), a JEM, or adversarially.
+    #[command(allow_negative_numbers = true)]
     Train(TrainConfig),
     /// Clean accuracy, NLL and ECE (15 bins) of a checkpoint on a test set.
+    #[command(allow_negative_numbers = true)]
     Eval(EvalArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
+    #[command(allow_negative_numbers = true)]
     Import(ImportArgs),
     /// Sweep models × attacks × ε × sampling steps K × gradient modes; CSV, summary, table.
+    #[command(allow_negative_numbers = true)]
     Robust(jem_bench::harness::RobustArgs),
     /// Nonsense-input (distal adversarial) search per model, K and class.
+    #[command(allow_negative_numbers = true)]
     Nonsense(jem_bench::nonsense::NonsenseArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression.
+    #[command(allow_negative_numbers = true)]
     Regress(jem_bench::harness::RegressArgs),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
+    #[command(allow_negative_numbers = true)]
     Sample(jem_bench::sample::SampleArgs),
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
+    #[command(allow_negative_numbers = true)]
     Report(jem_bench::harness::ReportArgs),
     /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
+    #[command(allow_negative_numbers = true)]
     Merge(jem_bench::harness::MergeArgs),
 }
 
@@ -95,8 +106,9 @@ struct ImportArgs {
     /// Per-channel input std (default: JEM's 0.5; 1 for --naming robustbench).
     #[arg(long, value_delimiter = ',')]
     std: Option<Vec<f32>>,
-    /// Data set the model was trained on, recorded in the sidecar.
-    #[arg(long, default_value = "cifar10")]
+    /// Data set the model was trained on (mnist, fashion-mnist, cifar10:DIR, cifar100:DIR),
+    /// recorded in the sidecar: the default data of every later command on this model.
+    #[arg(long)]
     data: String,
 }
 
@@ -167,22 +179,32 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         .data
         .clone()
         .unwrap_or_else(|| sidecar.training.data.clone());
-    let mut set = DataSource::parse(&spec)?.load(Split::Test)?;
-    if let Some(n) = args.n {
-        set = set.select(&(0..n.min(set.len())).collect::<Vec<_>>());
-    }
     anyhow::ensure!(
-        set.channels == sidecar.architecture.in_channels
-            && set.num_classes() == sidecar.architecture.num_classes,
-        "{} expects {} channel(s) and {} classes; {} has {} and {}",
-        ckpt.weights.display(),
-        sidecar.architecture.in_channels,
-        sidecar.architecture.num_classes,
-        set.name,
-        set.channels,
-        set.num_classes()
+        args.batch_size >= 1,
+        "--batch-size: expected at least 1, found 0"
     );
+    let mut set = DataSource::parse(&spec)
+        .and_then(|s| s.load(Split::Test))
+        .context("--data")?;
+    sidecar.check_data(&args.model.display().to_string(), &set)?;
+    if let Some(n) = args.n {
+        anyhow::ensure!(
+            (1..=set.len()).contains(&n),
+            "--n {n}: expected 1 to {} (the test images of {spec})",
+            set.len()
+        );
+        set = set.select(&(0..n).collect::<Vec<_>>());
+    }
     let m = metrics::evaluate(&model, &set, args.batch_size, &device);
+    anyhow::ensure!(
+        m.nll.is_finite() && m.ece.is_finite(),
+        "{}: the model's outputs are not finite on {} (NLL {}, ECE {}); its weights or input \
+         normalisation are broken",
+        ckpt.weights.display(),
+        set.name,
+        m.nll,
+        m.ece
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&m)?);
     } else {
@@ -242,6 +264,29 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         norm.std.len(),
         args.in_channels
     );
+    let source = DataSource::parse_name(&args.data).context("--data")?;
+    anyhow::ensure!(
+        source.image_shape()[0] == args.in_channels
+            && source.class_names().len() == args.num_classes,
+        "--data {}: its images have {} channel(s) and {} classes; --in-channels is {} and \
+         --num-classes {}",
+        args.data,
+        source.image_shape()[0],
+        source.class_names().len(),
+        args.in_channels,
+        args.num_classes
+    );
+    let sidecar = Sidecar::new(
+        arch.clone(),
+        TrainingRecord {
+            kind: "imported".into(),
+            data: args.data.clone(),
+            settings: serde_json::json!({ "source": args.input, "naming": format!("{:?}", args.naming) }),
+            ..Default::default()
+        },
+    );
+    // The same checks as every reader of the sidecar (std > 0 above all), before writing.
+    sidecar.validate(&Checkpoint::at(&args.out).sidecar)?;
     let model = import_pytorch::<Inference>(
         &args.input,
         &arch,
@@ -249,15 +294,6 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         args.top_level_key.as_deref(),
         &device,
     )?;
-    let sidecar = Sidecar::new(
-        arch,
-        TrainingRecord {
-            kind: "imported".into(),
-            data: args.data,
-            settings: serde_json::json!({ "source": args.input, "naming": format!("{:?}", args.naming) }),
-            ..Default::default()
-        },
-    );
     let out = Checkpoint::at(&args.out);
     out.save(&model, &sidecar)
         .context("writing the imported checkpoint")?;

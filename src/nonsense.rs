@@ -57,21 +57,88 @@ struct Row {
     median_iterations: usize,
 }
 
-fn median<T: Copy + PartialOrd>(v: &[T]) -> T {
+/// Median; an error when a value is NaN (a search that diverged), which has no median.
+fn median<T: Copy + PartialOrd>(v: &[T]) -> anyhow::Result<T> {
+    anyhow::ensure!(!v.is_empty(), "no searches to summarise");
+    anyhow::ensure!(
+        v.iter().all(|x| x.partial_cmp(x).is_some()),
+        "a search produced NaN confidences: the model's logits are not finite"
+    );
     let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-    s[s.len() / 2]
+    s.sort_by(|a, b| a.partial_cmp(b).expect("checked: no NaN"));
+    Ok(s[s.len() / 2])
+}
+
+impl NonsenseArgs {
+    /// Checks the flags, and every model with the image shape its data set has, before
+    /// anything is written.
+    fn validate(&self, device: &backend::Device) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.steps.is_empty(), "--steps: name at least one K");
+        for (flag, value) in [("--per-class", self.per_class), ("--max-iters", self.max_iters)] {
+            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        }
+        anyhow::ensure!(
+            self.threshold.is_finite() && self.threshold > 0.0 && self.threshold <= 1.0,
+            "--threshold: expected a confidence in (0, 1], found {}",
+            self.threshold
+        );
+        anyhow::ensure!(
+            self.lr.is_finite() && self.lr > 0.0,
+            "--lr: expected a finite number > 0, found {}",
+            self.lr
+        );
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.momentum),
+            "--momentum: expected a number in [0, 1), found {}",
+            self.momentum
+        );
+        if self.steps.iter().any(|&k| k > 0) {
+            anyhow::ensure!(
+                self.defence.chains >= 1,
+                "--chains: expected at least 1 chain for K > 0, found {}",
+                self.defence.chains
+            );
+        }
+        let mut shapes = Vec::new();
+        for path in &self.models {
+            let m = path.display().to_string();
+            let ckpt = Checkpoint::at(path);
+            ckpt.ensure_exists().with_context(|| format!("--models {m}"))?;
+            let (_, sidecar) = ckpt
+                .load::<crate::backend::Inference>(device)
+                .with_context(|| format!("--models {m}"))?;
+            let shape = sidecar.image_shape()?;
+            if self.steps.iter().any(|&k| k > 0) {
+                crate::train::JemConfig::of(&sidecar)
+                    .with_context(|| format!("--models {m}: the SGLD defence (K > 0)"))?;
+            }
+            shapes.push((m, shape, sidecar.architecture.num_classes));
+        }
+        if let Some((first, rest)) = shapes.split_first() {
+            for other in rest {
+                anyhow::ensure!(
+                    (other.1, other.2) == (first.1, first.2),
+                    "--models: {} takes {:?} images of {} classes, {} {:?} of {}: the grid needs \
+                     one image shape and class count; run them separately",
+                    first.0,
+                    first.1,
+                    first.2,
+                    other.0,
+                    other.1,
+                    other.2
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
-        anyhow::ensure!(
-            !args.models.is_empty(),
-            "no --models given and no embedded model under results/models/"
-        );
     }
     let device = backend::device();
+    args.validate(&device)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let mut rows = Vec::new();
@@ -97,8 +164,7 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
         for path in &args.models {
             let ckpt = Checkpoint::at(path);
             let (model, sidecar) = ckpt.load::<Train>(&device)?;
-            let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
-            shape = source.image_shape();
+            shape = sidecar.image_shape()?;
             classes = sidecar.architecture.num_classes;
             let targets: Vec<usize> = (0..classes)
                 .flat_map(|c| std::iter::repeat_n(c, args.per_class))
@@ -122,8 +188,8 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
                 k,
                 searches: targets.len(),
                 reached_fraction: reached as f64 / targets.len() as f64,
-                median_confidence: median(&out.confidence),
-                median_iterations: median(&out.iterations),
+                median_confidence: median(&out.confidence)?,
+                median_iterations: median(&out.iterations)?,
             });
             // The first search of each class goes into the grid.
             let len: usize = shape.iter().product();

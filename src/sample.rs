@@ -76,6 +76,18 @@ struct SampleRecord<'a> {
 }
 
 pub fn run(args: SampleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.per_class >= 1,
+        "--per-class: expected at least 1, found 0"
+    );
+    for (flag, v) in [("--sgld-lr", args.sgld_lr), ("--sgld-std", args.sgld_std)] {
+        if let Some(v) = v {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{flag}: expected a finite number >= 0, found {v}"
+            );
+        }
+    }
     let device = backend::device();
     let ckpt = Checkpoint::at(&args.model);
     let (model, sidecar) = ckpt.load::<Train>(&device)?;
@@ -93,12 +105,10 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
             arch.num_classes - 1
         );
     }
-    let source = jem_datasets::DataSource::parse(&sidecar.training.data).with_context(|| {
-        format!(
-            "{}: training.data names no known data set",
-            ckpt.sidecar.display()
-        )
-    })?;
+    let [c, h, w] = sidecar
+        .image_shape()
+        .with_context(|| format!("--model {}", args.model.display()))?;
+    let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
     let names = source.class_names();
     let norm = &arch.input_normalization;
     let sampler = SgldSampler::new(SgldConfig {
@@ -109,7 +119,6 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         clamp: trained.sgld_clamp,
     });
 
-    let [c, h, w] = source.image_shape();
     let n = classes.len() * args.per_class;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (start, pixels): (String, Vec<f32>) = match &args.from_buffer {

@@ -108,6 +108,70 @@ impl TrainConfig {
         v
     }
 
+    /// Checks every flag before a run touches its folder: counts at least 1, rates and
+    /// probabilities finite and in range. (The data set and `--val-size` are checked when the
+    /// data load, also before the folder is written.)
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let mut counts = vec![
+            ("--epochs", self.epochs),
+            ("--batch-size", self.batch_size),
+            ("--checkpoint-every", self.checkpoint_every),
+            ("--log-every", self.log_every),
+            ("--val-size", self.val_size),
+        ];
+        if let Some(n) = self.train_subset {
+            counts.push(("--train-subset", n));
+        }
+        if let Some(n) = self.max_iters {
+            counts.push(("--max-iters", n));
+        }
+        if self.kind == TrainKind::Jem {
+            counts.push(("--sgld-steps", self.jem.sgld_steps));
+            counts.push(("--buffer-size", self.jem.buffer_size));
+        }
+        for (flag, value) in counts {
+            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        }
+        let positive = |flag: &str, v: f64| {
+            anyhow::ensure!(
+                v.is_finite() && v > 0.0,
+                "{flag}: expected a finite number > 0, found {v}"
+            );
+            Ok(())
+        };
+        let non_negative = |flag: &str, v: f64| {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{flag}: expected a finite number >= 0, found {v}"
+            );
+            Ok(())
+        };
+        positive("--lr", self.lr)?;
+        anyhow::ensure!(
+            self.decay_rate.is_finite() && self.decay_rate > 0.0 && self.decay_rate <= 1.0,
+            "--decay-rate: expected a factor in (0, 1], found {}",
+            self.decay_rate
+        );
+        non_negative("--sigma-data", self.sigma_data as f64)?;
+        if self.kind == TrainKind::Jem {
+            let j = &self.jem;
+            non_negative("--px-weight", j.px_weight)?;
+            non_negative("--pyx-weight", j.pyx_weight)?;
+            non_negative("--sgld-lr", j.sgld_lr as f64)?;
+            non_negative("--sgld-std", j.sgld_std as f64)?;
+            non_negative("--energy-reg", j.energy_reg)?;
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&j.reinit_freq),
+                "--reinit-freq: expected a probability in [0, 1], found {}",
+                j.reinit_freq
+            );
+        }
+        if self.kind == TrainKind::Adv {
+            self.adv.validate()?;
+        }
+        Ok(())
+    }
+
     pub fn schedule(&self) -> LrSchedule {
         LrSchedule {
             base: self.lr,

@@ -113,6 +113,11 @@ impl ReplayBuffer {
             u64::from_le_bytes(bytes[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes")) as usize
         };
         let (capacity, shape) = (word(0), [word(1), word(2), word(3)]);
+        anyhow::ensure!(
+            capacity >= 1 && shape.iter().all(|&d| d >= 1),
+            "{what}: replay buffer header is corrupt: capacity {capacity}, image shape {shape:?} \
+             (expected at least one image of at least one pixel)"
+        );
         let want = capacity
             .checked_mul(shape.iter().product::<usize>())
             .and_then(|n| n.checked_mul(4))

@@ -63,7 +63,13 @@ pub fn load_data(cfg: &TrainConfig) -> anyhow::Result<(DataSource, ImageSet, Ima
     );
     let (mut train, val) = full.split_last(cfg.val_size);
     if let Some(n) = cfg.train_subset {
-        train = train.select(&(0..n.min(train.len())).collect::<Vec<_>>());
+        anyhow::ensure!(
+            n >= 1 && n <= train.len(),
+            "--train-subset {n}: expected 1 to {} (the training images left after --val-size {})",
+            train.len(),
+            cfg.val_size
+        );
+        train = train.select(&(0..n).collect::<Vec<_>>());
     }
     Ok((source, train, val))
 }
@@ -83,9 +89,17 @@ where
     B: AutodiffBackend,
     O: Objective<B>,
 {
+    cfg.validate()?;
     let (source, train, val) = load_data(cfg)?;
     let arch = architecture(cfg, &train);
     arch.blocks_per_stage()?;
+    // Everything that can be refused is checked before the folder is written.
+    let mut warm = cfg
+        .init_from
+        .as_ref()
+        .map(|from| warm_start::<B>(from, &arch, device))
+        .transpose()?;
+    objective.prepare(&arch, &train, stream_seed(cfg.seed, OBJECTIVE_INIT, 0))?;
     std::fs::create_dir_all(&cfg.out)
         .with_context(|| format!("cannot create {}", cfg.out.display()))?;
     let settings = cfg.settings();
@@ -96,7 +110,6 @@ where
     // σ_data is stated on the network's scale; the noise is added to [0, 1] pixels.
     let pixel_sigma = cfg.sigma_data * norm.std[0];
 
-    objective.prepare(&arch, &train, stream_seed(cfg.seed, OBJECTIVE_INIT, 0))?;
     let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;
     let mut optim = AdamConfig::new()
         .with_epsilon(1e-8)
@@ -144,8 +157,8 @@ where
             p
         }
         None => {
-            if let Some(from) = &cfg.init_from {
-                model = warm_start(from, &arch, device)?;
+            if let Some(init) = warm.take() {
+                model = init;
             }
             // Generation 0: the divergence guard can always roll back to a saved state.
             let p = Progress {

@@ -1,0 +1,454 @@
+//! Bad input, as a new user would give it: every case fails before anything is written, with an
+//! error that names the flag or file and what was expected — or, where the input was in fact
+//! fine, gives the correct result. No panic, no lost data, no number made up from nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use jem_bench::backend::{self, Inference};
+use jem_bench::model::{weights_digest, Checkpoint};
+
+fn cli() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Failed with exit code 1 (an error, not a panic's 101), saying every one of `what`.
+#[track_caller]
+fn assert_fails_with(o: &Output, what: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "expected a clean error, got: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for w in what {
+        assert!(err.contains(w), "expected `{w}` in: {err}");
+    }
+}
+
+#[track_caller]
+fn assert_ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", stderr(o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A small sweep: FGSM on the baseline, K = 0, ε ∈ {0, 0.1}, 5 images (unless `extra` sets
+/// the number); list flags in `extra` add to these.
+fn small_sweep(out: &Path, extra: &[&str]) -> Output {
+    let mut c = cli();
+    c.args(["robust", "--models", "results/models/baseline", "--attacks", "fgsm"])
+        .args(["--steps", "0", "--eps", "0,0.1", "--out"])
+        .arg(out)
+        .args(extra);
+    if !extra.contains(&"--n-examples") {
+        c.args(["--n-examples", "5"]);
+    }
+    c.output().unwrap()
+}
+
+/// A copy of an embedded model under `dir/NAME` whose sidecar `edit` changes.
+fn doctored_model(dir: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let stem = dir.join(name);
+    std::fs::copy(
+        root().join("results/models/baseline.safetensors"),
+        stem.with_extension("safetensors"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(root().join("results/models/baseline.json")).unwrap();
+    let mut sidecar: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut sidecar);
+    std::fs::write(stem.with_extension("json"), sidecar.to_string()).unwrap();
+    stem
+}
+
+/// The folder does not exist, or exists empty: nothing was written.
+#[track_caller]
+fn assert_untouched(out: &Path) {
+    let entries: Vec<_> = std::fs::read_dir(out)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(entries.is_empty(), "{} holds {entries:?}", out.display());
+}
+
+// 1. `regress --out` over the reference, or over any sweep it did not make, deletes nothing.
+#[test]
+fn regress_never_deletes_a_folder_it_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("reference");
+    assert_ok(&small_sweep(&reference, &[]));
+    let before = std::fs::read(reference.join("robust.csv")).unwrap();
+
+    let o = cli()
+        .args(["regress", "--reference"])
+        .arg(&reference)
+        .arg("--out")
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["overlaps the reference"]);
+    // Another finished sweep with the same settings is not a rerun either.
+    let other = dir.path().join("other");
+    assert_ok(&small_sweep(&other, &[]));
+    let o = cli()
+        .args(["regress", "--reference"])
+        .arg(&reference)
+        .arg("--out")
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["was not made by `regress`"]);
+    assert_eq!(std::fs::read(reference.join("robust.csv")).unwrap(), before);
+    assert!(other.join("robust.csv").exists() && other.join("curves.png").exists());
+
+    // A rerun folder (with its marker) is cleared and rerun, and passes.
+    let rerun = dir.path().join("rerun");
+    for _ in 0..2 {
+        let o = cli()
+            .args(["regress", "--reference"])
+            .arg(&reference)
+            .arg("--out")
+            .arg(&rerun)
+            .output()
+            .unwrap();
+        assert!(assert_ok(&o).contains("reference cells hold"));
+    }
+}
+
+// 2. The tolerance of a CI gate must be a number that can fail.
+#[test]
+fn regress_refuses_a_tolerance_that_cannot_fail_or_always_fails() {
+    for bad in ["NaN", "-1", "inf", "1.5"] {
+        let o = cli()
+            .args(["regress", "--reference", "results/reference/linf-small"])
+            .arg(format!("--tolerance={bad}"))
+            .output()
+            .unwrap();
+        assert_fails_with(&o, &["--tolerance", "[0, 1]"]);
+    }
+}
+
+// 3. One compatibility check: a 3-channel model on 1-channel data is refused everywhere.
+#[test]
+fn a_model_on_data_of_another_shape_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let cifar = dir.path().join("cifar");
+    let o = cli()
+        .arg("import")
+        .arg(root().join("tests/fixtures/pytorch/wrn10_1_cifar_normalized.safetensors"))
+        .args(["--depth", "10", "--width", "1", "--in-channels", "3"])
+        .args(["--data", "cifar10", "--out"])
+        .arg(&cifar)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let out = dir.path().join("sweep");
+    let o = cli()
+        .args(["robust", "--data", "mnist", "--attacks", "fgsm", "--steps", "0"])
+        .args(["--eps", "0,0.1", "--n-examples", "5", "--models"])
+        .arg(&cifar)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["3 channel(s)", "mnist"]);
+    assert_untouched(&out);
+    let o = cli()
+        .args(["eval", "--data", "mnist", "--model"])
+        .arg(&cifar)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["3 channel(s)"]);
+    // A model whose sidecar names data of another shape than its architecture takes.
+    let lying = doctored_model(dir.path(), "lying", |s| {
+        s["training"]["data"] = "cifar10".into();
+    });
+    for args in [
+        vec!["nonsense", "--per-class", "1", "--max-iters", "2", "--models"],
+        vec!["sample", "--per-class", "1", "--steps", "1", "--model"],
+    ] {
+        let o = cli()
+            .args(&args)
+            .arg(&lying)
+            .arg("--out")
+            .arg(dir.path().join("never"))
+            .output()
+            .unwrap();
+        assert_fails_with(&o, &["1 channel(s)", "cifar10"]);
+    }
+    assert!(!dir.path().join("never").exists());
+}
+
+// 4. A zero std would divide every pixel by zero: refused on reading and on import.
+#[test]
+fn a_zero_std_is_refused_where_it_is_read_and_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = doctored_model(dir.path(), "zero", |s| {
+        s["architecture"]["input_normalization"]["std"] = serde_json::json!([0.0]);
+    });
+    let o = cli().args(["eval", "--model"]).arg(&zero).output().unwrap();
+    assert_fails_with(&o, &["zero.json", "input_normalization.std", "> 0"]);
+    let o = cli()
+        .arg("import")
+        .arg(root().join("tests/fixtures/pytorch/wrn10_1.safetensors"))
+        .args(["--depth", "10", "--width", "1", "--in-channels", "1", "--data", "mnist"])
+        .args(["--mean", "0.5", "--std", "0", "--out"])
+        .arg(dir.path().join("imported"))
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["input_normalization.std"]);
+    assert!(!dir.path().join("imported.json").exists());
+}
+
+// 5. 0/0 is not 0 %, and more images than the split has is not silently fewer.
+#[test]
+fn example_counts_must_be_within_the_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let o = small_sweep(&out, &["--n-examples", "0"]);
+    assert_fails_with(&o, &["--n-examples", "at least 1"]);
+    let o = small_sweep(&out, &["--n-examples", "10001"]);
+    assert_fails_with(&o, &["--n-examples 10001", "10000"]);
+    assert_untouched(&out);
+    let o = cli()
+        .args(["eval", "--model", "results/models/baseline", "--n", "0"])
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["--n 0"]);
+}
+
+// 6. Weight identity is the tensors, not the file: re-saving identical weights gives the same
+//    bytes and digest, so a sweep on them resumes.
+#[test]
+fn identical_weights_saved_twice_are_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = backend::device();
+    let (model, sidecar) = Checkpoint::at("results/models/baseline")
+        .load::<Inference>(&device)
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    Checkpoint::at(&a).save(&model, &sidecar).unwrap();
+    Checkpoint::at(&b).save(&model, &sidecar).unwrap();
+    let bytes = |p: &Path| std::fs::read(p.with_extension("safetensors")).unwrap();
+    assert_eq!(bytes(&a), bytes(&b), "the writer is deterministic");
+    let (reloaded, _) = Checkpoint::at(&a).load::<Inference>(&device).unwrap();
+    assert_eq!(
+        weights_digest(&reloaded).unwrap(),
+        weights_digest(&model).unwrap()
+    );
+
+    // A sweep resumes on the same weights written again under its model path.
+    let out = dir.path().join("sweep");
+    let sweep = |out: &Path| {
+        cli()
+            .args(["robust", "--attacks", "fgsm", "--steps", "0", "--eps", "0,0.1"])
+            .args(["--n-examples", "3", "--models"])
+            .arg(&a)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    assert_ok(&sweep(&out));
+    Checkpoint::at(&a).save(&reloaded, &sidecar).unwrap();
+    let stdout = assert_ok(&sweep(&out));
+    assert!(stdout.contains("ran 0 cells (2 were finished already)"), "{stdout}");
+}
+
+// 7. Bad input leaves no folder behind, and a folder's refusal names what differs.
+#[test]
+fn bad_input_claims_no_folder_and_refusals_name_the_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    assert_fails_with(&small_sweep(&out, &["--data", "mnsit"]), &["--data", "mnsit"]);
+    let o = small_sweep(&out, &["--steps", "1", "--chains", "0"]);
+    assert_fails_with(&o, &["--chains", "at least 1"]);
+    let truncated = doctored_model(dir.path(), "truncated", |_| {});
+    let w = truncated.with_extension("safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+    let o = cli()
+        .args(["robust", "--attacks", "fgsm", "--steps", "0", "--models"])
+        .arg(&truncated)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["truncated.safetensors", "safetensors"]);
+    assert_untouched(&out);
+    // The corrected command runs; another one on the folder is told what differs.
+    assert_ok(&small_sweep(&out, &[]));
+    let o = small_sweep(&out, &["--seed", "7"]);
+    assert_fails_with(&o, &["args.seed: the folder has 0, this command 7"]);
+}
+
+// 8. Two sweeps on one folder: one computes, the other is refused or finds the work done.
+#[test]
+fn concurrent_sweeps_on_one_folder_compute_each_cell_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let spawn = || {
+        cli()
+            .args(["robust", "--models", "results/models/baseline", "--attacks", "pgd"])
+            .args(["--steps", "0", "--eps", "0,0.1,0.2", "--n-examples", "8"])
+            .args(["--pgd-steps", "5", "--out"])
+            .arg(&out)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outputs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let mut computed = 0;
+    for o in &outputs {
+        if o.status.success() {
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            let ran: usize = stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("ran ")?.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no `ran N cells` line in {stdout}"));
+            computed += ran;
+        } else {
+            assert_fails_with(o, &["in use by another jem-bench"]);
+        }
+    }
+    assert!(outputs.iter().any(|o| o.status.success()));
+    assert_eq!(computed, 3, "three cells, each computed exactly once");
+    let rows = jem_bench::harness::read_tidy(&out.join("robust.csv")).unwrap();
+    assert_eq!(rows.len(), 3);
+    let tmp: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(tmp.is_empty(), "left-over temporary files {tmp:?}");
+}
+
+// 9. Counts of zero are refused before anything runs or is written (these used to panic).
+#[test]
+fn zero_counts_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    assert_fails_with(
+        &small_sweep(&out, &["--steps", "1", "--chains", "0"]),
+        &["--chains"],
+    );
+    for flag in ["--batch-size", "--log-every", "--checkpoint-every", "--train-subset"] {
+        let run = dir.path().join(flag.trim_start_matches('-'));
+        let o = cli()
+            .args(["train", "--kind", "baseline", "--epochs", "1", "--out"])
+            .arg(&run)
+            .args([flag, "0"])
+            .output()
+            .unwrap();
+        assert_fails_with(&o, &[flag, "at least 1"]);
+        assert!(!run.exists(), "{flag} 0 created {}", run.display());
+    }
+    let o = cli()
+        .args(["nonsense", "--per-class", "0", "--out"])
+        .arg(dir.path().join("nonsense"))
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["--per-class", "at least 1"]);
+    assert!(!dir.path().join("nonsense").exists());
+}
+
+// 10. Messages: causes once, the project's words for weights that do not fit, --data required
+//     on import, negative numbers read as numbers, L∞ budgets above 1 refused.
+#[test]
+fn messages_name_the_cause_once_in_the_projects_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cli()
+        .args(["eval", "--model", "results/models/baseline", "--data", "mnist:/nonexistent"])
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["/nonexistent"]);
+    assert_eq!(
+        stderr(&o).matches("No such file or directory").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+
+    let deeper = doctored_model(dir.path(), "deeper", |s| {
+        s["architecture"]["depth"] = 16.into();
+    });
+    let o = cli().args(["eval", "--model"]).arg(&deeper).output().unwrap();
+    assert_fails_with(&o, &["deeper.safetensors", "WRN-16-1", "deeper.json", "is missing"]);
+    assert!(stderr(&o).lines().count() <= 3, "{}", stderr(&o));
+
+    let o = cli()
+        .arg("import")
+        .arg(root().join("tests/fixtures/pytorch/wrn10_1.safetensors"))
+        .args(["--depth", "10", "--width", "1", "--in-channels", "1", "--out"])
+        .arg(dir.path().join("no-data"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "clap's usage error: {}", stderr(&o));
+    assert!(stderr(&o).contains("--data"), "{}", stderr(&o));
+
+    let out = dir.path().join("sweep");
+    assert_fails_with(&small_sweep(&out, &["--eps", "-0.1"]), &["--eps", ">= 0"]);
+    assert_fails_with(&small_sweep(&out, &["--eps", "0,8"]), &["exceeds 1", "8/255"]);
+    assert_untouched(&out);
+}
+
+// 11. The default models are compiled in: `robust` works from any folder.
+#[test]
+fn the_embedded_models_work_from_any_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+        .current_dir(dir.path())
+        .args(["robust", "--attacks", "fgsm", "--steps", "0", "--eps", "0,0.1"])
+        .args(["--n-examples", "2", "--out", "sweep"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let rows = jem_bench::harness::read_tidy(&dir.path().join("sweep/robust.csv")).unwrap();
+    let models: std::collections::BTreeSet<_> = rows.iter().map(|r| r.model.as_str()).collect();
+    assert_eq!(
+        models.into_iter().collect::<Vec<_>>(),
+        ["results/models/adv", "results/models/baseline", "results/models/jem"]
+    );
+}
+
+// 13. Checkpoints are PyTorch state_dicts: the same names and shapes as a file PyTorch wrote,
+//     the head in PyTorch's [out, in] layout.
+#[test]
+fn checkpoints_have_the_names_and_shapes_of_a_pytorch_state_dict() {
+    fn header(path: &Path) -> std::collections::BTreeMap<String, Vec<usize>> {
+        let bytes = std::fs::read(path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.shape().to_vec()))
+            .collect()
+    }
+    let ours = header(&root().join("results/models/baseline.safetensors"));
+    let pytorch = header(&root().join("tests/fixtures/pytorch/wrn10_1.safetensors"));
+    assert_eq!(ours, pytorch);
+    assert_eq!(ours["linear.weight"], vec![10, 64]);
+    // When PyTorch is installed, it loads the file into its own Wide_ResNet (strict).
+    let script = root().join("tests/fixtures/pytorch/load_checkpoint.py");
+    let torch = Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if torch {
+        let o = Command::new("python3")
+            .arg(&script)
+            .arg(root().join("results/models/baseline.safetensors"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    } else {
+        eprintln!("skipped the PyTorch load of {}: torch is not installed", script.display());
+    }
+}
