@@ -62,8 +62,9 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
         String::from_utf8_lossy(&status.stderr)
     );
     let reference = rows(whole.path());
-    // 2 attacks × 3 ε × (K = 0, and K = 1 with bpda) = 12 cells, one row each.
-    assert_eq!(reference.len(), 12);
+    // 2 attacks × 3 ε × (K = 0, and K = 1 with bpda) = 12 cells, one row each, and a
+    // worst-case row per K and ε.
+    assert_eq!(reference.len(), 12 + 2 * 3);
     assert!(reference
         .iter()
         .all(|r| r.n == 6 && r.software.starts_with("jem-bench")));
@@ -135,7 +136,11 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
         grad: "full".into(),
         n: 20,
         clean_accuracy: 0.95,
+        clean_lo: 0.76,
+        clean_hi: 0.99,
         robust_accuracy: 0.35,
+        robust_lo: 0.18,
+        robust_hi: 0.57,
         eot: 15,
         restarts: 2,
         chains: 5,
@@ -170,8 +175,10 @@ fn shards_merged_equal_the_whole_sweep() {
         // One cell at a time here, several at once in the whole sweep (--jobs defaults to
         // the cores): the results must not depend on it.
         run(sweep(dir.path()).args(["--shard", &format!("{i}/3"), "--jobs", "1"]));
-        // Each shard ran only its own cells: 12 cells over 3 shards.
-        assert_eq!(rows(dir.path()).len(), 4);
+        // Each shard ran only its own cells: 12 cells over 3 shards (plus the worst case
+        // over what the shard has).
+        let per_attack = rows(dir.path()).into_iter().filter(|r| r.attack != "worst-case");
+        assert_eq!(per_attack.count(), 4);
     }
     let merged = tempfile::tempdir().unwrap();
     let mut merge = cli();
@@ -227,7 +234,7 @@ fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
     assert!(
-        err.contains("fgsm linf ε=0.1 K=1 grad=bpda") && err.contains("1 of 12"),
+        err.contains("fgsm linf ε=0.1 K=1 grad=bpda") && err.contains("1 of 18"),
         "{err}"
     );
 }
@@ -243,11 +250,11 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
-        table.contains("robust accuracy, worst case over attacks"),
+        table.contains("robust accuracy, per-example worst case over attacks"),
         "{table}"
     );
 
-    // The summary's worst case is the lowest robust accuracy over attacks, cell by cell.
+    // The summary's curves are the worst-case rows, never above any attack's row.
     let rs = rows(dir.path());
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
@@ -273,13 +280,22 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
             c["k"].as_u64().unwrap() as usize,
         );
         for point in c["worst_case"].as_array().unwrap() {
-            let eps = point[0].as_f64().unwrap() as f32;
+            let eps = point["eps"].as_f64().unwrap() as f32;
+            let at = |r: &&TidyRow| r.model == model && r.k == k && r.eps == eps;
+            let worst = rs
+                .iter()
+                .filter(at)
+                .find(|r| r.attack == "worst-case")
+                .unwrap();
             let lowest = rs
                 .iter()
-                .filter(|r| r.model == model && r.k == k && r.eps == eps)
+                .filter(at)
                 .map(|r| r.robust_accuracy)
                 .fold(f64::INFINITY, f64::min);
-            assert_eq!(point[1].as_f64().unwrap(), lowest, "{model} K={k} ε={eps}");
+            let got = point["robust_accuracy"].as_f64().unwrap();
+            assert_eq!(got, worst.robust_accuracy, "{model} K={k} ε={eps}");
+            assert_eq!(got, lowest, "{model} K={k} ε={eps}: the worst case is the lowest row");
+            assert_eq!(point["interval"][0].as_f64().unwrap(), worst.robust_lo);
         }
     }
 
@@ -293,14 +309,22 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
     let size = |a: &str| root.attribute(a).unwrap().parse::<u32>().unwrap();
     let (width, height) = (size("width"), size("height"));
     let attacks = {
-        let mut a: Vec<&str> = rs.iter().map(|r| r.attack.as_str()).collect();
+        let mut a: Vec<&str> = rs
+            .iter()
+            .map(|r| r.attack.as_str())
+            .filter(|a| *a != "worst-case")
+            .collect();
         a.sort();
         a.dedup();
         a.len()
     };
     let series_lines: Vec<_> = doc
         .descendants()
-        .filter(|n| n.has_tag_name("polyline") && n.attribute("stroke") == Some("#1f77b4"))
+        .filter(|n| {
+            n.has_tag_name("polyline")
+                && n.attribute("stroke") == Some("#1f77b4")
+                && n.attribute("stroke-width") == Some("2.5")
+        })
         .collect();
     assert_eq!(series_lines.len(), (attacks + 2) * ks.len());
     let dashed = series_lines
@@ -375,4 +399,68 @@ fn sweeps_of_other_weights_under_the_same_path_are_refused() {
         .output()
         .unwrap();
     assert_fails_with(&o, "other weights");
+}
+
+/// The worst case over attacks is per example: recomputed here from examples.csv alone (an
+/// example is robust at ε only if every attack's clean pass got it right and no attack broke it
+/// at any ε' ≤ ε), it equals the sweep's worst-case rows, which never rise with ε; every row's
+/// interval contains its accuracy.
+#[test]
+fn worst_case_rows_equal_a_recomputation_from_the_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cli()
+        .args(["robust", "--models", "results/models/baseline,results/models/jem"])
+        .args(["--attacks", "pgd,fgsm", "--steps", "0", "--eps", "0,0.05,0.1,0.2"])
+        .args(["--n-examples", "12", "--pgd-steps", "3", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = rows(dir.path());
+    let mut reader = csv::Reader::from_path(dir.path().join("examples.csv")).unwrap();
+    let examples: Vec<jem_bench::harness::ExampleRow> =
+        reader.deserialize().map(|r| r.unwrap()).collect();
+    let worst: Vec<&TidyRow> = rows.iter().filter(|r| r.attack == "worst-case").collect();
+    assert_eq!(worst.len(), 2 * 4, "a worst-case row per model and ε");
+    for w in &worst {
+        let mine: Vec<_> = examples.iter().filter(|e| e.model == w.model && e.k == w.k).collect();
+        let ids: std::collections::BTreeSet<usize> = mine.iter().map(|e| e.example).collect();
+        let robust = ids
+            .iter()
+            .filter(|&&i| {
+                mine.iter().filter(|e| e.example == i).all(|e| {
+                    e.clean_correct && !(e.adversarial && e.eps.unwrap() <= w.eps)
+                })
+            })
+            .count();
+        assert_eq!(w.n, ids.len());
+        assert_eq!(w.robust_accuracy, robust as f64 / ids.len() as f64, "{w:?}");
+        // Never above the lowest per-attack row at the same ε.
+        let lowest = rows
+            .iter()
+            .filter(|r| r.model == w.model && r.eps == w.eps && r.attack != "worst-case")
+            .map(|r| r.robust_accuracy)
+            .fold(f64::INFINITY, f64::min);
+        assert!(w.robust_accuracy <= lowest);
+    }
+    for r in &rows {
+        assert!(r.robust_lo <= r.robust_accuracy && r.robust_accuracy <= r.robust_hi, "{r:?}");
+        let later = rows.iter().filter(|o| {
+            (&o.model, o.k, &o.grad, &o.attack) == (&r.model, r.k, &r.grad, &r.attack)
+                && o.eps > r.eps
+        });
+        for o in later {
+            assert!(o.robust_accuracy <= r.robust_accuracy, "{o:?} rises above {r:?}");
+        }
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    let check = summary["sanity_checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "robust accuracy does not rise with ε")
+        .unwrap();
+    assert_eq!(check["status"], "pass", "{check}");
 }

@@ -1,4 +1,5 @@
-//! The sanity checks of SPEC §5 (after Carlini et al. 2019), computed from a sweep's rows. A
+//! The sanity checks of a sweep (after Carlini et al. 2019, "On Evaluating Adversarial
+//! Robustness"), computed from its rows. A
 //! check that the sweep has no data for says `not run`; none is passed by default.
 
 use std::collections::BTreeMap;
@@ -6,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::outputs::TidyRow;
+use super::robustness::WORST_CASE;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
@@ -36,9 +38,11 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     let mut checks = Vec::new();
     let key = |r: &TidyRow| (r.model.clone(), r.k, r.grad.clone(), r.eps.to_bits());
 
-    // Accuracy falls toward chance at the largest ε (worst case over attacks).
+    // Accuracy falls toward chance at the largest ε (per-example worst case over attacks;
+    // the per-attack rows where a sweep has no worst-case rows).
+    let has_worst = rows.iter().any(|r| r.attack == WORST_CASE);
     let mut worst: BTreeMap<(String, usize), (f32, f64)> = BTreeMap::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| !has_worst || r.attack == WORST_CASE) {
         let e = worst
             .entry((r.model.clone(), r.k))
             .or_insert((r.eps, r.robust_accuracy));
@@ -59,6 +63,33 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     checks.push(verdict(
         "accuracy falls toward chance as ε grows",
         worst.len(),
+        problems,
+        "rows",
+    ));
+
+    // Robust accuracy cannot rise with ε: an adversarial within ε is one within any larger ε.
+    let mut series: BTreeMap<(String, usize, String, String), Vec<(f32, f64)>> = BTreeMap::new();
+    for r in rows {
+        series
+            .entry((r.model.clone(), r.k, r.grad.clone(), r.attack.clone()))
+            .or_default()
+            .push((r.eps, r.robust_accuracy));
+    }
+    let mut problems = Vec::new();
+    for ((m, k, g, a), points) in &mut series {
+        points.sort_by(|x, y| x.0.total_cmp(&y.0));
+        for w in points.windows(2) {
+            if w[1].1 > w[0].1 + 1e-12 {
+                problems.push(format!(
+                    "{m} K={k} {g} {a}: {:.3} at ε={} > {:.3} at ε={}",
+                    w[1].1, w[1].0, w[0].1, w[0].0
+                ));
+            }
+        }
+    }
+    checks.push(verdict(
+        "robust accuracy does not rise with ε",
+        series.len(),
         problems,
         "rows",
     ));
@@ -187,7 +218,11 @@ mod tests {
             grad: "none".into(),
             n: 20,
             clean_accuracy: 1.0,
+            clean_lo: 0.8,
+            clean_hi: 1.0,
             robust_accuracy,
+            robust_lo: 0.0,
+            robust_hi: 1.0,
             eot: 1,
             restarts: 1,
             chains: 0,

@@ -10,10 +10,12 @@ mod checks;
 mod outputs;
 mod regress;
 mod report;
+mod robustness;
 mod sweep;
 
 pub use cells::{AttackKind, Cell};
 pub use outputs::{read_tidy, ExampleRow, TidyRow};
 pub use regress::{compare, regress, RegressArgs};
 pub use report::{report, ReportArgs};
+pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use sweep::{merge, run, MergeArgs, RobustArgs, Shard};

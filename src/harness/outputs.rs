@@ -22,7 +22,20 @@ pub struct TidyRow {
     pub grad: String,
     pub n: usize,
     pub clean_accuracy: f64,
+    /// 95 % Wilson interval of the clean accuracy (absent from CSVs of older versions).
+    #[serde(default)]
+    pub clean_lo: f64,
+    #[serde(default)]
+    pub clean_hi: f64,
+    /// Fraction of the examples no attack of the row broke within ε; an example broken at a
+    /// smaller ε counts as broken here too. `attack` = `worst-case`: over every attack of the
+    /// model, K and gradient mode, per example.
     pub robust_accuracy: f64,
+    /// 95 % Wilson interval of the robust accuracy.
+    #[serde(default)]
+    pub robust_lo: f64,
+    #[serde(default)]
+    pub robust_hi: f64,
     pub eot: usize,
     pub restarts: usize,
     pub chains: usize,
@@ -98,24 +111,28 @@ pub fn load_cell(out: &Path, cell: &Cell) -> anyhow::Result<Option<CellResult>> 
     Ok(Some(r))
 }
 
-/// Writes `robust.csv` and `examples.csv` from the finished cells, in sweep order.
+/// Writes `robust.csv` (per-attack rows with breaks carried across ε, then the per-example
+/// worst-case rows; see [`super::robustness`]) and `examples.csv` from the finished cells, in
+/// sweep order. Returns the tidy rows.
 pub fn write_csvs<'a>(
     out: &Path,
     results: impl IntoIterator<Item = &'a CellResult>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<TidyRow>> {
+    let results: Vec<&CellResult> = results.into_iter().collect();
+    let rows = super::robustness::tidy_rows(&results)?;
     let mut tidy = csv::Writer::from_writer(Vec::new());
     let mut per_example = csv::Writer::from_writer(Vec::new());
-    for r in results {
-        for row in &r.rows {
-            tidy.serialize(row)?;
-        }
+    for row in &rows {
+        tidy.serialize(row)?;
+    }
+    for r in &results {
         for row in &r.examples {
             per_example.serialize(row)?;
         }
     }
     write_atomic(&out.join("robust.csv"), &tidy.into_inner()?)?;
     write_atomic(&out.join("examples.csv"), &per_example.into_inner()?)?;
-    Ok(())
+    Ok(rows)
 }
 
 /// Reads a tidy CSV back (for `regress`, `report` and the tests).

@@ -12,17 +12,31 @@ use serde::Serialize;
 
 use super::checks;
 use super::outputs::{read_tidy, TidyRow};
+use super::robustness::{ALL_GRADS, WORST_CASE};
 use crate::model::{write_atomic, SOFTWARE};
 use crate::plot::{Dash, Figure, Panel, Series, PALETTE};
 
-/// Clean and worst-case robust accuracy of one model at one K, over the ε grid.
+/// Clean and worst-case robust accuracy of one model at one K, over the ε grid, with 95 %
+/// Wilson intervals.
 #[derive(Debug, Clone, Serialize)]
 pub struct Curve {
     pub model: String,
     pub k: usize,
+    /// Gradient mode of the worst case: `none` (K = 0), `bpda`, `full`, or `all` when the
+    /// sweep ran several.
+    pub grad: String,
+    pub n: usize,
     pub clean_accuracy: f64,
-    /// (ε, worst-case robust accuracy over every attack and gradient mode).
-    pub worst_case: Vec<(f32, f64)>,
+    pub clean_interval: (f64, f64),
+    /// Per ε: the per-example worst case over every attack.
+    pub worst_case: Vec<CurvePoint>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    pub eps: f32,
+    pub robust_accuracy: f64,
+    pub interval: (f64, f64),
 }
 
 /// Distinct values in order of first appearance.
@@ -42,40 +56,71 @@ fn eps_grid(rows: &[&TidyRow]) -> Vec<f32> {
     e
 }
 
-/// Lowest robust accuracy among `rows` that pass `keep`, per ε of the grid (ε with no row
-/// are left out).
-fn lowest(rows: &[&TidyRow], grid: &[f32], keep: impl Fn(&TidyRow) -> bool) -> Vec<(f32, f64)> {
+/// Lowest robust accuracy (with its interval) among `rows` that pass `keep`, per ε of the
+/// grid (ε with no row are left out).
+fn lowest(
+    rows: &[&TidyRow],
+    grid: &[f32],
+    keep: impl Fn(&TidyRow) -> bool,
+) -> Vec<(f32, f64, (f64, f64))> {
     grid.iter()
         .filter_map(|&e| {
             rows.iter()
                 .filter(|r| r.eps == e && keep(r))
-                .map(|r| r.robust_accuracy)
-                .reduce(f64::min)
-                .map(|a| (e, a))
+                .min_by(|a, b| a.robust_accuracy.total_cmp(&b.robust_accuracy))
+                .map(|r| (e, r.robust_accuracy, (r.robust_lo, r.robust_hi)))
         })
         .collect()
 }
 
-pub fn curves(rows: &[TidyRow]) -> Vec<Curve> {
-    let all: Vec<&TidyRow> = rows.iter().collect();
-    let grid = eps_grid(&all);
+/// The worst-case rows a model and K are summarised by: over every gradient mode (`all`) when
+/// the sweep ran several, else its only one.
+fn is_summary(r: &TidyRow, rows: &[TidyRow]) -> bool {
+    r.attack == WORST_CASE
+        && (r.grad == ALL_GRADS
+            || !rows.iter().any(|o| {
+                o.attack == WORST_CASE && o.model == r.model && o.k == r.k && o.grad == ALL_GRADS
+            }))
+}
+
+/// One curve per model and K, from the worst-case rows; an error for rows without any (a CSV
+/// written before jem-bench computed the per-example worst case: rerun its sweep).
+pub fn curves(rows: &[TidyRow]) -> anyhow::Result<Vec<Curve>> {
+    let summary: Vec<&TidyRow> = rows.iter().filter(|r| is_summary(r, rows)).collect();
+    anyhow::ensure!(
+        !summary.is_empty(),
+        "the rows hold no `{WORST_CASE}` rows (a robust.csv of an older jem-bench); rerun the \
+         sweep's command to recompute them from its cells"
+    );
+    let grid = eps_grid(&summary);
     let mut curves = Vec::new();
-    for m in distinct(rows.iter().map(|r| &r.model)) {
-        for k in distinct(rows.iter().filter(|r| &r.model == m).map(|r| r.k)) {
-            let mine = |r: &TidyRow| &r.model == m && r.k == k;
-            let clean = rows
+    for m in distinct(summary.iter().map(|r| &r.model)) {
+        for k in distinct(summary.iter().filter(|r| &r.model == m).map(|r| r.k)) {
+            let mine: Vec<&TidyRow> = summary
                 .iter()
-                .find(|r| mine(r))
-                .map_or(0.0, |r| r.clean_accuracy);
+                .copied()
+                .filter(|r| &r.model == m && r.k == k)
+                .collect();
+            let first = mine[0];
             curves.push(Curve {
                 model: m.clone(),
                 k,
-                clean_accuracy: clean,
-                worst_case: lowest(&all, &grid, mine),
+                grad: first.grad.clone(),
+                n: first.n,
+                clean_accuracy: first.clean_accuracy,
+                clean_interval: (first.clean_lo, first.clean_hi),
+                worst_case: lowest(&mine, &grid, |_| true)
+                    .into_iter()
+                    .map(|(eps, robust_accuracy, interval)| CurvePoint {
+                        eps,
+                        robust_accuracy,
+                        interval,
+                    })
+                    .collect(),
             });
         }
     }
-    curves
+    Ok(curves)
 }
 
 /// Short legend names: the file stem of each model, or the whole path where stems collide.
@@ -113,7 +158,11 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
     let models = distinct(rows.iter().map(|r| &r.model));
     let labels = model_labels(&models);
     let ks = distinct(rows.iter().map(|r| r.k));
-    let attacks = distinct(rows.iter().map(|r| r.attack.as_str()));
+    let attacks = distinct(
+        rows.iter()
+            .map(|r| r.attack.as_str())
+            .filter(|a| *a != WORST_CASE),
+    );
     let norms = distinct(rows.iter().map(|r| r.norm.as_str()));
     let mut panels = Vec::new();
     for norm in &norms {
@@ -125,7 +174,12 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
             for (mi, m) in models.iter().enumerate() {
                 for (ki, &k) in ks.iter().enumerate() {
                     let points = lowest(&of_norm, &grid, |r| {
-                        &&r.model == m && r.k == k && attack.is_none_or(|a| r.attack == *a)
+                        &&r.model == m
+                            && r.k == k
+                            && match attack {
+                                None => is_summary(r, rows),
+                                Some(a) => r.attack == *a,
+                            }
                     });
                     if points.is_empty() {
                         continue;
@@ -134,14 +188,21 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
                         label: format!("{}, K = {k}", labels[mi]),
                         color: PALETTE[mi % PALETTE.len()],
                         dash: Dash::ALL[ki % Dash::ALL.len()],
-                        points: points.iter().map(|&(e, a)| (e as f64, 100.0 * a)).collect(),
+                        points: points
+                            .iter()
+                            .map(|&(e, a, _)| (e as f64, 100.0 * a))
+                            .collect(),
+                        intervals: points
+                            .iter()
+                            .map(|&(_, _, (lo, hi))| (100.0 * lo, 100.0 * hi))
+                            .collect(),
                     });
                 }
             }
             if series.is_empty() {
                 continue;
             }
-            let what = attack.map_or("worst case over attacks".to_string(), |a| a.to_string());
+            let what = attack.map_or("worst case".to_string(), |a| a.to_string());
             panels.push(Panel {
                 title: format!("{} {what}", norm_title(norm)),
                 x_label: format!("ε ({} norm, [0, 1] pixel units)", norm_title(norm)),
@@ -174,13 +235,14 @@ fn classes(rows: &[TidyRow]) -> anyhow::Result<usize> {
 /// `seconds`: the cells' run time, when known.
 pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Result<String> {
     anyhow::ensure!(!rows.is_empty(), "{}: the sweep has no rows", dir.display());
-    let curves = curves(rows);
+    let curves = curves(rows)?;
     let checks = checks::run(rows, classes(rows)?);
     let first = &rows[0];
     let summary = serde_json::json!({
         "software": SOFTWARE,
         "norm": first.norm,
         "units": "ε and distances in [0, 1] pixel units; L2 is the Euclidean norm (not foolbox 1.x's RMS)",
+        "robust_accuracy": "per example: robust at ε only if no attack broke it within ε (breaks carry to larger ε); intervals are 95 % Wilson score intervals",
         "n_examples": first.n,
         "seed": first.seed,
         "data": first.data,
@@ -193,7 +255,7 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
         serde_json::to_string_pretty(&summary)?.as_bytes(),
     )?;
     let title = format!(
-        "{} robustness, {} ({} test images, seed {})",
+        "{} robustness, {} ({} test images, seed {}; bars: 95 % CI)",
         norm_title(&first.norm),
         first.data,
         first.n,
@@ -203,25 +265,30 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
 
     let grid = eps_grid(&rows.iter().collect::<Vec<_>>());
     let mut t = format!(
-        "robust accuracy, worst case over attacks ({}; ε in [0, 1] pixel units; n = {})\n",
+        "robust accuracy, per-example worst case over attacks ({}; ε in [0, 1] pixel units; \
+         n = {}; [95 % Wilson interval])\n",
         first.norm, first.n
     );
-    t += &format!("{:<36} {:>3} {:>7}", "model", "K", "clean");
+    let cell = |a: f64, (lo, hi): (f64, f64)| {
+        format!("{:.1} [{:.0}–{:.0}]", 100.0 * a, 100.0 * lo, 100.0 * hi)
+    };
+    t += &format!("{:<28} {:>3} {:>5} {:>16}", "model", "K", "grad", "clean");
     for e in &grid {
-        t += &format!(" {:>8}", format!("ε={e}"));
+        t += &format!(" {:>16}", format!("ε={e}"));
     }
     t += "\n";
     for c in &curves {
         t += &format!(
-            "{:<36} {:>3} {:>6.1}%",
+            "{:<28} {:>3} {:>5} {:>16}",
             c.model,
             c.k,
-            100.0 * c.clean_accuracy
+            c.grad,
+            cell(c.clean_accuracy, c.clean_interval)
         );
         for &e in &grid {
-            match c.worst_case.iter().find(|(ce, _)| *ce == e) {
-                Some((_, a)) => t += &format!(" {:>7.1}%", 100.0 * a),
-                None => t += &format!(" {:>8}", "-"),
+            match c.worst_case.iter().find(|p| p.eps == e) {
+                Some(p) => t += &format!(" {:>16}", cell(p.robust_accuracy, p.interval)),
+                None => t += &format!(" {:>16}", "-"),
             }
         }
         t += "\n";
@@ -269,7 +336,7 @@ pub fn report(a: ReportArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
         let first = &all[0];
         let title = format!(
-            "robustness, {} ({} test images, seed {})",
+            "robustness, {} ({} test images, seed {}; bars: 95 % CI)",
             first.data, first.n, first.seed
         );
         figure(&all, &title).write(&out.join("curves"))?;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult, ExampleRow, TidyRow};
 use super::report;
+use super::robustness::wilson;
 use crate::backend::{self, Inference, Train};
 use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
@@ -303,6 +304,12 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     };
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let eps_rows: Vec<f32> = cell.eps.map_or(eps_grid.to_vec(), |e| vec![e]);
+    let n = outcome.examples.len();
+    let count = |f: &dyn Fn(&jem_attacks::ExampleOutcome) -> bool| {
+        outcome.examples.iter().filter(|e| f(e)).count()
+    };
+    let clean_interval = wilson(count(&|e| e.clean_correct), n);
+    let robust_interval = |eps: f32| wilson(count(&|e| e.robust_at(norm, eps)), n);
     let rows = eps_rows
         .iter()
         .map(|&eps| TidyRow {
@@ -314,7 +321,11 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
             grad: grad.clone(),
             n: outcome.examples.len(),
             clean_accuracy: outcome.clean_accuracy(),
+            clean_lo: clean_interval.0,
+            clean_hi: clean_interval.1,
             robust_accuracy: outcome.robust_accuracy(norm, eps),
+            robust_lo: robust_interval(eps).0,
+            robust_hi: robust_interval(eps).1,
             eot: if cell.attack.uses_gradients() {
                 args.eot
             } else {
@@ -726,7 +737,7 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
 
 /// Summary, sanity checks, plots and table of the finished cells.
 fn finish(plan: &Plan, results: &[CellResult]) -> anyhow::Result<()> {
-    let rows: Vec<TidyRow> = results.iter().flat_map(|r| r.rows.clone()).collect();
+    let rows = super::robustness::tidy_rows(&results.iter().collect::<Vec<_>>())?;
     let seconds = results.iter().map(|r| r.seconds).sum::<f64>();
     print!("{}", report::write(&plan.out, &rows, Some(seconds))?);
     println!("wrote {}", plan.out.display());

@@ -58,6 +58,9 @@ pub struct Series {
     pub dash: Dash,
     /// (x, y) in data units; drawn in this order.
     pub points: Vec<(f64, f64)>,
+    /// (low, high) in y units per point, drawn as error bars (e.g. a 95 % interval); empty for
+    /// none.
+    pub intervals: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -280,8 +283,17 @@ impl Panel {
             Anchor::Middle,
             true,
         );
-        for s in &self.series {
+        for (i, s) in self.series.iter().enumerate() {
             let pts: Vec<(f32, f32)> = s.points.iter().map(|&(x, y)| (px(x), py(y))).collect();
+            // Bars of series that share an x sit side by side rather than on top of each other.
+            let shift = (i as f32 - (self.series.len() as f32 - 1.0) / 2.0) * 3.0;
+            for (&(x, _), &(lo, hi)) in pts.iter().zip(&s.intervals) {
+                let (x, top, bottom) = (x + shift, py(hi), py(lo));
+                c.polyline(&[(x, top), (x, bottom)], s.color, 1.5, Dash::Solid);
+                for y in [top, bottom] {
+                    c.polyline(&[(x - 4.0, y), (x + 4.0, y)], s.color, 1.5, Dash::Solid);
+                }
+            }
             c.polyline(&pts, s.color, 2.5, s.dash);
             for &(x, y) in &pts {
                 c.marker(x, y, 3.5, s.color);
