@@ -1,10 +1,12 @@
 //! A checkpoint as the attacks see it: the plain network for K = 0, or JEM's test-time
-//! defence (K SGLD steps in n chains, SPEC §3) in front of it, with the SGLD step size and noise
-//! taken from the model's own training settings (official JEM values for non-JEM models).
+//! defence (K SGLD steps in n chains) in front of it, with the SGLD step size and noise
+//! taken from the model's own training settings (official JEM values for non-JEM models), each
+//! overridable by a flag.
 
 use burn::tensor::Tensor;
 use jem_attacks::{
-    GradMode, HessianVector, LossFn, Model, SgldDefence, SgldDefenceConfig, Undefended,
+    GradMode, HessianVector, LossFn, Model, SgldConfig, SgldDefence, SgldDefenceConfig,
+    SgldSampler, Undefended,
 };
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
@@ -25,6 +27,89 @@ pub struct DefenceArgs {
     /// Gaussian noise added to the input before the chains start, on the network scale.
     #[arg(long, default_value_t = 0.0)]
     pub init_noise: f32,
+    /// SGLD step size α on the network's scale (default: the model's own JEM training setting;
+    /// the paper's 1.0 for models trained otherwise).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sgld_step_size: Option<f32>,
+    /// SGLD noise σ on the network's scale (default: the model's setting; the paper's 0.01).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sgld_noise: Option<f32>,
+    /// Clamp the defence's chains to [0, 1] pixels after every step: true or false (default:
+    /// the model's training setting; the official defence does not clamp).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sgld_clamp: Option<bool>,
+}
+
+impl DefenceArgs {
+    /// Checks the flags (counts at least 1, finite non-negative step sizes).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (flag, value) in [
+            ("--chains", self.chains),
+            ("--recheck-chains", self.recheck_chains),
+        ] {
+            anyhow::ensure!(
+                value >= 1,
+                "{flag}: expected at least 1 chain for K > 0, found {value}"
+            );
+        }
+        for (flag, value) in [
+            ("--init-noise", Some(self.init_noise)),
+            ("--sgld-step-size", self.sgld_step_size),
+            ("--sgld-noise", self.sgld_noise),
+        ] {
+            if let Some(v) = value {
+                anyhow::ensure!(
+                    v.is_finite() && v >= 0.0,
+                    "{flag}: expected a finite number >= 0, found {v}"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Everything the defence of a model at K steps runs with: the model's own SGLD settings with
+/// the flags' overrides. `None` for K = 0.
+fn configs(
+    sidecar: &Sidecar,
+    steps: usize,
+    grad: GradMode,
+    args: &DefenceArgs,
+) -> anyhow::Result<Option<(SgldConfig, SgldDefenceConfig)>> {
+    if steps == 0 {
+        return Ok(None);
+    }
+    let jem = JemConfig::of(sidecar)?;
+    let mut sgld = jem.sampler(&sidecar.architecture.input_normalization).config;
+    sgld.steps = steps;
+    sgld.step_size = args.sgld_step_size.unwrap_or(sgld.step_size);
+    sgld.noise = args.sgld_noise.unwrap_or(sgld.noise);
+    sgld.clamp = args.sgld_clamp.unwrap_or(sgld.clamp);
+    let defence = SgldDefenceConfig {
+        chains: args.chains,
+        recheck_chains: args.recheck_chains,
+        init_noise: args.init_noise,
+        grad,
+        hvp: HessianVector::PiecewiseLinear,
+        hvp_step: 1e-3,
+    };
+    Ok(Some((sgld, defence)))
+}
+
+/// The settings of the defence in force, for every output row: `{}` for K = 0.
+pub fn settings(
+    sidecar: &Sidecar,
+    steps: usize,
+    grad: GradMode,
+    args: &DefenceArgs,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(match configs(sidecar, steps, grad, args)? {
+        None => serde_json::json!({}),
+        Some((sgld, defence)) => serde_json::json!({ "sgld": sgld, "defence": defence }),
+    })
 }
 
 pub enum Defended {
@@ -41,21 +126,12 @@ impl Defended {
         grad: GradMode,
         args: &DefenceArgs,
     ) -> anyhow::Result<Self> {
-        if steps == 0 {
-            return Ok(Defended::Plain(Undefended::new(model)));
-        }
-        let jem = JemConfig::of(sidecar)?;
-        let mut sampler = jem.sampler(&sidecar.architecture.input_normalization);
-        sampler.config.steps = steps;
-        let config = SgldDefenceConfig {
-            chains: args.chains,
-            recheck_chains: args.recheck_chains,
-            init_noise: args.init_noise,
-            grad,
-            hvp: HessianVector::PiecewiseLinear,
-            hvp_step: 1e-3,
-        };
-        Ok(Defended::Sgld(SgldDefence::new(model, sampler, config)))
+        Ok(match configs(sidecar, steps, grad, args)? {
+            None => Defended::Plain(Undefended::new(model)),
+            Some((sgld, defence)) => {
+                Defended::Sgld(SgldDefence::new(model, SgldSampler::new(sgld), defence))
+            }
+        })
     }
 }
 

@@ -1,4 +1,4 @@
-//! `jem-bench nonsense`: the nonsense-input test (SPEC §4) for each model and number of SGLD
+//! `jem-bench nonsense`: the nonsense-input test (Schott et al. 2019; JEM's Figure 6) for each model and number of SGLD
 //! sampling steps K: from uniform noise, search for inputs the model assigns to each class with
 //! confidence ≥ the threshold. Writes a table (fraction of searches that reach the threshold,
 //! median confidence and iterations), a per-search CSV, a JSON record of every setting, and per
@@ -93,11 +93,7 @@ impl NonsenseArgs {
             self.momentum
         );
         if self.steps.iter().any(|&k| k > 0) {
-            anyhow::ensure!(
-                self.defence.chains >= 1,
-                "--chains: expected at least 1 chain for K > 0, found {}",
-                self.defence.chains
-            );
+            self.defence.validate()?;
         }
         let mut shapes = Vec::new();
         for path in &self.models {

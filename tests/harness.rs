@@ -147,6 +147,9 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
         recheck_chains: 150,
         seed: 7,
         attack_settings: "{\"steps\":50,\"loss\":\"ce\"}".into(),
+        defence: "{\"sgld\":{\"steps\":10}}".into(),
+        stochastic: false,
+        zero_gradients: 0,
         data: "mnist".into(),
         software: "jem-bench 0.1.0".into(),
         backend: "burn-flex".into(),
@@ -463,4 +466,51 @@ fn worst_case_rows_equal_a_recomputation_from_the_examples() {
         .find(|c| c["name"] == "robust accuracy does not rise with ε")
         .unwrap();
     assert_eq!(check["status"], "pass", "{check}");
+}
+
+/// `--save-adversarials` keeps what each cell returned: the inputs lie within ε of the clean
+/// images, and their flags are those of examples.csv; the probe marks K > 0 (SGLD noise) as
+/// stochastic and K = 0 as not.
+#[test]
+fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cli()
+        .args(["robust", "--models", "results/models/baseline", "--attacks", "fgsm"])
+        .args(["--steps", "0,1", "--eps", "0,0.2", "--n-examples", "6", "--chains", "2"])
+        .args(["--recheck-chains", "2", "--save-adversarials", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cell = "results_models_baseline.fgsm.k0.none.eps0.2";
+    let bytes = std::fs::read(dir.path().join(format!("adversarials/{cell}.safetensors"))).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let (inputs, clean) = (f32s("inputs"), f32s("clean"));
+    assert_eq!(st.tensor("inputs").unwrap().shape(), [6, 1, 28, 28]);
+    let flags = st.tensor("adversarial").unwrap().data().to_vec();
+    let mut reader = csv::Reader::from_path(dir.path().join("examples.csv")).unwrap();
+    let expected: Vec<u8> = reader
+        .deserialize::<jem_bench::harness::ExampleRow>()
+        .map(|r| r.unwrap())
+        .filter(|r| r.k == 0 && r.eps == Some(0.2))
+        .map(|r| u8::from(r.adversarial))
+        .collect();
+    assert_eq!(flags, expected);
+    assert!(flags.contains(&1), "FGSM at 0.2 breaks some of the baseline's digits");
+    for (a, c) in inputs.iter().zip(&clean) {
+        assert!((a - c).abs() <= 0.2 + 1e-6 && (0.0..=1.0).contains(a));
+    }
+    assert!(dir.path().join(format!("adversarials/{cell}.png")).exists());
+    for r in rows(dir.path()).iter().filter(|r| r.attack == "fgsm") {
+        assert_eq!(r.stochastic, r.k > 0, "{r:?}");
+        assert!(r.defence.contains("\"chains\":2") == (r.k > 0), "{}", r.defence);
+    }
 }

@@ -1,4 +1,4 @@
-//! The Wide-ResNet: its size against SPEC §8, the LSE input gradient against finite differences,
+//! The Wide-ResNet: its size against the published cost table of the architecture family, the LSE input gradient against finite differences,
 //! checkpoint round trips, and PyTorch import against logits computed by PyTorch.
 
 use std::path::Path;
@@ -19,7 +19,7 @@ fn mnist_wrn(depth: usize, width: usize) -> WideResNetConfig {
 
 #[test]
 fn sizes_match_the_spec_table() {
-    // SPEC §8: parameters and MFLOP per image forward of the official architecture family.
+    // Parameters and MFLOP per image forward of the official architecture family.
     let cases = [
         (mnist_wrn(10, 1), 28, 77e3, 29.5),
         (mnist_wrn(10, 2), 28, 303e3, 111.0),

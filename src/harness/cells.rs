@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum AttackKind {
     Pgd,
-    /// PGD with 4× the steps (each 4× shorter) and 2× the restarts: the convergence check of
-    /// SPEC §5 (more steps and restarts should not help much).
+    /// PGD with 4× the steps (each 4× shorter) and 2× the restarts: the convergence check
+    /// (more steps and restarts should not help much; Carlini et al. 2019).
     #[serde(rename = "pgd-long")]
     PgdLong,
     Fgsm,

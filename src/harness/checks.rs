@@ -30,6 +30,11 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
     }
 }
 
+/// Attacks that follow gradients of the (defended) model.
+const WHITE_BOX: [&str; 7] = ["pgd", "pgd-long", "apgd-ce", "apgd-dlr", "apgd-t", "fab-t", "fgsm"];
+/// Attacks that see only scores or decisions.
+const BLACK_BOX: [&str; 3] = ["square", "boundary", "pointwise"];
+
 /// Largest drop in robust accuracy from PGD to `pgd-long` that still counts as converged.
 const CONVERGED: f64 = 0.05;
 
@@ -160,16 +165,19 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     }
     checks.push(check);
 
-    // Decision-based attacks do not beat white-box ones.
+    // Black-box and decision-based attacks do not beat the white-box ones (else the gradients
+    // are masked: the white-box attacks are not finding what exists).
     let mut compared = 0;
     let mut problems = Vec::new();
-    for r in rows
-        .iter()
-        .filter(|r| r.attack == "boundary" || r.attack == "pointwise")
-    {
+    for r in rows.iter().filter(|r| BLACK_BOX.contains(&r.attack.as_str())) {
         let best_white = rows
             .iter()
-            .filter(|p| p.attack == "pgd" && p.model == r.model && p.k == r.k && p.eps == r.eps)
+            .filter(|p| {
+                WHITE_BOX.contains(&p.attack.as_str())
+                    && p.model == r.model
+                    && p.k == r.k
+                    && p.eps == r.eps
+            })
             .map(|p| p.robust_accuracy)
             .reduce(f64::min);
         if let Some(w) = best_white {
@@ -177,29 +185,78 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             // One example's worth of slack.
             if r.robust_accuracy + 1.0 / r.n.max(1) as f64 <= w {
                 problems.push(format!(
-                    "{} K={} ε={}: {} {:.3} below PGD {:.3}: the gradients may be masked",
+                    "{} K={} ε={}: {} {:.3} below the best white-box attack's {:.3}: the \
+                     gradients may be masked",
                     r.model, r.k, r.eps, r.attack, r.robust_accuracy, w
                 ));
             }
         }
     }
     checks.push(verdict(
-        "decision-based attacks do not beat white-box ones",
+        "black-box and decision-based attacks do not beat white-box ones",
         compared,
         problems,
-        "decision-based and PGD cells",
+        "black-box or decision-based cells beside white-box ones",
     ));
 
-    // EOT against stochastic defences.
+    // Zero gradients on correctly classified inputs (AutoAttack's check).
+    let probed: Vec<&TidyRow> = rows.iter().filter(|r| r.attack != WORST_CASE).collect();
+    let mut zero: BTreeMap<(String, usize, String), usize> = BTreeMap::new();
+    for r in &probed {
+        if r.zero_gradients > 0 {
+            zero.insert((r.model.clone(), r.k, r.grad.clone()), r.zero_gradients);
+        }
+    }
+    checks.push(Check {
+        name: "gradients are not zero at correctly classified inputs",
+        status: if probed.is_empty() {
+            "not run"
+        } else if zero.is_empty() {
+            "pass"
+        } else {
+            "warn"
+        },
+        detail: if zero.is_empty() {
+            format!("{} rows probed", probed.len())
+        } else {
+            zero.iter()
+                .map(|((m, k, g), z)| {
+                    format!("{m} K={k} {g}: {z} probed inputs with an all-zero loss gradient: gradient attacks cannot move them; trust the black-box attacks there")
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        },
+    });
+
+    // Stochastic models are attacked with EOT.
     let stochastic: Vec<&TidyRow> = rows
         .iter()
-        .filter(|r| r.k > 0 && r.attack == "pgd")
+        .filter(|r| r.stochastic && WHITE_BOX.contains(&r.attack.as_str()))
         .collect();
-    let with_eot = stochastic.iter().filter(|r| r.eot > 1).count();
+    let without: Vec<String> = stochastic
+        .iter()
+        .filter(|r| r.eot <= 1)
+        .map(|r| format!("{} K={} {} ε={}", r.model, r.k, r.attack, r.eps))
+        .collect();
     checks.push(Check {
-        name: "stochastic defences are attacked with EOT",
-        status: if stochastic.is_empty() { "not run" } else if with_eot == stochastic.len() { "pass" } else { "warn" },
-        detail: format!("{with_eot} of {} PGD cells with K > 0 use EOT (> 1 draw); breaks are re-checked with the recheck chains", stochastic.len()),
+        name: "stochastic models are attacked with EOT",
+        status: if stochastic.is_empty() {
+            "not run"
+        } else if without.is_empty() {
+            "pass"
+        } else {
+            "warn"
+        },
+        detail: if stochastic.is_empty() {
+            "no model gave different logits on two passes of the same inputs".into()
+        } else {
+            format!(
+                "{} of {} white-box rows on a stochastic model (two passes gave different logits) use EOT (> 1 draw); breaks are re-checked with the recheck chains{}",
+                stochastic.len() - without.len(),
+                stochastic.len(),
+                if without.is_empty() { String::new() } else { format!("; without: {}", without.join(", ")) }
+            )
+        },
     });
     checks
 }
@@ -229,6 +286,9 @@ mod tests {
             recheck_chains: 0,
             seed: 0,
             attack_settings: "{}".into(),
+            defence: "{}".into(),
+            stochastic: false,
+            zero_gradients: 0,
             data: "mnist".into(),
             software: "test".into(),
             backend: "test".into(),

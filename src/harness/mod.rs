@@ -1,6 +1,6 @@
 //! The robustness harness: `jem-bench robust` sweeps models × attacks × ε × sampling steps K ×
 //! gradient mode, one resumable cell at a time, and writes tidy CSV, per-example CSV, a JSON
-//! summary with the sanity checks of SPEC §5, and a terminal table.
+//! summary with the sanity checks (after Carlini et al. 2019), and a terminal table.
 //!
 //! Robustness-curve plots and `report` (regenerating summary, table and plots from CSV),
 //! `--shard` with `merge`, and `regress` against a stored reference.

@@ -43,6 +43,17 @@ pub struct TidyRow {
     pub seed: u64,
     /// Every setting of the attack, as JSON.
     pub attack_settings: String,
+    /// Every setting of the SGLD defence in force (steps, α, σ, clamping, chains, re-check
+    /// chains, input noise, gradient mode), as JSON; `{}` for K = 0.
+    #[serde(default)]
+    pub defence: String,
+    /// Two clean passes on the same inputs gave different logits (attack such a model with EOT).
+    #[serde(default)]
+    pub stochastic: bool,
+    /// Correctly classified probed inputs whose loss gradient was exactly zero (masked
+    /// gradients).
+    #[serde(default)]
+    pub zero_gradients: usize,
     pub data: String,
     pub software: String,
     pub backend: String,

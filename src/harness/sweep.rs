@@ -72,6 +72,12 @@ pub struct RobustArgs {
     pub seed: u64,
     #[command(flatten)]
     pub defence: DefenceArgs,
+    /// Keep each cell's returned inputs: `OUT/adversarials/CELL.safetensors` (`inputs`
+    /// [N, C, H, W] in [0, 1], `clean`, `labels`, `examples` (test-set indices), `adversarial`
+    /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub save_adversarials: bool,
     /// Output folder (default: runs/robust-NORM). Re-running the same command resumes.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -143,20 +149,7 @@ impl RobustArgs {
             anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
         }
         if self.ks.iter().any(|&k| k > 0) {
-            for (flag, value) in [
-                ("--chains", self.defence.chains),
-                ("--recheck-chains", self.defence.recheck_chains),
-            ] {
-                anyhow::ensure!(
-                    value >= 1,
-                    "{flag}: expected at least 1 chain for K > 0, found {value}"
-                );
-            }
-            anyhow::ensure!(
-                self.defence.init_noise.is_finite() && self.defence.init_noise >= 0.0,
-                "--init-noise: expected a finite number >= 0, found {}",
-                self.defence.init_noise
-            );
+            self.defence.validate()?;
         }
         if let Some(r) = self.pgd_rel_stepsize {
             anyhow::ensure!(
@@ -247,6 +240,12 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
         TensorData::new(labels, [loaded.indices.len()]),
         &device,
     );
+    let defence_settings = crate::defended::settings(
+        &sidecar,
+        cell.k,
+        cell.grad.unwrap_or(GradMode::Bpda),
+        &args.defence,
+    )?;
     let defended = Defended::new(
         model,
         &sidecar,
@@ -302,6 +301,10 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
             )
         }
     };
+    if args.save_adversarials {
+        save_adversarials(args, cell, &loaded, &outcome)?;
+    }
+    let probe = probe(&defended, &loaded, args.seed, &device);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let eps_rows: Vec<f32> = cell.eps.map_or(eps_grid.to_vec(), |e| vec![e]);
     let n = outcome.examples.len();
@@ -340,6 +343,9 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
             },
             seed: args.seed,
             attack_settings: settings.to_string(),
+            defence: defence_settings.to_string(),
+            stochastic: probe.stochastic,
+            zero_gradients: probe.zero_gradients,
             data: loaded.spec.clone(),
             software: SOFTWARE.into(),
             backend: backend::name().into(),
@@ -373,6 +379,111 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
         rows,
         examples,
     })
+}
+
+/// What two clean passes and one gradient say about the defended model (AutoAttack's checks
+/// for randomness and for masked gradients), on the first [`PROBED`] attacked images.
+struct Probe {
+    /// Two passes on the same inputs gave different logits: attack with EOT.
+    stochastic: bool,
+    /// Correctly classified probed images whose loss gradient is exactly zero.
+    zero_gradients: usize,
+}
+
+const PROBED: usize = 16;
+
+fn probe(model: &Defended, loaded: &Loaded, seed: u64, device: &backend::Device) -> Probe {
+    use jem_attacks::{AttackLoss, Model};
+    use rand::SeedableRng;
+    let idx = &loaded.indices[..loaded.indices.len().min(PROBED)];
+    let x = batches::images::<Inference>(&loaded.data, idx, device);
+    let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
+    let n = labels.len();
+    let y = Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels.clone(), [n]), device);
+    // A stream of its own, so that probing does not change any attack's draws.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5052_4f42_4521);
+    let first = model.logits(x.clone(), &mut rng);
+    let second = model.logits(x.clone(), &mut rng);
+    let differ = batches::to_vec((first.clone() - second).abs().max());
+    let y_tracked = Tensor::<Train, 1, Int>::from_inner(y);
+    let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y_tracked.clone());
+    let (g, _) = model.loss_gradient(x, &loss, &mut rng);
+    let largest = batches::to_vec(g.abs().flatten::<2>(1, 3).max_dim(1));
+    let predicted = batches::to_vec(first.argmax(1).float());
+    let zero_gradients = (0..n)
+        .filter(|&i| predicted[i] as i64 == labels[i] && largest[i] == 0.0)
+        .count();
+    Probe {
+        stochastic: differ[0] > 1e-6,
+        zero_gradients,
+    }
+}
+
+/// `--save-adversarials`: the returned inputs of a cell, and a picture of a few breaks.
+fn save_adversarials(
+    args: &RobustArgs,
+    cell: &Cell,
+    loaded: &Loaded,
+    outcome: &AttackOutcome,
+) -> anyhow::Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)))
+        .join("adversarials");
+    let [n, c, h, w] = outcome.shape;
+    let clean: Vec<f32> = loaded
+        .indices
+        .iter()
+        .flat_map(|&i| loaded.data.image(i).iter().copied())
+        .collect();
+    let labels: Vec<u8> = loaded.indices.iter().map(|&i| loaded.data.labels[i]).collect();
+    let examples: Vec<u32> = loaded.indices.iter().map(|&i| i as u32).collect();
+    let broken: Vec<u8> = outcome
+        .examples
+        .iter()
+        .map(|e| u8::from(e.adversarial))
+        .collect();
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let u32_bytes = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (inputs_b, clean_b, examples_b) = (
+        f32_bytes(&outcome.inputs),
+        f32_bytes(&clean),
+        u32_bytes(&examples),
+    );
+    fn view(dtype: Dtype, shape: Vec<usize>, data: &[u8]) -> anyhow::Result<TensorView<'_>> {
+        TensorView::new(dtype, shape, data).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+    let tensors = vec![
+        ("inputs", view(Dtype::F32, vec![n, c, h, w], &inputs_b)?),
+        ("clean", view(Dtype::F32, vec![n, c, h, w], &clean_b)?),
+        ("labels", view(Dtype::U8, vec![n], &labels)?),
+        ("examples", view(Dtype::U32, vec![n], &examples_b)?),
+        ("adversarial", view(Dtype::U8, vec![n], &broken)?),
+    ];
+    let bytes = safetensors::serialize(tensors, None)?;
+    // Cell ids contain dots (`eps0.2`): append the extension rather than replace one.
+    let file = |ext: &str| out.join(format!("{}.{ext}", cell.id()));
+    write_atomic(&file("safetensors"), &bytes)?;
+    let len = c * h * w;
+    let shown: Vec<usize> = (0..n).filter(|&i| broken[i] == 1).take(8).collect();
+    if !shown.is_empty() {
+        let mut pixels = Vec::with_capacity(2 * shown.len() * len);
+        for source in [&clean, &outcome.inputs] {
+            for &i in &shown {
+                pixels.extend_from_slice(&source[i * len..(i + 1) * len]);
+            }
+        }
+        let batch = crate::image_grid::ImageBatch {
+            pixels: &pixels,
+            channels: c,
+            height: h,
+            width: w,
+        };
+        crate::image_grid::write_grid(&file("png"), &batch, 2, shown.len())?;
+    }
+    Ok(())
 }
 
 /// `i/n`: this process runs every n-th cell of the sweep, starting at cell i.

@@ -1,5 +1,5 @@
 //! Every setting of a training run, on the command line and in the checkpoint sidecar.
-//! Defaults are the official JEM ones (SPEC §2) unless a comment says otherwise.
+//! Defaults are the official JEM ones (github.com/wgrathwohl/JEM, `train_wrn_ebm.py`) unless a comment says otherwise.
 
 use std::path::PathBuf;
 

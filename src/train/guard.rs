@@ -1,4 +1,4 @@
-//! The divergence guard. JEM training is known to diverge (SPEC §2); instead of aborting as the
+//! The divergence guard. JEM training is known to diverge (Grathwohl et al. 2020); instead of aborting as the
 //! official code does, the trainer rolls back to the last saved state, lowers the learning rate
 //! and continues, and gives up with a clear message after a bounded number of rollbacks.
 

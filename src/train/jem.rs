@@ -1,4 +1,4 @@
-//! The JEM objective (Grathwohl et al. 2020, Algorithm 1; SPEC §2): cross-entropy for p(y|x)
+//! The JEM objective (Grathwohl et al. 2020, Algorithm 1): cross-entropy for p(y|x)
 //! plus the contrastive p(x) term LSE f(x̂) − LSE f(x), with x̂ from persistent SGLD chains.
 
 use std::time::Instant;
@@ -17,7 +17,7 @@ use super::objective::{accuracy, cross_entropy, Objective, Step, StepStats};
 use super::replay_buffer::ReplayBuffer;
 use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
 
-/// JEM's settings; defaults are the official ones (SPEC §2).
+/// JEM's settings; defaults are the official ones (`train_wrn_ebm.py`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
 pub struct JemConfig {
     /// Weight of the p(x) (generative) term.

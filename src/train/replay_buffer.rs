@@ -1,4 +1,4 @@
-//! JEM's replay buffer of persistent SGLD chains (SPEC §2): each iteration draws chain starts
+//! JEM's replay buffer of persistent SGLD chains (Grathwohl et al. 2020, Algorithm 1): each iteration draws chain starts
 //! from the buffer, re-initialising each with probability ρ from the chain-start distribution
 //! (U(−1, 1) on the network's scale in the paper), and writes the advanced chains back. It is saved with the training state, so that a
 //! resumed run continues the same chains.
