@@ -12,6 +12,7 @@
 //! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked),
 //!   L0 / L2 / L∞ distances in pixel units, gradient and forward evaluations.
 
+mod apgd;
 mod boundary;
 mod classifier;
 mod decision;
@@ -27,12 +28,13 @@ mod pgd;
 mod pointwise;
 mod sgld;
 
+pub use apgd::{checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss};
 pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use linear::LinearClassifier;
-pub use loss::AttackLoss;
+pub use loss::{targeted_dlr, AttackLoss};
 pub use model::{LossFn, Model, Undefended};
 pub use nonsense::{NonsenseConfig, NonsenseOutcome};
 pub use norm::Norm;

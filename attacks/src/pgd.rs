@@ -219,18 +219,18 @@ impl PgdConfig {
     }
 }
 
-fn to_labels<B: Backend>(y: Tensor<B, 1, Int>) -> Vec<i64> {
+pub(crate) fn to_labels<B: Backend>(y: Tensor<B, 1, Int>) -> Vec<i64> {
     y.into_data().convert::<i64>().to_vec().expect("labels")
 }
 
 /// Arg-max class of each row.
-fn predicted<B: Backend>(logits: Tensor<B, 2>) -> Vec<i64> {
+pub(crate) fn predicted<B: Backend>(logits: Tensor<B, 2>) -> Vec<i64> {
     let n = logits.dims()[0];
     to_labels(logits.argmax(1).reshape([n]))
 }
 
 /// `b` in the rows where `take_b`, `a` elsewhere.
-fn blend<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>, take_b: &[bool]) -> Tensor<B, 4> {
+pub(crate) fn blend<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>, take_b: &[bool]) -> Tensor<B, 4> {
     let n = take_b.len();
     let v: Vec<f32> = take_b.iter().map(|&t| f32::from(u8::from(t))).collect();
     let m = Tensor::<B, 4>::from_data(TensorData::new(v, [n, 1, 1, 1]), &a.device());
