@@ -27,6 +27,7 @@ mod outcome;
 mod pgd;
 mod pointwise;
 mod sgld;
+mod square;
 
 pub use apgd::{checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss};
 pub use boundary::BoundaryConfig;
@@ -41,4 +42,5 @@ pub use norm::Norm;
 pub use outcome::{AttackOutcome, ExampleOutcome};
 pub use pgd::PgdConfig;
 pub use pointwise::PointwiseConfig;
+pub use square::SquareConfig;
 pub use sgld::{SgldConfig, SgldSampler, SgldTarget, UniformInit};

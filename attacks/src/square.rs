@@ -1,0 +1,236 @@
+//! The Square attack (Andriushchenko et al., ECCV 2020), L∞: a score-based black box that sees
+//! only logits — no gradients — and so doubles as the check for gradient masking (it must not
+//! beat the white-box attacks).
+//!
+//! It minimises the margin z_y − max_{j≠y} z_j by random search: the perturbation starts as
+//! vertical stripes of ±ε (one sign per column and channel), and each query redraws one random
+//! square window to ±ε per channel, kept when the margin drops. The window covers a fraction p of
+//! the image, p = 0.8 halved after 10, 50, 200, 500, 1000, 2000, 4000, 6000 and 8000 of 10 000
+//! queries (the schedule rescaled to the budget). Against a stochastic model every candidate is
+//! judged on the mean logits of several passes. Only correctly classified inputs are attacked,
+//! and a break is confirmed by re-classification.
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Model;
+use crate::norm::Norm;
+use crate::outcome::{AttackOutcome, ExampleOutcome};
+use crate::pgd::{predicted, to_labels};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Settings of the Square attack; [`SquareConfig::new`] gives AutoAttack's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SquareConfig {
+    pub norm: Norm,
+    /// Query budget per example (AutoAttack: 5 000).
+    pub queries: usize,
+    /// Initial fraction of the image a window covers (0.8).
+    pub p_init: f32,
+    /// Forward passes whose mean logits judge a candidate when the model is stochastic.
+    pub passes: usize,
+    pub seed: u64,
+}
+
+impl SquareConfig {
+    pub fn new(norm: Norm) -> Self {
+        Self {
+            norm,
+            queries: 5000,
+            p_init: 0.8,
+            passes: 4,
+            seed: 0,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        "square"
+    }
+
+    /// Attacks `x` (`[N, C, H, W]`, [0, 1]) with labels `y` at radius `eps`. Only L∞ is
+    /// implemented; L2 is refused.
+    pub fn run<B: AutodiffBackend, M: Model<B>>(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: f32,
+    ) -> Result<AttackOutcome, String> {
+        if self.norm != Norm::Linf {
+            return Err(
+                "the Square attack is implemented for L∞ only; its L2 variant is not available yet"
+                    .into(),
+            );
+        }
+        let [n, c, h, w] = x.dims();
+        let len = c * h * w;
+        let device = x.device();
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let labels = to_labels(y);
+        let passes = if model.is_stochastic() {
+            self.passes.max(1)
+        } else {
+            1
+        };
+        let clean: Vec<f32> = x.clone().into_data().convert::<f32>().to_vec().expect("f32");
+        let mut examples: Vec<ExampleOutcome> = Vec::with_capacity(n);
+        let pred = predicted(model.logits(x.clone(), &mut rng));
+        for i in 0..n {
+            examples.push(ExampleOutcome {
+                clean_correct: pred[i] == labels[i],
+                adversarial: false,
+                l0: 0.0,
+                l2: 0.0,
+                linf: 0.0,
+                gradient_evals: 0,
+                forward_evals: 1,
+            });
+        }
+        // The margin z_y − max_{j≠y} z_j of some rows' candidates (mean logits of `passes`).
+        let margins = |rows: &[usize], images: &[f32], rng: &mut StdRng, examples: &mut [ExampleOutcome]| {
+            let m = rows.len();
+            let batch = Tensor::<Inner<B>, 4>::from_data(
+                TensorData::new(images.to_vec(), [m, c, h, w]),
+                &device,
+            );
+            let mut sum: Option<Tensor<Inner<B>, 2>> = None;
+            for _ in 0..passes {
+                let l = model.logits(batch.clone(), rng);
+                sum = Some(sum.map_or(l.clone(), |s| s + l));
+            }
+            let logits: Vec<f32> = (sum.expect("one pass") / passes as f32)
+                .into_data()
+                .convert::<f32>()
+                .to_vec()
+                .expect("f32");
+            let k = logits.len() / m;
+            rows.iter()
+                .enumerate()
+                .map(|(r, &i)| {
+                    examples[i].forward_evals += passes;
+                    let z = &logits[r * k..(r + 1) * k];
+                    let y = labels[i] as usize;
+                    let other = (0..k)
+                        .filter(|&j| j != y)
+                        .map(|j| z[j])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    z[y] - other
+                })
+                .collect::<Vec<f32>>()
+        };
+        let clip = |i: usize, delta: &[f32]| -> Vec<f32> {
+            (0..len)
+                .map(|d| (clean[i * len + d] + delta[d]).clamp(0.0, 1.0))
+                .collect()
+        };
+
+        // Vertical stripes of ±ε: one sign per channel and column.
+        let attacked: Vec<usize> = (0..n).filter(|&i| examples[i].clean_correct).collect();
+        let mut delta: Vec<Vec<f32>> = vec![vec![0.0; len]; n];
+        for &i in &attacked {
+            for ch in 0..c {
+                for col in 0..w {
+                    let v = if rng.random_bool(0.5) { eps } else { -eps };
+                    for row in 0..h {
+                        delta[i][ch * h * w + row * w + col] = v;
+                    }
+                }
+            }
+        }
+        let images: Vec<f32> = attacked.iter().flat_map(|&i| clip(i, &delta[i])).collect();
+        let mut margin = vec![f32::INFINITY; n];
+        if !attacked.is_empty() {
+            for (&i, m) in attacked
+                .iter()
+                .zip(margins(&attacked, &images, &mut rng, &mut examples))
+            {
+                margin[i] = m;
+            }
+        }
+        for query in 1..self.queries {
+            let active: Vec<usize> = attacked.iter().copied().filter(|&i| margin[i] >= 0.0).collect();
+            if active.is_empty() {
+                break;
+            }
+            let p = self.window_fraction(query);
+            let side = ((p * (h * w) as f32).sqrt().round() as usize).clamp(1, h.min(w) - 1);
+            let mut candidates: Vec<Vec<f32>> = Vec::with_capacity(active.len());
+            for &i in &active {
+                let (top, left) = (rng.random_range(0..=h - side), rng.random_range(0..=w - side));
+                let mut next = delta[i].clone();
+                // Redraw until the window changes the clipped image (else the query is wasted).
+                for _ in 0..100 {
+                    for ch in 0..c {
+                        let v = if rng.random_bool(0.5) { eps } else { -eps };
+                        for row in top..top + side {
+                            for col in left..left + side {
+                                next[ch * h * w + row * w + col] = v;
+                            }
+                        }
+                    }
+                    let changed = (0..c).any(|ch| {
+                        (top..top + side).any(|row| {
+                            (left..left + side).any(|col| {
+                                let d = ch * h * w + row * w + col;
+                                let x0 = clean[i * len + d];
+                                ((x0 + next[d]).clamp(0.0, 1.0) - (x0 + delta[i][d]).clamp(0.0, 1.0))
+                                    .abs()
+                                    > 1e-7
+                            })
+                        })
+                    });
+                    if changed {
+                        break;
+                    }
+                }
+                candidates.push(next);
+            }
+            let images: Vec<f32> = active
+                .iter()
+                .zip(&candidates)
+                .flat_map(|(&i, d)| clip(i, d))
+                .collect();
+            let new = margins(&active, &images, &mut rng, &mut examples);
+            for ((&i, m), d) in active.iter().zip(new).zip(candidates) {
+                if m < margin[i] {
+                    margin[i] = m;
+                    delta[i] = d;
+                }
+            }
+        }
+        let returned: Vec<f32> = (0..n)
+            .flat_map(|i| {
+                if examples[i].clean_correct {
+                    clip(i, &delta[i])
+                } else {
+                    clean[i * len..(i + 1) * len].to_vec()
+                }
+            })
+            .collect();
+        let returned = Tensor::<Inner<B>, 4>::from_data(TensorData::new(returned, [n, c, h, w]), &device);
+        // Confirm each candidate that crossed (many chains for a stochastic model).
+        let now = predicted(model.recheck_logits(returned.clone(), &mut rng));
+        for i in 0..n {
+            if examples[i].clean_correct {
+                examples[i].forward_evals += 1;
+                examples[i].adversarial = margin[i] < 0.0 && now[i] != labels[i];
+            }
+        }
+        Ok(AttackOutcome::measure(x, returned, examples))
+    }
+
+    /// The fraction of the image a window covers at `query`: p_init, halved at 10, 50, 200,
+    /// 500, 1000, 2000, 4000, 6000 and 8000 of 10 000 queries, rescaled to the budget.
+    pub fn window_fraction(&self, query: usize) -> f32 {
+        let at = query * 10_000 / self.queries.max(1);
+        let halvings = [10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000]
+            .iter()
+            .filter(|&&t| at > t)
+            .count();
+        self.p_init / (1u32 << halvings) as f32
+    }
+}
