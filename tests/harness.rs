@@ -62,8 +62,8 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
         String::from_utf8_lossy(&status.stderr)
     );
     let reference = rows(whole.path());
-    // 2 attacks × 3 ε × (K = 0, and K = 1 with bpda) = 12 cells, one row each, and a
-    // worst-case row per K and ε.
+    // 2 attacks × (K = 0, and K = 1 with bpda) = 4 cells of 3 ε each, and a worst-case row
+    // per K and ε.
     assert_eq!(reference.len(), 12 + 2 * 3);
     assert!(reference
         .iter()
@@ -178,10 +178,10 @@ fn shards_merged_equal_the_whole_sweep() {
         // One cell at a time here, several at once in the whole sweep (--jobs defaults to
         // the cores): the results must not depend on it.
         run(sweep(dir.path()).args(["--shard", &format!("{i}/3"), "--jobs", "1"]));
-        // Each shard ran only its own cells: 12 cells over 3 shards (plus the worst case
-        // over what the shard has).
+        // Each shard ran only its own cells: 4 cells (2 attacks × 2 K, 3 ε each) over 3
+        // shards (plus the worst case over what the shard has).
         let per_attack = rows(dir.path()).into_iter().filter(|r| r.attack != "worst-case");
-        assert_eq!(per_attack.count(), 4);
+        assert_eq!(per_attack.count(), if i == 0 { 6 } else { 3 });
     }
     let merged = tempfile::tempdir().unwrap();
     let mut merge = cli();
@@ -482,7 +482,7 @@ fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let cell = "results_models_baseline.fgsm.k0.none.eps0.2";
+    let cell = "results_models_baseline.fgsm.k0.none.eps0.2"; // the cell's ε = 0.2 run
     let bytes = std::fs::read(dir.path().join(format!("adversarials/{cell}.safetensors"))).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let f32s = |name: &str| -> Vec<f32> {

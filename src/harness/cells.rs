@@ -1,21 +1,42 @@
-//! The unit of work of a sweep: one model, attack, K, gradient mode and (for fixed-ε attacks)
-//! one ε. A minimum-perturbation attack runs once per model × K and answers every ε. Cells are
+//! The unit of work of a sweep: one model, attack, K and gradient mode, over every ε. A
+//! fixed-ε attack runs ε in ascending order on the examples still unbroken (a break at ε is one
+//! at every larger ε); a minimum-perturbation attack runs once and answers every ε. Cells are
 //! listed in a fixed order, so that a re-run finds the same cells and skips the finished ones.
 
 use jem_attacks::GradMode;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum AttackKind {
+    /// PGD (Madry et al. 2018): random start, `--pgd-steps` steps, `--restarts`.
     Pgd,
     /// PGD with 4× the steps (each 4× shorter) and 2× the restarts: the convergence check
     /// (more steps and restarts should not help much; Carlini et al. 2019).
-    #[serde(rename = "pgd-long")]
     PgdLong,
+    /// One step of size ε (FGSM under L∞, FGM under L2).
     Fgsm,
+    /// APGD with cross-entropy (Croce & Hein 2020).
+    ApgdCe,
+    /// APGD with the difference-of-logits-ratio loss.
+    ApgdDlr,
+    /// APGD with the targeted DLR loss against each of the 9 most likely other classes.
+    ApgdT,
+    /// The Square attack (Andriushchenko et al. 2020): score-based black box, L∞ only.
+    Square,
+    /// Decision-based boundary attack (Brendel et al. 2018): a minimum perturbation per image.
     Boundary,
+    /// Pointwise attack (Schott et al. 2019): a minimum L0 / L2 perturbation per image.
     Pointwise,
+    /// Preset: AutoAttack's standard attacks available here: APGD-CE, APGD-T and Square (L∞).
+    #[value(name = "autoattack")]
+    #[serde(rename = "autoattack")]
+    AutoAttack,
+    /// Preset: AutoAttack's version for randomised defences: APGD-CE and APGD-DLR with EOT over
+    /// 20 draws (unless --eot says otherwise).
+    #[value(name = "autoattack-rand")]
+    #[serde(rename = "autoattack-rand")]
+    AutoAttackRand,
 }
 
 impl AttackKind {
@@ -24,24 +45,47 @@ impl AttackKind {
             AttackKind::Pgd => "pgd",
             AttackKind::PgdLong => "pgd-long",
             AttackKind::Fgsm => "fgsm",
+            AttackKind::ApgdCe => "apgd-ce",
+            AttackKind::ApgdDlr => "apgd-dlr",
+            AttackKind::ApgdT => "apgd-t",
+            AttackKind::Square => "square",
             AttackKind::Boundary => "boundary",
             AttackKind::Pointwise => "pointwise",
+            AttackKind::AutoAttack => "autoattack",
+            AttackKind::AutoAttackRand => "autoattack-rand",
         }
     }
 
-    /// Decision-based attacks find a minimum perturbation; gradient attacks work at a fixed ε.
-    pub fn fixed_eps(self) -> bool {
-        matches!(
-            self,
-            AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm
-        )
+    /// The attacks a preset stands for (itself for a single attack), for a norm: Square has no
+    /// L2 variant here, so L2 AutoAttack is APGD-CE and APGD-T.
+    pub fn expand(self, norm: jem_attacks::Norm) -> Vec<AttackKind> {
+        match self {
+            AttackKind::AutoAttack if norm == jem_attacks::Norm::Linf => {
+                vec![AttackKind::ApgdCe, AttackKind::ApgdT, AttackKind::Square]
+            }
+            AttackKind::AutoAttack => vec![AttackKind::ApgdCe, AttackKind::ApgdT],
+            AttackKind::AutoAttackRand => vec![AttackKind::ApgdCe, AttackKind::ApgdDlr],
+            single => vec![single],
+        }
     }
 
+    /// Fixed-ε attacks run at each ε of the grid; decision-based ones find a minimum
+    /// perturbation that answers every ε.
+    pub fn fixed_eps(self) -> bool {
+        !matches!(self, AttackKind::Boundary | AttackKind::Pointwise)
+    }
+
+    /// Attacks that follow the (defended) model's gradients, and so have a gradient mode.
     pub fn uses_gradients(self) -> bool {
-        self.fixed_eps()
+        !matches!(
+            self,
+            AttackKind::Boundary | AttackKind::Pointwise | AttackKind::Square
+        )
     }
 }
 
+/// One model, attack, K and gradient mode, over every ε of the sweep: fixed-ε attacks run ε in
+/// ascending order on the examples no smaller ε broke.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
     pub model: String,
@@ -49,8 +93,6 @@ pub struct Cell {
     pub k: usize,
     /// Gradient mode through the SGLD steps: only for gradient attacks with K > 0.
     pub grad: Option<GradMode>,
-    /// The ε of a fixed-ε attack; `None` for a minimum-perturbation attack (all ε at once).
-    pub eps: Option<f32>,
 }
 
 impl Cell {
@@ -68,22 +110,21 @@ impl Cell {
             })
             .collect();
         format!(
-            "{model}.{}.k{}.{}.{}",
+            "{model}.{}.k{}.{}",
             self.attack.name(),
             self.k,
             self.grad.map_or("none".into(), |g| g.to_string()),
-            self.eps.map_or("min".into(), |e| format!("eps{e}"))
         )
     }
 }
 
-/// Every cell of a sweep, in order: models, then K, then gradient modes, then attacks, then ε.
+/// Every cell of a sweep, in order: models, then K, then attacks, then gradient modes.
+/// `attacks` are single attacks (presets expanded).
 pub fn list(
     models: &[String],
     attacks: &[AttackKind],
     ks: &[usize],
     grads: &[GradMode],
-    eps: &[f32],
 ) -> Vec<Cell> {
     let mut cells = Vec::new();
     for model in models {
@@ -95,25 +136,12 @@ pub fn list(
                     vec![None]
                 };
                 for grad in modes {
-                    if attack.fixed_eps() {
-                        for &e in eps {
-                            cells.push(Cell {
-                                model: model.clone(),
-                                attack,
-                                k,
-                                grad,
-                                eps: Some(e),
-                            });
-                        }
-                    } else {
-                        cells.push(Cell {
-                            model: model.clone(),
-                            attack,
-                            k,
-                            grad,
-                            eps: None,
-                        });
-                    }
+                    cells.push(Cell {
+                        model: model.clone(),
+                        attack,
+                        k,
+                        grad,
+                    });
                 }
             }
         }

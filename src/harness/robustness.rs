@@ -43,8 +43,8 @@ pub fn wilson(successes: usize, n: usize) -> (f64, f64) {
 /// One attack's cells for one model, K and gradient mode: its per-example outcomes at each of
 /// its ε (one cell per ε), or at every ε at once (a minimum-perturbation attack).
 struct AttackRun<'a> {
-    /// (ε of the cell, or `None` for a minimum-perturbation attack; its examples).
-    cells: Vec<(Option<f32>, &'a [ExampleRow])>,
+    /// (the ε a run was made at, or `None` for a minimum-perturbation attack; its examples).
+    cells: Vec<(Option<f32>, Vec<&'a ExampleRow>)>,
 }
 
 impl AttackRun<'_> {
@@ -117,10 +117,16 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
             order.push(g.clone());
             templates.insert(g.clone(), first);
         }
-        runs.entry(g)
-            .or_insert(AttackRun { cells: Vec::new() })
-            .cells
-            .push((r.cell.eps, &r.examples));
+        let run = runs.entry(g).or_insert(AttackRun { cells: Vec::new() });
+        // A cell's examples come ε by ε (once for a minimum-perturbation attack).
+        for e in &r.examples {
+            match run.cells.last_mut() {
+                Some((eps, rows)) if eps.map(f32::to_bits) == e.eps.map(f32::to_bits) => {
+                    rows.push(e)
+                }
+                _ => run.cells.push((e.eps, vec![e])),
+            }
+        }
     }
 
     let mut out = Vec::new();
@@ -137,7 +143,11 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
             let robust = runs[&g]
                 .robust_at(norm, row.eps)
                 .expect("a cell's own ε applies to it");
-            let clean = r.examples.iter().map(|e| e.clean_correct);
+            let clean = r
+                .examples
+                .iter()
+                .filter(|e| e.eps.is_none_or(|x| x == row.eps))
+                .map(|e| e.clean_correct);
             out.push(with_rates(row.clone(), clean, robust.into_values()));
         }
     }

@@ -11,7 +11,10 @@ use anyhow::Context;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use jem_attacks::{AttackOutcome, BoundaryConfig, GradMode, Norm, PgdConfig, PointwiseConfig};
+use jem_attacks::{
+    ApgdConfig, ApgdLoss, AttackOutcome, BoundaryConfig, ExampleOutcome, GradMode, Norm, PgdConfig,
+    PointwiseConfig, SquareConfig,
+};
 use jem_datasets::{DataSource, ImageSet, Split};
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +39,7 @@ pub struct RobustArgs {
     /// trained models that exist under results/models/).
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<PathBuf>,
+    /// Attacks, comma-separated; presets `autoattack` and `autoattack-rand` stand for several.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "pgd,fgsm")]
     pub attacks: Vec<AttackKind>,
     /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
@@ -47,9 +51,10 @@ pub struct RobustArgs {
     /// Gradient modes through the SGLD steps (K > 0): full, bpda.
     #[arg(long, value_delimiter = ',', default_value = "bpda")]
     pub grad: Vec<GradMode>,
-    /// Gradient draws averaged per PGD step (EOT).
-    #[arg(long, default_value_t = 1)]
-    pub eot: usize,
+    /// Gradient draws averaged per step of the gradient attacks (EOT) (default: 1, or 20 with
+    /// the autoattack-rand preset).
+    #[arg(long)]
+    pub eot: Option<usize>,
     #[arg(long, default_value_t = 1)]
     pub restarts: usize,
     /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
@@ -59,6 +64,12 @@ pub struct RobustArgs {
     /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
     #[arg(long)]
     pub pgd_rel_stepsize: Option<f32>,
+    /// APGD iterations per run (AutoAttack: 100).
+    #[arg(long, default_value_t = 100)]
+    pub apgd_iterations: usize,
+    /// Square-attack queries per example (AutoAttack: 5 000).
+    #[arg(long, default_value_t = 5000)]
+    pub square_queries: usize,
     /// Boundary-attack steps (foolbox's default is 25 000).
     #[arg(long, default_value_t = 1000)]
     pub boundary_steps: usize,
@@ -124,10 +135,33 @@ impl RobustArgs {
         (steps, rel)
     }
 
+    /// The single attacks of the sweep, presets expanded, each once, in the order given.
+    pub fn attack_list(&self) -> Vec<AttackKind> {
+        let mut out = Vec::new();
+        for a in self.attacks.iter().flat_map(|a| a.expand(self.norm)) {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
+    }
+
+    /// EOT draws of the gradient attacks: `--eot`, else 20 with the `autoattack-rand` preset
+    /// (AutoAttack's setting for randomised defences), else 1.
+    pub fn eot(&self) -> usize {
+        self.eot.unwrap_or(if self.attacks.contains(&AttackKind::AutoAttackRand) {
+            20
+        } else {
+            1
+        })
+    }
+
     /// Restarts of an attack: `pgd-long` doubles PGD's; single runs elsewhere.
     fn restarts_of(&self, attack: AttackKind) -> usize {
         match attack {
-            AttackKind::Pgd => self.restarts,
+            AttackKind::Pgd | AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
+                self.restarts
+            }
             AttackKind::PgdLong => 2 * self.restarts,
             _ => 1,
         }
@@ -140,7 +174,9 @@ impl RobustArgs {
         anyhow::ensure!(!self.grad.is_empty(), "--grad: name at least one of full, bpda");
         for (flag, value) in [
             ("--n-examples", self.n_examples),
-            ("--eot", self.eot),
+            ("--eot", self.eot()),
+            ("--apgd-iterations", self.apgd_iterations),
+            ("--square-queries", self.square_queries),
             ("--restarts", self.restarts),
             ("--pgd-steps", self.pgd_steps),
             ("--boundary-steps", self.boundary_steps),
@@ -155,6 +191,12 @@ impl RobustArgs {
             anyhow::ensure!(
                 r.is_finite() && r > 0.0,
                 "--pgd-rel-stepsize: expected a finite number > 0, found {r}"
+            );
+        }
+        if self.norm == Norm::L2 && self.attacks.contains(&AttackKind::Square) {
+            anyhow::bail!(
+                "--attacks square: the Square attack is implemented for L∞ only (use --norm linf, \
+                 or leave it out; the autoattack preset drops it under L2)"
             );
         }
         let grid = self.eps_grid();
@@ -230,107 +272,98 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     let ckpt = Checkpoint::at(&cell.model);
     let (model, sidecar) = ckpt.load::<Train>(&device)?;
     let loaded = load_data(args, &cell.model, &sidecar)?;
-    let x = batches::images::<Inference>(&loaded.data, &loaded.indices, &device);
-    let labels: Vec<i64> = loaded
-        .indices
-        .iter()
-        .map(|&i| loaded.data.labels[i] as i64)
-        .collect();
-    let y = Tensor::<Inference, 1, Int>::from_data(
-        TensorData::new(labels, [loaded.indices.len()]),
-        &device,
-    );
-    let defence_settings = crate::defended::settings(
-        &sidecar,
-        cell.k,
-        cell.grad.unwrap_or(GradMode::Bpda),
-        &args.defence,
-    )?;
-    let defended = Defended::new(
-        model,
-        &sidecar,
-        cell.k,
-        cell.grad.unwrap_or(GradMode::Bpda),
-        &args.defence,
-    )?;
+    let n = loaded.indices.len();
+    let grad_mode = cell.grad.unwrap_or(GradMode::Bpda);
+    let defence_settings = crate::defended::settings(&sidecar, cell.k, grad_mode, &args.defence)?;
+    let defended = Defended::new(model, &sidecar, cell.k, grad_mode, &args.defence)?;
     let norm = args.norm;
-    let (outcome, settings): (AttackOutcome, serde_json::Value) = match cell.attack {
-        AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
-            let eps = cell.eps.expect("fixed-ε cell");
-            let mut cfg = match cell.attack {
-                AttackKind::Fgsm => PgdConfig::fgsm(norm),
-                pgd => {
-                    let (steps, rel_stepsize) = args.pgd_schedule(pgd);
-                    PgdConfig {
-                        steps,
-                        restarts: args.restarts_of(pgd),
-                        rel_stepsize,
-                        ..PgdConfig::pgd(norm)
-                    }
-                }
-            };
-            cfg.eot = args.eot;
-            cfg.seed = args.seed;
-            if eps == 0.0 {
-                cfg.steps = 0; // nothing to search: the clean (re-checked) answer
-            }
-            (
-                cfg.run::<Train, _>(&defended, x, y, eps),
-                serde_json::to_value(&cfg)?,
-            )
-        }
-        AttackKind::Boundary => {
-            let cfg = BoundaryConfig {
-                steps: args.boundary_steps,
-                seed: args.seed,
-                ..Default::default()
-            };
-            (
-                cfg.run::<Train, _>(&defended, x, y),
-                serde_json::to_value(&cfg)?,
-            )
-        }
-        AttackKind::Pointwise => {
-            let cfg = PointwiseConfig {
-                seed: args.seed,
-                ..Default::default()
-            };
-            (
-                cfg.run::<Train, _>(&defended, x, y),
-                serde_json::to_value(&cfg)?,
-            )
-        }
+    let batch = |rows: &[usize]| {
+        let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
+        let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
+        (
+            batches::images::<Inference>(&loaded.data, &idx, &device),
+            Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), &device),
+        )
     };
-    if args.save_adversarials {
-        save_adversarials(args, cell, &loaded, &outcome)?;
+
+    // Per ε (or once, for a minimum-perturbation attack): every example's outcome.
+    let mut outcomes: Vec<(Option<f32>, Vec<ExampleOutcome>)> = Vec::new();
+    let mut settings = serde_json::Value::Null;
+    let all: Vec<usize> = (0..n).collect();
+    if cell.attack.fixed_eps() {
+        let mut grid = eps_grid.to_vec();
+        grid.sort_by(f32::total_cmp);
+        // An example broken (or misclassified) at some ε keeps that outcome at every larger ε.
+        let mut settled: Vec<Option<ExampleOutcome>> = vec![None; n];
+        for eps in grid {
+            let attacked: Vec<usize> = all.iter().copied().filter(|&i| settled[i].is_none()).collect();
+            let mut at_eps: Vec<ExampleOutcome> = settled
+                .iter()
+                .map(|s| match s {
+                    Some(e) => ExampleOutcome {
+                        gradient_evals: 0,
+                        forward_evals: 0,
+                        ..e.clone()
+                    },
+                    None => ExampleOutcome {
+                        clean_correct: false,
+                        adversarial: false,
+                        l0: 0.0,
+                        l2: 0.0,
+                        linf: 0.0,
+                        gradient_evals: 0,
+                        forward_evals: 0,
+                    },
+                })
+                .collect();
+            if !attacked.is_empty() {
+                let (x, y) = batch(&attacked);
+                let (out, s) = attack_at(args, cell.attack, eps, &defended, x, y)?;
+                settings = s;
+                if args.save_adversarials {
+                    save_adversarials(args, cell, Some(eps), &loaded, &attacked, &out)?;
+                }
+                for (r, &i) in attacked.iter().enumerate() {
+                    let e = out.examples[r].clone();
+                    if !e.clean_correct || e.adversarial {
+                        settled[i] = Some(e.clone());
+                    }
+                    at_eps[i] = e;
+                }
+            }
+            outcomes.push((Some(eps), at_eps));
+        }
+    } else {
+        let (x, y) = batch(&all);
+        let (out, s) = attack_at(args, cell.attack, 0.0, &defended, x, y)?;
+        settings = s;
+        if args.save_adversarials {
+            save_adversarials(args, cell, None, &loaded, &all, &out)?;
+        }
+        outcomes.push((None, out.examples));
     }
+
     let probe = probe(&defended, &loaded, args.seed, &device);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
-    let eps_rows: Vec<f32> = cell.eps.map_or(eps_grid.to_vec(), |e| vec![e]);
-    let n = outcome.examples.len();
-    let count = |f: &dyn Fn(&jem_attacks::ExampleOutcome) -> bool| {
-        outcome.examples.iter().filter(|e| f(e)).count()
-    };
-    let clean_interval = wilson(count(&|e| e.clean_correct), n);
-    let robust_interval = |eps: f32| wilson(count(&|e| e.robust_at(norm, eps)), n);
-    let rows = eps_rows
-        .iter()
-        .map(|&eps| TidyRow {
+    let row = |eps: f32, clean: usize, robust: usize| {
+        let (clean_lo, clean_hi) = wilson(clean, n);
+        let (robust_lo, robust_hi) = wilson(robust, n);
+        TidyRow {
             model: cell.model.clone(),
             attack: cell.attack.name().into(),
             norm: norm.name().into(),
             eps,
             k: cell.k,
             grad: grad.clone(),
-            n: outcome.examples.len(),
-            clean_accuracy: outcome.clean_accuracy(),
-            clean_lo: clean_interval.0,
-            clean_hi: clean_interval.1,
-            robust_accuracy: outcome.robust_accuracy(norm, eps),
-            robust_lo: robust_interval(eps).0,
-            robust_hi: robust_interval(eps).1,
+            n,
+            clean_accuracy: clean as f64 / n as f64,
+            clean_lo,
+            clean_hi,
+            robust_accuracy: robust as f64 / n as f64,
+            robust_lo,
+            robust_hi,
             eot: if cell.attack.uses_gradients() {
-                args.eot
+                args.eot()
             } else {
                 0
             },
@@ -349,28 +382,51 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
             data: loaded.spec.clone(),
             software: SOFTWARE.into(),
             backend: backend::name().into(),
-        })
-        .collect();
-    let examples = outcome
-        .examples
+        }
+    };
+    let mut rows = Vec::new();
+    for (eps, examples) in &outcomes {
+        let clean = examples.iter().filter(|e| e.clean_correct).count();
+        match eps {
+            Some(e) => {
+                let robust = examples
+                    .iter()
+                    .filter(|x| x.clean_correct && !x.adversarial)
+                    .count();
+                rows.push(row(*e, clean, robust));
+            }
+            None => {
+                for &e in eps_grid {
+                    let robust = examples.iter().filter(|x| x.robust_at(norm, e)).count();
+                    rows.push(row(e, clean, robust));
+                }
+            }
+        }
+    }
+    let examples = outcomes
         .iter()
-        .zip(&loaded.indices)
-        .map(|(e, &i)| ExampleRow {
-            model: cell.model.clone(),
-            attack: cell.attack.name().into(),
-            norm: norm.name().into(),
-            eps: cell.eps,
-            k: cell.k,
-            grad: grad.clone(),
-            example: i,
-            label: loaded.data.labels[i],
-            clean_correct: e.clean_correct,
-            adversarial: e.adversarial,
-            l0: e.l0,
-            l2: e.l2,
-            linf: e.linf,
-            gradient_evals: e.gradient_evals,
-            forward_evals: e.forward_evals,
+        .flat_map(|(eps, examples)| {
+            examples
+                .iter()
+                .zip(&loaded.indices)
+                .map(|(e, &i)| ExampleRow {
+                    model: cell.model.clone(),
+                    attack: cell.attack.name().into(),
+                    norm: norm.name().into(),
+                    eps: *eps,
+                    k: cell.k,
+                    grad: grad.clone(),
+                    example: i,
+                    label: loaded.data.labels[i],
+                    clean_correct: e.clean_correct,
+                    adversarial: e.adversarial,
+                    l0: e.l0,
+                    l2: e.l2,
+                    linf: e.linf,
+                    gradient_evals: e.gradient_evals,
+                    forward_evals: e.forward_evals,
+                })
+                .collect::<Vec<_>>()
         })
         .collect();
     Ok(CellResult {
@@ -378,6 +434,88 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
         seconds: started.elapsed().as_secs_f64(),
         rows,
         examples,
+    })
+}
+
+/// Runs one attack at one ε (ignored by minimum-perturbation attacks) and returns its outcome
+/// and every setting it ran with.
+fn attack_at(
+    args: &RobustArgs,
+    attack: AttackKind,
+    eps: f32,
+    model: &Defended,
+    x: Tensor<Inference, 4>,
+    y: Tensor<Inference, 1, Int>,
+) -> anyhow::Result<(AttackOutcome, serde_json::Value)> {
+    let norm = args.norm;
+    // At ε = 0 there is nothing to search: the attacks report the clean (re-checked) answer.
+    let nothing = eps == 0.0;
+    Ok(match attack {
+        AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
+            let mut cfg = match attack {
+                AttackKind::Fgsm => PgdConfig::fgsm(norm),
+                pgd => {
+                    let (steps, rel_stepsize) = args.pgd_schedule(pgd);
+                    PgdConfig {
+                        steps,
+                        restarts: args.restarts_of(pgd),
+                        rel_stepsize,
+                        ..PgdConfig::pgd(norm)
+                    }
+                }
+            };
+            cfg.eot = args.eot();
+            cfg.seed = args.seed;
+            if nothing {
+                cfg.steps = 0;
+            }
+            let settings = serde_json::to_value(&cfg)?;
+            (cfg.run::<Train, _>(model, x, y, eps), settings)
+        }
+        AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
+            let loss = match attack {
+                AttackKind::ApgdCe => ApgdLoss::CrossEntropy,
+                AttackKind::ApgdDlr => ApgdLoss::Dlr,
+                _ => ApgdLoss::TargetedDlr,
+            };
+            let mut cfg = ApgdConfig::new(norm, loss);
+            cfg.iterations = if nothing { 0 } else { args.apgd_iterations };
+            cfg.restarts = args.restarts_of(attack);
+            cfg.eot = args.eot();
+            cfg.seed = args.seed;
+            let settings = serde_json::to_value(&cfg)?;
+            (cfg.run::<Train, _>(model, x, y, eps), settings)
+        }
+        AttackKind::Square => {
+            let mut cfg = SquareConfig::new(norm);
+            cfg.queries = if nothing { 1 } else { args.square_queries };
+            cfg.seed = args.seed;
+            let settings = serde_json::to_value(&cfg)?;
+            let out = cfg
+                .run::<Train, _>(model, x, y, eps)
+                .map_err(|e| anyhow::anyhow!("--attacks square: {e}"))?;
+            (out, settings)
+        }
+        AttackKind::Boundary => {
+            let cfg = BoundaryConfig {
+                steps: args.boundary_steps,
+                seed: args.seed,
+                ..Default::default()
+            };
+            let settings = serde_json::to_value(&cfg)?;
+            (cfg.run::<Train, _>(model, x, y), settings)
+        }
+        AttackKind::Pointwise => {
+            let cfg = PointwiseConfig {
+                seed: args.seed,
+                ..Default::default()
+            };
+            let settings = serde_json::to_value(&cfg)?;
+            (cfg.run::<Train, _>(model, x, y), settings)
+        }
+        AttackKind::AutoAttack | AttackKind::AutoAttackRand => {
+            unreachable!("presets are expanded into their attacks before cells are listed")
+        }
     })
 }
 
@@ -419,11 +557,14 @@ fn probe(model: &Defended, loaded: &Loaded, seed: u64, device: &backend::Device)
     }
 }
 
-/// `--save-adversarials`: the returned inputs of a cell, and a picture of a few breaks.
+/// `--save-adversarials`: the inputs an attack returned for the examples at `rows` (of the
+/// sweep's examples) at one ε, and a picture of a few breaks.
 fn save_adversarials(
     args: &RobustArgs,
     cell: &Cell,
+    eps: Option<f32>,
     loaded: &Loaded,
+    rows: &[usize],
     outcome: &AttackOutcome,
 ) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
@@ -433,13 +574,13 @@ fn save_adversarials(
         .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)))
         .join("adversarials");
     let [n, c, h, w] = outcome.shape;
-    let clean: Vec<f32> = loaded
-        .indices
+    let indices: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
+    let clean: Vec<f32> = indices
         .iter()
         .flat_map(|&i| loaded.data.image(i).iter().copied())
         .collect();
-    let labels: Vec<u8> = loaded.indices.iter().map(|&i| loaded.data.labels[i]).collect();
-    let examples: Vec<u32> = loaded.indices.iter().map(|&i| i as u32).collect();
+    let labels: Vec<u8> = indices.iter().map(|&i| loaded.data.labels[i]).collect();
+    let examples: Vec<u32> = indices.iter().map(|&i| i as u32).collect();
     let broken: Vec<u8> = outcome
         .examples
         .iter()
@@ -464,7 +605,11 @@ fn save_adversarials(
     ];
     let bytes = safetensors::serialize(tensors, None)?;
     // Cell ids contain dots (`eps0.2`): append the extension rather than replace one.
-    let file = |ext: &str| out.join(format!("{}.{ext}", cell.id()));
+    let stem = match eps {
+        Some(e) => format!("{}.eps{e}", cell.id()),
+        None => cell.id(),
+    };
+    let file = |ext: &str| out.join(format!("{stem}.{ext}"));
     write_atomic(&file("safetensors"), &bytes)?;
     let len = c * h * w;
     let shown: Vec<usize> = (0..n).filter(|&i| broken[i] == 1).take(8).collect();
@@ -543,6 +688,14 @@ impl Plan {
                 .load::<Inference>(&device)
                 .with_context(|| format!("--models {m}"))?;
             load_data(args, m, &sidecar)?;
+            let classes = sidecar.architecture.num_classes;
+            for (attack, needs) in [(AttackKind::ApgdDlr, 3), (AttackKind::ApgdT, 4)] {
+                anyhow::ensure!(
+                    !args.attack_list().contains(&attack) || classes >= needs,
+                    "--attacks {}: its loss needs at least {needs} classes; {m} has {classes}",
+                    attack.name()
+                );
+            }
             if args.ks.iter().any(|&k| k > 0) {
                 crate::train::JemConfig::of(&sidecar)
                     .with_context(|| format!("--models {m}: the SGLD defence (K > 0)"))?;
@@ -550,7 +703,7 @@ impl Plan {
             weights.push(weights_digest(&model)?);
         }
         let eps_grid = args.eps_grid();
-        let cells = cells::list(&models, &args.attacks, &args.ks, &args.grad, &eps_grid);
+        let cells = cells::list(&models, &args.attack_list(), &args.ks, &args.grad);
         Ok(Self {
             out,
             models,
