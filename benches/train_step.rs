@@ -1,6 +1,6 @@
 //! Cost of the two hot loops on this machine: one Adam training step, and one d(Σ LSE)/d input
 //! (the SGLD / attack gradient), for the default WRN-10-1 on MNIST-shaped batches of 64, plus the
-//! WRN-16-2 row of SPEC §8 for comparison with its PyTorch figures.
+//! WRN-16-2 row for comparison with PyTorch figures measured on the same machine.
 //!
 //! cargo bench --bench train_step
 

@@ -1,5 +1,5 @@
 //! The boundary attack (Brendel et al. 2018), decision-based, with foolbox 3's defaults and
-//! step-size adaptation (SPEC §4). It starts from an adversarial found by blending the input
+//! step-size adaptation (foolbox 3's defaults). It starts from an adversarial found by blending the input
 //! with uniform noise and walks along the decision boundary toward the input: an orthogonal
 //! Gaussian step of `spherical_step`·‖x − x₀‖ projected back onto the sphere around x₀, then a
 //! step of `source_step`·‖x − x₀‖ toward x₀; a candidate is kept when still adversarial and

@@ -1,6 +1,6 @@
-//! JEM's test-time defence (SPEC §3): before classifying, each input is refined by K SGLD steps
+//! JEM's test-time defence (Grathwohl et al. 2020; the official attack code): before classifying, each input is refined by K SGLD steps
 //! started at the input (plus optional data noise), in n independent chains whose logits are
-//! averaged. Gradients through it come in two modes (SPEC §4):
+//! averaged. Gradients through it come in two modes:
 //!
 //! - `Full`: reverse mode through all K steps. The step x ← x + D ⊙ ∇ₓLSE f(x) + noise
 //!   (D = α s² per channel) has Jacobian I + diag(D) H(x), H the Hessian of LSE∘f. burn has

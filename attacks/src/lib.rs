@@ -1,16 +1,42 @@
 //! jem-attacks: adversarial attacks on burn image classifiers, and the SGLD sampler that JEM
-//! uses both to train and, at test time, as a defence (SPEC §3, §4).
+//! (Grathwohl et al., ICLR 2020) uses both to train and, at test time, as a defence.
 //!
 //! Pixels are in [0, 1] everywhere; a model maps an `N×C×H×W` batch to `N×K` logits through the
-//! [`Classifier`] trait, so that an attack works on any network that implements it.
+//! [`Classifier`] trait, so that an attack works on any network that implements it. One call
+//! attacks a batch at one ε and returns, per example, whether it was broken and how far the
+//! adversarial input is:
+//!
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use burn::tensor::{Int, Tensor, TensorData};
+//! use jem_attacks::{ApgdConfig, ApgdLoss, LinearClassifier, Norm, Undefended};
+//!
+//! type B = Autodiff<Flex>;
+//! let device = Default::default();
+//! // Any burn module implementing `Classifier`; here a 3-class linear model of 2×2 images.
+//! let weight = vec![1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+//! let model = Undefended::new(LinearClassifier::<B>::new(weight, vec![0.3, 0.0, 0.0], 3, &device));
+//! let x = Tensor::<Flex, 4>::from_data(TensorData::new(vec![0.5; 4], [1, 1, 2, 2]), &device);
+//! let y = Tensor::<Flex, 1, Int>::from_data(TensorData::new(vec![0i64], [1]), &device);
+//!
+//! // Class 0 leads by 0.3; under L∞ the closest boundary is 0.15 away.
+//! let apgd = ApgdConfig::new(Norm::Linf, ApgdLoss::CrossEntropy);
+//! let broken = apgd.run::<B, _>(&model, x.clone(), y.clone(), 0.16);
+//! assert!(broken.examples[0].adversarial && broken.examples[0].linf <= 0.16 + 1e-6);
+//! let held = apgd.run::<B, _>(&model, x, y, 0.14);
+//! assert!(held.examples[0].clean_correct && !held.examples[0].adversarial);
+//! ```
 //!
 //! - [`Model`]: what an attack sees — [`Undefended`], or [`SgldDefence`] (JEM-K: K SGLD steps
-//!   in n chains before classifying, gradients `full` or `bpda`).
-//! - Gradient attacks: [`PgdConfig`] (PGD and FGSM / FGM, L∞ and L2 through one [`Norm`] type,
-//!   restarts, EOT, early stop); [`NonsenseConfig`] (targeted search from noise).
-//! - Decision-based attacks: [`BoundaryConfig`], [`PointwiseConfig`].
-//! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked),
-//!   L0 / L2 / L∞ distances in pixel units, gradient and forward evaluations.
+//!   in n chains before classifying, gradients `full` or `bpda`, Athalye et al. 2018).
+//! - Gradient attacks: [`ApgdConfig`] (APGD-CE, APGD-DLR, APGD-T; Croce & Hein 2020),
+//!   [`PgdConfig`] (PGD and FGSM / FGM; restarts, EOT, early stop), all under L∞ and L2 through
+//!   one [`Norm`] type; [`NonsenseConfig`] (targeted search from noise).
+//! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞). Decision-based:
+//!   [`BoundaryConfig`], [`PointwiseConfig`].
+//! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked;
+//!   with many chains for a stochastic model), L0 / L2 / L∞ distances in pixel units, gradient
+//!   and forward evaluations.
 
 mod apgd;
 mod boundary;

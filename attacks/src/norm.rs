@@ -1,7 +1,7 @@
 //! The two threat models, L∞ and L2, as one type: every attack is written once against
 //! [`Norm`]'s operations (steepest-ascent direction, projection onto the ε-ball, random start,
 //! size), so that no attack exists in a copy per norm. Sizes are in [0, 1] pixel units
-//! (SPEC §4: L2 is the plain Euclidean norm, not foolbox 1.x's RMS).
+//! (L2 is the plain Euclidean norm, not foolbox 1.x's RMS).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;

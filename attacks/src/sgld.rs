@@ -1,4 +1,4 @@
-//! Stochastic-gradient Langevin dynamics on JEM's energy (SPEC §2, §3):
+//! Stochastic-gradient Langevin dynamics on JEM's energy (Grathwohl et al. 2020):
 //! x ← x + α ∇ₓ LogSumExp f(x) + σ ε (unconditional), or with f(x)[y] (class-conditional).
 //!
 //! The same sampler draws JEM's training samples and is the test-time defence ("K sampling
