@@ -83,7 +83,9 @@ fn configs(
         return Ok(None);
     }
     let jem = JemConfig::of(sidecar)?;
-    let mut sgld = jem.sampler(&sidecar.architecture.input_normalization).config;
+    let mut sgld = jem
+        .sampler(&sidecar.architecture.input_normalization)
+        .config;
     sgld.steps = steps;
     sgld.step_size = args.sgld_step_size.unwrap_or(sgld.step_size);
     sgld.noise = args.sgld_noise.unwrap_or(sgld.noise);

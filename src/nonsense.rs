@@ -74,7 +74,10 @@ impl NonsenseArgs {
     /// anything is written.
     fn validate(&self, device: &backend::Device) -> anyhow::Result<()> {
         anyhow::ensure!(!self.steps.is_empty(), "--steps: name at least one K");
-        for (flag, value) in [("--per-class", self.per_class), ("--max-iters", self.max_iters)] {
+        for (flag, value) in [
+            ("--per-class", self.per_class),
+            ("--max-iters", self.max_iters),
+        ] {
             anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
         }
         anyhow::ensure!(
@@ -99,7 +102,8 @@ impl NonsenseArgs {
         for path in &self.models {
             let m = path.display().to_string();
             let ckpt = Checkpoint::at(path);
-            ckpt.ensure_exists().with_context(|| format!("--models {m}"))?;
+            ckpt.ensure_exists()
+                .with_context(|| format!("--models {m}"))?;
             let (_, sidecar) = ckpt
                 .load::<crate::backend::Inference>(device)
                 .with_context(|| format!("--models {m}"))?;

@@ -26,7 +26,11 @@ fn stderr(o: &Output) -> String {
 #[track_caller]
 fn assert_fails_with(o: &Output, what: &[&str]) {
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "expected a clean error, got: {err}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "expected a clean error, got: {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     for w in what {
         assert!(err.contains(w), "expected `{w}` in: {err}");
@@ -43,10 +47,16 @@ fn assert_ok(o: &Output) -> String {
 /// the number); list flags in `extra` add to these.
 fn small_sweep(out: &Path, extra: &[&str]) -> Output {
     let mut c = cli();
-    c.args(["robust", "--models", "results/models/baseline", "--attacks", "fgsm"])
-        .args(["--steps", "0", "--eps", "0,0.1", "--out"])
-        .arg(out)
-        .args(extra);
+    c.args([
+        "robust",
+        "--models",
+        "results/models/baseline",
+        "--attacks",
+        "fgsm",
+    ])
+    .args(["--steps", "0", "--eps", "0,0.1", "--out"])
+    .arg(out)
+    .args(extra);
     if !extra.contains(&"--n-examples") {
         c.args(["--n-examples", "5"]);
     }
@@ -150,7 +160,15 @@ fn a_model_on_data_of_another_shape_is_refused_by_every_command() {
     assert_ok(&o);
     let out = dir.path().join("sweep");
     let o = cli()
-        .args(["robust", "--data", "mnist", "--attacks", "fgsm", "--steps", "0"])
+        .args([
+            "robust",
+            "--data",
+            "mnist",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "0",
+        ])
         .args(["--eps", "0,0.1", "--n-examples", "5", "--models"])
         .arg(&cifar)
         .arg("--out")
@@ -170,7 +188,14 @@ fn a_model_on_data_of_another_shape_is_refused_by_every_command() {
         s["training"]["data"] = "cifar10".into();
     });
     for args in [
-        vec!["nonsense", "--per-class", "1", "--max-iters", "2", "--models"],
+        vec![
+            "nonsense",
+            "--per-class",
+            "1",
+            "--max-iters",
+            "2",
+            "--models",
+        ],
         vec!["sample", "--per-class", "1", "--steps", "1", "--model"],
     ] {
         let o = cli()
@@ -197,7 +222,16 @@ fn a_zero_std_is_refused_where_it_is_read_and_where_it_is_written() {
     let o = cli()
         .arg("import")
         .arg(root().join("tests/fixtures/pytorch/wrn10_1.safetensors"))
-        .args(["--depth", "10", "--width", "1", "--in-channels", "1", "--data", "mnist"])
+        .args([
+            "--depth",
+            "10",
+            "--width",
+            "1",
+            "--in-channels",
+            "1",
+            "--data",
+            "mnist",
+        ])
         .args(["--mean", "0.5", "--std", "0", "--out"])
         .arg(dir.path().join("imported"))
         .output()
@@ -247,7 +281,15 @@ fn identical_weights_saved_twice_are_the_same_weights() {
     let out = dir.path().join("sweep");
     let sweep = |out: &Path| {
         cli()
-            .args(["robust", "--attacks", "fgsm", "--steps", "0", "--eps", "0,0.1"])
+            .args([
+                "robust",
+                "--attacks",
+                "fgsm",
+                "--steps",
+                "0",
+                "--eps",
+                "0,0.1",
+            ])
             .args(["--n-examples", "3", "--models"])
             .arg(&a)
             .arg("--out")
@@ -258,7 +300,10 @@ fn identical_weights_saved_twice_are_the_same_weights() {
     assert_ok(&sweep(&out));
     Checkpoint::at(&a).save(&reloaded, &sidecar).unwrap();
     let stdout = assert_ok(&sweep(&out));
-    assert!(stdout.contains("ran 0 cells (1 were finished already)"), "{stdout}");
+    assert!(
+        stdout.contains("ran 0 cells (1 were finished already)"),
+        "{stdout}"
+    );
 }
 
 // 7. Bad input leaves no folder behind, and a folder's refusal names what differs.
@@ -266,7 +311,10 @@ fn identical_weights_saved_twice_are_the_same_weights() {
 fn bad_input_claims_no_folder_and_refusals_name_the_difference() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("sweep");
-    assert_fails_with(&small_sweep(&out, &["--data", "mnsit"]), &["--data", "mnsit"]);
+    assert_fails_with(
+        &small_sweep(&out, &["--data", "mnsit"]),
+        &["--data", "mnsit"],
+    );
     let o = small_sweep(&out, &["--steps", "1", "--chains", "0"]);
     assert_fails_with(&o, &["--chains", "at least 1"]);
     let truncated = doctored_model(dir.path(), "truncated", |_| {});
@@ -295,7 +343,13 @@ fn concurrent_sweeps_on_one_folder_compute_each_cell_once() {
     let out = dir.path().join("sweep");
     let spawn = || {
         cli()
-            .args(["robust", "--models", "results/models/baseline", "--attacks", "pgd"])
+            .args([
+                "robust",
+                "--models",
+                "results/models/baseline",
+                "--attacks",
+                "pgd",
+            ])
             .args(["--steps", "0", "--eps", "0,0.1,0.2", "--n-examples", "8"])
             .args(["--pgd-steps", "5", "--out"])
             .arg(&out)
@@ -340,7 +394,12 @@ fn zero_counts_are_errors_not_panics() {
         &small_sweep(&out, &["--steps", "1", "--chains", "0"]),
         &["--chains"],
     );
-    for flag in ["--batch-size", "--log-every", "--checkpoint-every", "--train-subset"] {
+    for flag in [
+        "--batch-size",
+        "--log-every",
+        "--checkpoint-every",
+        "--train-subset",
+    ] {
         let run = dir.path().join(flag.trim_start_matches('-'));
         let o = cli()
             .args(["train", "--kind", "baseline", "--epochs", "1", "--out"])
@@ -366,7 +425,13 @@ fn zero_counts_are_errors_not_panics() {
 fn messages_name_the_cause_once_in_the_projects_words() {
     let dir = tempfile::tempdir().unwrap();
     let o = cli()
-        .args(["eval", "--model", "results/models/baseline", "--data", "mnist:/nonexistent"])
+        .args([
+            "eval",
+            "--model",
+            "results/models/baseline",
+            "--data",
+            "mnist:/nonexistent",
+        ])
         .output()
         .unwrap();
     assert_fails_with(&o, &["/nonexistent"]);
@@ -380,23 +445,51 @@ fn messages_name_the_cause_once_in_the_projects_words() {
     let deeper = doctored_model(dir.path(), "deeper", |s| {
         s["architecture"]["depth"] = 16.into();
     });
-    let o = cli().args(["eval", "--model"]).arg(&deeper).output().unwrap();
-    assert_fails_with(&o, &["deeper.safetensors", "WRN-16-1", "deeper.json", "is missing"]);
+    let o = cli()
+        .args(["eval", "--model"])
+        .arg(&deeper)
+        .output()
+        .unwrap();
+    assert_fails_with(
+        &o,
+        &[
+            "deeper.safetensors",
+            "WRN-16-1",
+            "deeper.json",
+            "is missing",
+        ],
+    );
     assert!(stderr(&o).lines().count() <= 3, "{}", stderr(&o));
 
     let o = cli()
         .arg("import")
         .arg(root().join("tests/fixtures/pytorch/wrn10_1.safetensors"))
-        .args(["--depth", "10", "--width", "1", "--in-channels", "1", "--out"])
+        .args([
+            "--depth",
+            "10",
+            "--width",
+            "1",
+            "--in-channels",
+            "1",
+            "--out",
+        ])
         .arg(dir.path().join("no-data"))
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2), "clap's usage error: {}", stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "clap's usage error: {}",
+        stderr(&o)
+    );
     assert!(stderr(&o).contains("--data"), "{}", stderr(&o));
 
     let out = dir.path().join("sweep");
     assert_fails_with(&small_sweep(&out, &["--eps", "-0.1"]), &["--eps", ">= 0"]);
-    assert_fails_with(&small_sweep(&out, &["--eps", "0,8"]), &["exceeds 1", "8/255"]);
+    assert_fails_with(
+        &small_sweep(&out, &["--eps", "0,8"]),
+        &["exceeds 1", "8/255"],
+    );
     assert_untouched(&out);
 }
 
@@ -406,7 +499,15 @@ fn the_embedded_models_work_from_any_folder() {
     let dir = tempfile::tempdir().unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
         .current_dir(dir.path())
-        .args(["robust", "--attacks", "fgsm", "--steps", "0", "--eps", "0,0.1"])
+        .args([
+            "robust",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "0",
+            "--eps",
+            "0,0.1",
+        ])
         .args(["--n-examples", "2", "--out", "sweep"])
         .output()
         .unwrap();
@@ -415,7 +516,11 @@ fn the_embedded_models_work_from_any_folder() {
     let models: std::collections::BTreeSet<_> = rows.iter().map(|r| r.model.as_str()).collect();
     assert_eq!(
         models.into_iter().collect::<Vec<_>>(),
-        ["results/models/adv", "results/models/baseline", "results/models/jem"]
+        [
+            "results/models/adv",
+            "results/models/baseline",
+            "results/models/jem"
+        ]
     );
 }
 
@@ -449,6 +554,9 @@ fn checkpoints_have_the_names_and_shapes_of_a_pytorch_state_dict() {
             .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
     } else {
-        eprintln!("skipped the PyTorch load of {}: torch is not installed", script.display());
+        eprintln!(
+            "skipped the PyTorch load of {}: torch is not installed",
+            script.display()
+        );
     }
 }

@@ -35,7 +35,11 @@ fn sidecars_survive_truncation_and_flips() {
     let good = std::fs::read(root().join("results/models/baseline.json")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::at(dir.path().join("m"));
-    std::fs::copy(root().join("results/models/baseline.safetensors"), &ckpt.weights).unwrap();
+    std::fs::copy(
+        root().join("results/models/baseline.safetensors"),
+        &ckpt.weights,
+    )
+    .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     for _ in 0..TRIALS {
         let cut = rng.random_range(0..good.len());

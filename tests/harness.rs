@@ -180,7 +180,9 @@ fn shards_merged_equal_the_whole_sweep() {
         run(sweep(dir.path()).args(["--shard", &format!("{i}/3"), "--jobs", "1"]));
         // Each shard ran only its own cells: 4 cells (2 attacks × 2 K, 3 ε each) over 3
         // shards (plus the worst case over what the shard has).
-        let per_attack = rows(dir.path()).into_iter().filter(|r| r.attack != "worst-case");
+        let per_attack = rows(dir.path())
+            .into_iter()
+            .filter(|r| r.attack != "worst-case");
         assert_eq!(per_attack.count(), if i == 0 { 6 } else { 3 });
     }
     let merged = tempfile::tempdir().unwrap();
@@ -297,7 +299,10 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
                 .fold(f64::INFINITY, f64::min);
             let got = point["robust_accuracy"].as_f64().unwrap();
             assert_eq!(got, worst.robust_accuracy, "{model} K={k} ε={eps}");
-            assert_eq!(got, lowest, "{model} K={k} ε={eps}: the worst case is the lowest row");
+            assert_eq!(
+                got, lowest,
+                "{model} K={k} ε={eps}: the worst case is the lowest row"
+            );
             assert_eq!(point["interval"][0].as_f64().unwrap(), worst.robust_lo);
         }
     }
@@ -412,8 +417,19 @@ fn sweeps_of_other_weights_under_the_same_path_are_refused() {
 fn worst_case_rows_equal_a_recomputation_from_the_examples() {
     let dir = tempfile::tempdir().unwrap();
     let o = cli()
-        .args(["robust", "--models", "results/models/baseline,results/models/jem"])
-        .args(["--attacks", "pgd,fgsm", "--steps", "0", "--eps", "0,0.05,0.1,0.2"])
+        .args([
+            "robust",
+            "--models",
+            "results/models/baseline,results/models/jem",
+        ])
+        .args([
+            "--attacks",
+            "pgd,fgsm",
+            "--steps",
+            "0",
+            "--eps",
+            "0,0.05,0.1,0.2",
+        ])
         .args(["--n-examples", "12", "--pgd-steps", "3", "--out"])
         .arg(dir.path())
         .output()
@@ -426,14 +442,17 @@ fn worst_case_rows_equal_a_recomputation_from_the_examples() {
     let worst: Vec<&TidyRow> = rows.iter().filter(|r| r.attack == "worst-case").collect();
     assert_eq!(worst.len(), 2 * 4, "a worst-case row per model and ε");
     for w in &worst {
-        let mine: Vec<_> = examples.iter().filter(|e| e.model == w.model && e.k == w.k).collect();
+        let mine: Vec<_> = examples
+            .iter()
+            .filter(|e| e.model == w.model && e.k == w.k)
+            .collect();
         let ids: std::collections::BTreeSet<usize> = mine.iter().map(|e| e.example).collect();
         let robust = ids
             .iter()
             .filter(|&&i| {
-                mine.iter().filter(|e| e.example == i).all(|e| {
-                    e.clean_correct && !(e.adversarial && e.eps.unwrap() <= w.eps)
-                })
+                mine.iter()
+                    .filter(|e| e.example == i)
+                    .all(|e| e.clean_correct && !(e.adversarial && e.eps.unwrap() <= w.eps))
             })
             .count();
         assert_eq!(w.n, ids.len());
@@ -447,13 +466,19 @@ fn worst_case_rows_equal_a_recomputation_from_the_examples() {
         assert!(w.robust_accuracy <= lowest);
     }
     for r in &rows {
-        assert!(r.robust_lo <= r.robust_accuracy && r.robust_accuracy <= r.robust_hi, "{r:?}");
+        assert!(
+            r.robust_lo <= r.robust_accuracy && r.robust_accuracy <= r.robust_hi,
+            "{r:?}"
+        );
         let later = rows.iter().filter(|o| {
             (&o.model, o.k, &o.grad, &o.attack) == (&r.model, r.k, &r.grad, &r.attack)
                 && o.eps > r.eps
         });
         for o in later {
-            assert!(o.robust_accuracy <= r.robust_accuracy, "{o:?} rises above {r:?}");
+            assert!(
+                o.robust_accuracy <= r.robust_accuracy,
+                "{o:?} rises above {r:?}"
+            );
         }
     }
     let summary: serde_json::Value =
@@ -475,8 +500,23 @@ fn worst_case_rows_equal_a_recomputation_from_the_examples() {
 fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
     let dir = tempfile::tempdir().unwrap();
     let o = cli()
-        .args(["robust", "--models", "results/models/baseline", "--attacks", "fgsm"])
-        .args(["--steps", "0,1", "--eps", "0,0.2", "--n-examples", "6", "--chains", "2"])
+        .args([
+            "robust",
+            "--models",
+            "results/models/baseline",
+            "--attacks",
+            "fgsm",
+        ])
+        .args([
+            "--steps",
+            "0,1",
+            "--eps",
+            "0,0.2",
+            "--n-examples",
+            "6",
+            "--chains",
+            "2",
+        ])
         .args(["--recheck-chains", "2", "--save-adversarials", "--out"])
         .arg(dir.path())
         .output()
@@ -504,13 +544,20 @@ fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
         .map(|r| u8::from(r.adversarial))
         .collect();
     assert_eq!(flags, expected);
-    assert!(flags.contains(&1), "FGSM at 0.2 breaks some of the baseline's digits");
+    assert!(
+        flags.contains(&1),
+        "FGSM at 0.2 breaks some of the baseline's digits"
+    );
     for (a, c) in inputs.iter().zip(&clean) {
         assert!((a - c).abs() <= 0.2 + 1e-6 && (0.0..=1.0).contains(a));
     }
     assert!(dir.path().join(format!("adversarials/{cell}.png")).exists());
     for r in rows(dir.path()).iter().filter(|r| r.attack == "fgsm") {
         assert_eq!(r.stochastic, r.k > 0, "{r:?}");
-        assert!(r.defence.contains("\"chains\":2") == (r.k > 0), "{}", r.defence);
+        assert!(
+            r.defence.contains("\"chains\":2") == (r.k > 0),
+            "{}",
+            r.defence
+        );
     }
 }

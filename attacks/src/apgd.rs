@@ -98,15 +98,7 @@ impl ApgdConfig {
         let clean_logits = model.logits(x.clone(), &mut rng);
         let clean = predicted(clean_logits.clone());
         let mut examples: Vec<ExampleOutcome> = (0..n)
-            .map(|i| ExampleOutcome {
-                clean_correct: clean[i] == labels[i],
-                adversarial: false,
-                l0: 0.0,
-                l2: 0.0,
-                linf: 0.0,
-                gradient_evals: 0,
-                forward_evals: 1,
-            })
+            .map(|i| ExampleOutcome::clean(clean[i] == labels[i]))
             .collect();
         // APGD-T's targets: the 2nd, 3rd, … most likely classes of the clean input.
         let targets: Vec<Option<Vec<i64>>> = match self.loss {
@@ -172,9 +164,8 @@ impl ApgdConfig {
         let n = dims[0];
         let device = x.device();
         let labels = to_labels(y.clone());
-        let per_row = |v: &[f32]| {
-            Tensor::<Inner<B>, 1>::from_data(TensorData::new(v.to_vec(), [n]), &device)
-        };
+        let per_row =
+            |v: &[f32]| Tensor::<Inner<B>, 1>::from_data(TensorData::new(v.to_vec(), [n]), &device);
         let eps_all = per_row(&vec![eps; n]);
         let project = |v: Tensor<Inner<B>, 4>| {
             let delta = self.norm.project(v - x.clone(), eps_all.clone());
@@ -223,7 +214,10 @@ impl ApgdConfig {
         let mut best_point = current.clone();
         let mut best_grad = grad.clone();
         let mut returned = current.clone();
-        let stop = |active: &mut Vec<bool>, pred: &[i64], point: &Tensor<Inner<B>, 4>, returned: &mut Tensor<Inner<B>, 4>| {
+        let stop = |active: &mut Vec<bool>,
+                    pred: &[i64],
+                    point: &Tensor<Inner<B>, 4>,
+                    returned: &mut Tensor<Inner<B>, 4>| {
             let broken: Vec<bool> = (0..n).map(|i| active[i] && pred[i] != labels[i]).collect();
             if broken.contains(&true) {
                 *returned = blend(returned.clone(), point.clone(), &broken);

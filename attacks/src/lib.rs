@@ -55,7 +55,9 @@ mod pointwise;
 mod sgld;
 mod square;
 
-pub use apgd::{checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss};
+pub use apgd::{
+    checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss,
+};
 pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
 pub use decision::Oracle;
@@ -68,5 +70,5 @@ pub use norm::Norm;
 pub use outcome::{AttackOutcome, ExampleOutcome};
 pub use pgd::PgdConfig;
 pub use pointwise::PointwiseConfig;
-pub use square::SquareConfig;
 pub use sgld::{SgldConfig, SgldSampler, SgldTarget, UniformInit};
+pub use square::SquareConfig;

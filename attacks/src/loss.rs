@@ -39,7 +39,10 @@ impl AttackLoss {
             AttackLoss::CrossEntropy => log_softmax(logits, 1).gather(1, y).reshape([n]).neg(),
             AttackLoss::Margin => margin(logits, y),
             AttackLoss::Dlr => {
-                assert!(k >= 3, "the DLR loss needs at least 3 classes, the model has {k}");
+                assert!(
+                    k >= 3,
+                    "the DLR loss needs at least 3 classes, the model has {k}"
+                );
                 let sorted = logits.clone().sort_descending(1);
                 let spread = sorted.clone().slice([0..n, 0..1]) - sorted.slice([0..n, 2..3]);
                 (margin(logits, y) / (spread.reshape([n]) + DLR_EPS)).reshape([n])
@@ -69,7 +72,10 @@ pub fn targeted_dlr<B: Backend>(
     target: Tensor<B, 1, Int>,
 ) -> Tensor<B, 1> {
     let [n, k] = logits.dims();
-    assert!(k >= 4, "the targeted DLR loss needs at least 4 classes, the model has {k}");
+    assert!(
+        k >= 4,
+        "the targeted DLR loss needs at least 4 classes, the model has {k}"
+    );
     let at = |t: Tensor<B, 1, Int>| logits.clone().gather(1, t.reshape([n, 1])).reshape([n]);
     let difference = at(target) - at(y);
     let sorted = logits.clone().sort_descending(1);
@@ -85,7 +91,9 @@ impl std::str::FromStr for AttackLoss {
             "ce" | "cross-entropy" => Ok(AttackLoss::CrossEntropy),
             "margin" | "cw" => Ok(AttackLoss::Margin),
             "dlr" => Ok(AttackLoss::Dlr),
-            _ => Err(format!("unknown attack loss `{s}`: expected ce, margin or dlr")),
+            _ => Err(format!(
+                "unknown attack loss `{s}`: expected ce, margin or dlr"
+            )),
         }
     }
 }

@@ -27,6 +27,21 @@ pub struct ExampleOutcome {
 }
 
 impl ExampleOutcome {
+    /// An example before any attack: classified correctly or not by the clean pass (one
+    /// forward evaluation), not adversarial, at distance 0.
+    pub fn clean(clean_correct: bool) -> Self {
+        Self {
+            clean_correct,
+            adversarial: false,
+            l0: 0.0,
+            l2: 0.0,
+            linf: 0.0,
+            gradient_evals: 0,
+            forward_evals: 1,
+        }
+    }
+
+    /// The L∞ or L2 distance, as the norm asks.
     pub fn distance(&self, norm: Norm) -> f32 {
         match norm {
             Norm::Linf => self.linf,

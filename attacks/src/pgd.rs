@@ -86,22 +86,10 @@ impl PgdConfig {
         let n = x.dims()[0];
         let mut rng = StdRng::seed_from_u64(self.seed);
         let labels = to_labels(y.clone());
-        let mut examples = vec![
-            ExampleOutcome {
-                clean_correct: false,
-                adversarial: false,
-                l0: 0.0,
-                l2: 0.0,
-                linf: 0.0,
-                gradient_evals: 0,
-                forward_evals: 1,
-            };
-            n
-        ];
         let clean = predicted(model.logits(x.clone(), &mut rng));
-        for (i, e) in examples.iter_mut().enumerate() {
-            e.clean_correct = clean[i] == labels[i];
-        }
+        let mut examples: Vec<ExampleOutcome> = (0..n)
+            .map(|i| ExampleOutcome::clean(clean[i] == labels[i]))
+            .collect();
         let y_tracked = Tensor::<B, 1, Int>::from_inner(y);
         let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_tracked.clone());
 

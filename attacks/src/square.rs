@@ -76,52 +76,49 @@ impl SquareConfig {
         } else {
             1
         };
-        let clean: Vec<f32> = x.clone().into_data().convert::<f32>().to_vec().expect("f32");
-        let mut examples: Vec<ExampleOutcome> = Vec::with_capacity(n);
+        let clean: Vec<f32> = x
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .expect("f32");
         let pred = predicted(model.logits(x.clone(), &mut rng));
-        for i in 0..n {
-            examples.push(ExampleOutcome {
-                clean_correct: pred[i] == labels[i],
-                adversarial: false,
-                l0: 0.0,
-                l2: 0.0,
-                linf: 0.0,
-                gradient_evals: 0,
-                forward_evals: 1,
-            });
-        }
+        let mut examples: Vec<ExampleOutcome> = (0..n)
+            .map(|i| ExampleOutcome::clean(pred[i] == labels[i]))
+            .collect();
         // The margin z_y − max_{j≠y} z_j of some rows' candidates (mean logits of `passes`).
-        let margins = |rows: &[usize], images: &[f32], rng: &mut StdRng, examples: &mut [ExampleOutcome]| {
-            let m = rows.len();
-            let batch = Tensor::<Inner<B>, 4>::from_data(
-                TensorData::new(images.to_vec(), [m, c, h, w]),
-                &device,
-            );
-            let mut sum: Option<Tensor<Inner<B>, 2>> = None;
-            for _ in 0..passes {
-                let l = model.logits(batch.clone(), rng);
-                sum = Some(sum.map_or(l.clone(), |s| s + l));
-            }
-            let logits: Vec<f32> = (sum.expect("one pass") / passes as f32)
-                .into_data()
-                .convert::<f32>()
-                .to_vec()
-                .expect("f32");
-            let k = logits.len() / m;
-            rows.iter()
-                .enumerate()
-                .map(|(r, &i)| {
-                    examples[i].forward_evals += passes;
-                    let z = &logits[r * k..(r + 1) * k];
-                    let y = labels[i] as usize;
-                    let other = (0..k)
-                        .filter(|&j| j != y)
-                        .map(|j| z[j])
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    z[y] - other
-                })
-                .collect::<Vec<f32>>()
-        };
+        let margins =
+            |rows: &[usize], images: &[f32], rng: &mut StdRng, examples: &mut [ExampleOutcome]| {
+                let m = rows.len();
+                let batch = Tensor::<Inner<B>, 4>::from_data(
+                    TensorData::new(images.to_vec(), [m, c, h, w]),
+                    &device,
+                );
+                let mut sum: Option<Tensor<Inner<B>, 2>> = None;
+                for _ in 0..passes {
+                    let l = model.logits(batch.clone(), rng);
+                    sum = Some(sum.map_or(l.clone(), |s| s + l));
+                }
+                let logits: Vec<f32> = (sum.expect("one pass") / passes as f32)
+                    .into_data()
+                    .convert::<f32>()
+                    .to_vec()
+                    .expect("f32");
+                let k = logits.len() / m;
+                rows.iter()
+                    .enumerate()
+                    .map(|(r, &i)| {
+                        examples[i].forward_evals += passes;
+                        let z = &logits[r * k..(r + 1) * k];
+                        let y = labels[i] as usize;
+                        let other = (0..k)
+                            .filter(|&j| j != y)
+                            .map(|j| z[j])
+                            .fold(f32::NEG_INFINITY, f32::max);
+                        z[y] - other
+                    })
+                    .collect::<Vec<f32>>()
+            };
         let clip = |i: usize, delta: &[f32]| -> Vec<f32> {
             (0..len)
                 .map(|d| (clean[i * len + d] + delta[d]).clamp(0.0, 1.0))
@@ -152,7 +149,11 @@ impl SquareConfig {
             }
         }
         for query in 1..self.queries {
-            let active: Vec<usize> = attacked.iter().copied().filter(|&i| margin[i] >= 0.0).collect();
+            let active: Vec<usize> = attacked
+                .iter()
+                .copied()
+                .filter(|&i| margin[i] >= 0.0)
+                .collect();
             if active.is_empty() {
                 break;
             }
@@ -160,7 +161,10 @@ impl SquareConfig {
             let side = ((p * (h * w) as f32).sqrt().round() as usize).clamp(1, h.min(w) - 1);
             let mut candidates: Vec<Vec<f32>> = Vec::with_capacity(active.len());
             for &i in &active {
-                let (top, left) = (rng.random_range(0..=h - side), rng.random_range(0..=w - side));
+                let (top, left) = (
+                    rng.random_range(0..=h - side),
+                    rng.random_range(0..=w - side),
+                );
                 let mut next = delta[i].clone();
                 // Redraw until the window changes the clipped image (else the query is wasted).
                 for _ in 0..100 {
@@ -177,8 +181,9 @@ impl SquareConfig {
                             (left..left + side).any(|col| {
                                 let d = ch * h * w + row * w + col;
                                 let x0 = clean[i * len + d];
-                                ((x0 + next[d]).clamp(0.0, 1.0) - (x0 + delta[i][d]).clamp(0.0, 1.0))
-                                    .abs()
+                                ((x0 + next[d]).clamp(0.0, 1.0)
+                                    - (x0 + delta[i][d]).clamp(0.0, 1.0))
+                                .abs()
                                     > 1e-7
                             })
                         })
@@ -211,7 +216,8 @@ impl SquareConfig {
                 }
             })
             .collect();
-        let returned = Tensor::<Inner<B>, 4>::from_data(TensorData::new(returned, [n, c, h, w]), &device);
+        let returned =
+            Tensor::<Inner<B>, 4>::from_data(TensorData::new(returned, [n, c, h, w]), &device);
         // Confirm each candidate that crossed (many chains for a stochastic model).
         let now = predicted(model.recheck_logits(returned.clone(), &mut rng));
         for i in 0..n {

@@ -23,17 +23,29 @@ fn checkpoints_follow_the_published_schedule() {
 #[test]
 fn the_step_is_halved_on_oscillation_or_stall() {
     // 22 steps since the last checkpoint, ρ = 0.75: 16.5 increases is the line.
-    assert!(apgd_should_halve(16, 22, 0.75, true, 1.0, 2.0), "16 < 16.5: oscillating");
-    assert!(!apgd_should_halve(17, 22, 0.75, true, 1.0, 2.0), "17 raised the loss enough");
+    assert!(
+        apgd_should_halve(16, 22, 0.75, true, 1.0, 2.0),
+        "16 < 16.5: oscillating"
+    );
+    assert!(
+        !apgd_should_halve(17, 22, 0.75, true, 1.0, 2.0),
+        "17 raised the loss enough"
+    );
     // Not halved last time and the best loss did not improve: halve.
     assert!(apgd_should_halve(17, 22, 0.75, false, 2.0, 2.0));
     // Halved last time: a stall alone does not halve again.
     assert!(!apgd_should_halve(17, 22, 0.75, true, 2.0, 2.0));
-    assert!(!apgd_should_halve(20, 22, 0.75, false, 1.0, 1.5), "improved");
+    assert!(
+        !apgd_should_halve(20, 22, 0.75, false, 1.0, 1.5),
+        "improved"
+    );
 }
 
 fn logits(v: &[f32], rows: usize) -> Tensor<I, 2> {
-    Tensor::from_data(TensorData::new(v.to_vec(), [rows, v.len() / rows]), &Default::default())
+    Tensor::from_data(
+        TensorData::new(v.to_vec(), [rows, v.len() / rows]),
+        &Default::default(),
+    )
 }
 
 fn ints(v: &[i64]) -> Tensor<I, 1, Int> {
@@ -50,7 +62,10 @@ fn dlr_losses_match_hand_computed_values() {
     let z = logits(&[3.0, 1.0, 2.0, 0.5, 3.0, 1.0, 2.0, 0.5], 2);
     // y = 0: −(3 − 2) / (3 − 1) = −0.5; y = 2: −(2 − 3) / (3 − 1) = 0.5.
     let dlr = values(AttackLoss::Dlr.of(z.clone(), ints(&[0, 2])));
-    assert!((dlr[0] + 0.5).abs() < 1e-6 && (dlr[1] - 0.5).abs() < 1e-6, "{dlr:?}");
+    assert!(
+        (dlr[0] + 0.5).abs() < 1e-6 && (dlr[1] - 0.5).abs() < 1e-6,
+        "{dlr:?}"
+    );
     // Targeted, y = 0, t = 3: −(3 − 0.5) / (3 − (1 + 0.5) / 2) = −2.5 / 2.25;
     // y = 2, t = 0: −(2 − 3) / 2.25.
     let t = values(targeted_dlr(z.clone(), ints(&[0, 2]), ints(&[3, 0])));

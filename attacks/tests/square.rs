@@ -11,7 +11,10 @@ fn window_fraction_follows_the_published_schedule() {
     let mut cfg = SquareConfig::new(Norm::Linf);
     cfg.queries = 10_000;
     let p = |q| cfg.window_fraction(q);
-    assert_eq!((p(1), p(10), p(11), p(50), p(51)), (0.8, 0.8, 0.4, 0.4, 0.2));
+    assert_eq!(
+        (p(1), p(10), p(11), p(50), p(51)),
+        (0.8, 0.8, 0.4, 0.4, 0.2)
+    );
     assert_eq!((p(8000), p(8001)), (0.8 / 256.0, 0.8 / 512.0));
     // Rescaled to a budget of 1 000: the first halving after query 1.
     cfg.queries = 1000;
@@ -42,6 +45,13 @@ fn square_finds_the_minimal_linf_perturbation_of_a_linear_model() {
     }
     let l2 = SquareConfig::new(Norm::L2);
     let c = &cases(1)[0];
-    let model = Undefended::new(LinearClassifier::<B>::new(c.w.clone(), c.b.clone(), 2, &Default::default()));
-    assert!(l2.run::<B, _>(&model, image(&c.x), label(c.y), 0.5).is_err());
+    let model = Undefended::new(LinearClassifier::<B>::new(
+        c.w.clone(),
+        c.b.clone(),
+        2,
+        &Default::default(),
+    ));
+    assert!(l2
+        .run::<B, _>(&model, image(&c.x), label(c.y), 0.5)
+        .is_err());
 }

@@ -62,7 +62,11 @@ fn idx_images_survive_truncation_and_flips() {
     let path = dir.path().join("images-idx3-ubyte");
     let good = small_idx_images(20);
     std::fs::write(&path, &good).unwrap();
-    assert_eq!(read_idx_images(&path).unwrap().count, 20, "the cut-down file is valid");
+    assert_eq!(
+        read_idx_images(&path).unwrap().count,
+        20,
+        "the cut-down file is valid"
+    );
     let mut rng = Rng(1);
     for _ in 0..TRIALS {
         let cut = rng.below(good.len());
@@ -88,7 +92,10 @@ fn idx_labels_survive_truncation_and_flips() {
     for _ in 0..TRIALS {
         let cut = rng.below(good.len());
         std::fs::write(&path, &good[..cut]).unwrap();
-        assert!(read_idx_labels(&path, 10).is_err(), "truncated at {cut} bytes");
+        assert!(
+            read_idx_labels(&path, 10).is_err(),
+            "truncated at {cut} bytes"
+        );
     }
     for _ in 0..TRIALS {
         std::fs::write(&path, flipped(&good, 8, &mut rng)).unwrap();
@@ -109,7 +116,10 @@ fn gzipped_idx_survives_truncation_and_flips() {
     for _ in 0..TRIALS {
         let cut = rng.below(good.len());
         std::fs::write(&path, &good[..cut]).unwrap();
-        assert!(read_idx_labels(&path, 10).is_err(), "truncated at {cut} bytes");
+        assert!(
+            read_idx_labels(&path, 10).is_err(),
+            "truncated at {cut} bytes"
+        );
     }
     for _ in 0..TRIALS {
         std::fs::write(&path, flipped(good, 32, &mut rng)).unwrap();

@@ -31,7 +31,9 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
 }
 
 /// Attacks that follow gradients of the (defended) model.
-const WHITE_BOX: [&str; 7] = ["pgd", "pgd-long", "apgd-ce", "apgd-dlr", "apgd-t", "fab-t", "fgsm"];
+const WHITE_BOX: [&str; 7] = [
+    "pgd", "pgd-long", "apgd-ce", "apgd-dlr", "apgd-t", "fab-t", "fgsm",
+];
 /// Attacks that see only scores or decisions.
 const BLACK_BOX: [&str; 3] = ["square", "boundary", "pointwise"];
 
@@ -169,7 +171,10 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     // are masked: the white-box attacks are not finding what exists).
     let mut compared = 0;
     let mut problems = Vec::new();
-    for r in rows.iter().filter(|r| BLACK_BOX.contains(&r.attack.as_str())) {
+    for r in rows
+        .iter()
+        .filter(|r| BLACK_BOX.contains(&r.attack.as_str()))
+    {
         let best_white = rows
             .iter()
             .filter(|p| {

@@ -35,8 +35,16 @@ pub fn wilson(successes: usize, n: usize) -> (f64, f64) {
     let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
     let half = Z / (1.0 + z2 / n) * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
     // At 0 and n the bound is exactly 0 (or 1); rounding would put it a hair inside.
-    let lo = if successes == 0 { 0.0 } else { (centre - half).max(0.0) };
-    let hi = if successes as f64 == n { 1.0 } else { (centre + half).min(1.0) };
+    let lo = if successes == 0 {
+        0.0
+    } else {
+        (centre - half).max(0.0)
+    };
+    let hi = if successes as f64 == n {
+        1.0
+    } else {
+        (centre + half).min(1.0)
+    };
     (lo, hi)
 }
 
@@ -227,7 +235,11 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
                     attack_settings: serde_json::json!({ "worst_case_over": names }).to_string(),
                     ..template.clone()
                 };
-                out.push(with_rates(row, clean.values().copied(), robust.into_values()));
+                out.push(with_rates(
+                    row,
+                    clean.values().copied(),
+                    robust.into_values(),
+                ));
             }
         }
     }
@@ -256,7 +268,10 @@ mod tests {
     #[test]
     fn wilson_matches_known_intervals() {
         let close = |(a, b): (f64, f64), (c, d): (f64, f64)| {
-            assert!((a - c).abs() < 5e-4 && (b - d).abs() < 5e-4, "({a}, {b}) vs ({c}, {d})");
+            assert!(
+                (a - c).abs() < 5e-4 && (b - d).abs() < 5e-4,
+                "({a}, {b}) vs ({c}, {d})"
+            );
         };
         close(wilson(10, 20), (0.2993, 0.7007));
         close(wilson(0, 20), (0.0, 0.1611));

@@ -154,11 +154,12 @@ impl RobustArgs {
     /// EOT draws of the gradient attacks: `--eot`, else 20 with the `autoattack-rand` preset
     /// (AutoAttack's setting for randomised defences), else 1.
     pub fn eot(&self) -> usize {
-        self.eot.unwrap_or(if self.attacks.contains(&AttackKind::AutoAttackRand) {
-            20
-        } else {
-            1
-        })
+        self.eot
+            .unwrap_or(if self.attacks.contains(&AttackKind::AutoAttackRand) {
+                20
+            } else {
+                1
+            })
     }
 
     /// Restarts of an attack: `pgd-long` doubles PGD's; single runs elsewhere.
@@ -174,9 +175,18 @@ impl RobustArgs {
 
     /// Checks the flags on their own (models and data are checked by [`Plan::new`]).
     fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(!self.attacks.is_empty(), "--attacks: name at least one attack");
-        anyhow::ensure!(!self.ks.is_empty(), "--steps: name at least one K (0 = no SGLD)");
-        anyhow::ensure!(!self.grad.is_empty(), "--grad: name at least one of full, bpda");
+        anyhow::ensure!(
+            !self.attacks.is_empty(),
+            "--attacks: name at least one attack"
+        );
+        anyhow::ensure!(
+            !self.ks.is_empty(),
+            "--steps: name at least one K (0 = no SGLD)"
+        );
+        anyhow::ensure!(
+            !self.grad.is_empty(),
+            "--grad: name at least one of full, bpda"
+        );
         for (flag, value) in [
             ("--n-examples", self.n_examples),
             ("--eot", self.eot()),
@@ -301,7 +311,11 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
         // An example broken (or misclassified) at some ε keeps that outcome at every larger ε.
         let mut settled: Vec<Option<ExampleOutcome>> = vec![None; n];
         for eps in grid {
-            let attacked: Vec<usize> = all.iter().copied().filter(|&i| settled[i].is_none()).collect();
+            let attacked: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&i| settled[i].is_none())
+                .collect();
             let mut at_eps: Vec<ExampleOutcome> = settled
                 .iter()
                 .map(|s| match s {
@@ -310,15 +324,8 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
                         forward_evals: 0,
                         ..e.clone()
                     },
-                    None => ExampleOutcome {
-                        clean_correct: false,
-                        adversarial: false,
-                        l0: 0.0,
-                        l2: 0.0,
-                        linf: 0.0,
-                        gradient_evals: 0,
-                        forward_evals: 0,
-                    },
+                    // Overwritten below: every unsettled example is attacked.
+                    None => ExampleOutcome::clean(false),
                 })
                 .collect();
             if !attacked.is_empty() {
@@ -688,7 +695,8 @@ impl Plan {
         let mut weights = Vec::with_capacity(models.len());
         for m in &models {
             let ckpt = Checkpoint::at(m);
-            ckpt.ensure_exists().with_context(|| format!("--models {m}"))?;
+            ckpt.ensure_exists()
+                .with_context(|| format!("--models {m}"))?;
             let (model, sidecar) = ckpt
                 .load::<Inference>(&device)
                 .with_context(|| format!("--models {m}"))?;
@@ -794,7 +802,12 @@ pub(crate) fn settings_differences(
                     } else {
                         format!("{path}.{k}")
                     };
-                    walk(&p, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+                    walk(
+                        &p,
+                        x.get(k).unwrap_or(&null),
+                        y.get(k).unwrap_or(&null),
+                        out,
+                    );
                 }
             }
             _ if a != b => out.push(format!("{path}: the folder has {a}, this command {b}")),

@@ -72,8 +72,7 @@ impl Sidecar {
             self.format_version
         );
         let a = &self.architecture;
-        a.blocks_per_stage()
-            .with_context(|| at("architecture"))?;
+        a.blocks_per_stage().with_context(|| at("architecture"))?;
         anyhow::ensure!(
             a.in_channels >= 1,
             "{}: expected at least 1, found 0",
@@ -311,8 +310,9 @@ impl Checkpoint {
     fn weight_bytes(&self) -> anyhow::Result<Vec<u8>> {
         match self.embedded {
             Some(m) => Ok(m.weights.to_vec()),
-            None => std::fs::read(&self.weights)
-                .with_context(|| format!("cannot read checkpoint weights {}", self.weights.display())),
+            None => std::fs::read(&self.weights).with_context(|| {
+                format!("cannot read checkpoint weights {}", self.weights.display())
+            }),
         }
     }
 
@@ -410,7 +410,9 @@ pub(crate) fn load_weights<B: Backend>(
     }
     for (name, shape) in &found {
         if !expected.contains_key(name) {
-            problems.push(format!("tensor `{name}` {shape:?} is not part of the architecture"));
+            problems.push(format!(
+                "tensor `{name}` {shape:?} is not part of the architecture"
+            ));
         }
     }
     if !problems.is_empty() {
