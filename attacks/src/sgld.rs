@@ -29,7 +29,7 @@ pub struct SgldConfig {
     pub clamp: bool,
 }
 
-/// What the chain climbs: the unconditional LogSumExp f(x) (p(x)), or f(x)[y] (p(x, y)).
+/// What the chain climbs: the unconditional LogSumExp f(x) (p(x)), or `f(x)[y]` (p(x, y)).
 #[derive(Debug, Clone)]
 pub enum SgldTarget<B: Backend> {
     Marginal,
