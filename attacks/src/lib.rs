@@ -2,14 +2,14 @@
 //! (Grathwohl et al., ICLR 2020) uses both to train and, at test time, as a defence.
 //!
 //! Pixels are in [0, 1] everywhere; a model maps an `N×C×H×W` batch to `N×K` logits through the
-//! [`Classifier`] trait, so that an attack works on any network that implements it. One call
-//! attacks a batch at one ε and returns, per example, whether it was broken and how far the
-//! adversarial input is:
+//! [`Classifier`] trait, so that an attack works on any network that implements it. One call —
+//! model, inputs, labels, a list of ε — returns one [`AttackOutcome`] per ε: per example,
+//! whether it was broken and how far the adversarial input is ([`Attack`]):
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
 //! use burn::tensor::{Int, Tensor, TensorData};
-//! use jem_attacks::{ApgdConfig, ApgdLoss, LinearClassifier, Norm, Undefended};
+//! use jem_attacks::{ApgdConfig, ApgdLoss, Attack, LinearClassifier, Norm, Undefended};
 //!
 //! type B = Autodiff<Flex>;
 //! let device = Default::default();
@@ -21,11 +21,15 @@
 //!
 //! // Class 0 leads by 0.3; under L∞ the closest boundary is 0.15 away.
 //! let apgd = ApgdConfig::new(Norm::Linf, ApgdLoss::CrossEntropy);
-//! let broken = apgd.run::<B, _>(&model, x.clone(), y.clone(), 0.16);
-//! assert!(broken.examples[0].adversarial && broken.examples[0].linf <= 0.16 + 1e-6);
-//! let held = apgd.run::<B, _>(&model, x, y, 0.14);
-//! assert!(held.examples[0].clean_correct && !held.examples[0].adversarial);
+//! let per_eps = apgd.attack(&model, x, y, &[0.14, 0.16]).unwrap();
+//! let (held, broken) = (&per_eps[0].examples[0], &per_eps[1].examples[0]);
+//! assert!(held.clean_correct && !held.adversarial);
+//! assert!(broken.adversarial && broken.linf <= 0.16 + 1e-6);
 //! ```
+//!
+//! Fixed-ε attacks run the list in ascending order on the examples no smaller ε broke (a break
+//! carries to every larger ε); minimum-perturbation attacks run once, wrapped in
+//! [`MinimumNorm`]. Each attack also has `run`, at a single ε.
 //!
 //! - [`Model`]: what an attack sees — [`Undefended`], or [`SgldDefence`] (JEM-K: K SGLD steps
 //!   in n chains before classifying, gradients `full` or `bpda`, Athalye et al. 2018).
@@ -39,6 +43,7 @@
 //!   and forward evaluations.
 
 mod apgd;
+mod attack;
 mod boundary;
 mod classifier;
 mod decision;
@@ -58,6 +63,7 @@ mod square;
 pub use apgd::{
     checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss,
 };
+pub use attack::{Attack, MinimumNorm, MinimumPerturbation};
 pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
 pub use decision::Oracle;

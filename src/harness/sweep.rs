@@ -12,8 +12,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, AttackOutcome, BoundaryConfig, ExampleOutcome, GradMode, Norm, PgdConfig,
-    PointwiseConfig, SquareConfig,
+    ApgdConfig, ApgdLoss, Attack, AttackOutcome, BoundaryConfig, ExampleOutcome, GradMode,
+    MinimumPerturbation, Norm, PgdConfig, PointwiseConfig, SquareConfig,
 };
 use jem_datasets::{DataSource, ImageSet, Split};
 use serde::{Deserialize, Serialize};
@@ -302,58 +302,31 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     };
 
     // Per ε (or once, for a minimum-perturbation attack): every example's outcome.
-    let mut outcomes: Vec<(Option<f32>, Vec<ExampleOutcome>)> = Vec::new();
-    let mut settings = serde_json::Value::Null;
     let all: Vec<usize> = (0..n).collect();
-    if cell.attack.fixed_eps() {
-        let mut grid = eps_grid.to_vec();
-        grid.sort_by(f32::total_cmp);
-        // An example broken (or misclassified) at some ε keeps that outcome at every larger ε.
-        let mut settled: Vec<Option<ExampleOutcome>> = vec![None; n];
-        for eps in grid {
-            let attacked: Vec<usize> = all
-                .iter()
-                .copied()
-                .filter(|&i| settled[i].is_none())
-                .collect();
-            let mut at_eps: Vec<ExampleOutcome> = settled
-                .iter()
-                .map(|s| match s {
-                    Some(e) => ExampleOutcome {
-                        gradient_evals: 0,
-                        forward_evals: 0,
-                        ..e.clone()
-                    },
-                    // Overwritten below: every unsettled example is attacked.
-                    None => ExampleOutcome::clean(false),
-                })
-                .collect();
-            if !attacked.is_empty() {
-                let (x, y) = batch(&attacked);
-                let (out, s) = attack_at(args, cell.attack, eps, &defended, x, y)?;
-                settings = s;
-                if args.save_adversarials {
-                    save_adversarials(args, cell, Some(eps), &loaded, &attacked, &out)?;
-                }
-                for (r, &i) in attacked.iter().enumerate() {
-                    let e = out.examples[r].clone();
-                    if !e.clean_correct || e.adversarial {
-                        settled[i] = Some(e.clone());
-                    }
-                    at_eps[i] = e;
-                }
+    let (x, y) = batch(&all);
+    let (outcomes, settings): (Vec<(Option<f32>, AttackOutcome)>, serde_json::Value) =
+        match configure(args, cell.attack)? {
+            Configured::PerEps(attack) => {
+                let mut grid = eps_grid.to_vec();
+                grid.sort_by(f32::total_cmp);
+                let per_eps = attack
+                    .attack(&defended, x, y, &grid)
+                    .map_err(|e| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name()))?;
+                let settings = attack.settings();
+                (grid.into_iter().map(Some).zip(per_eps).collect(), settings)
             }
-            outcomes.push((Some(eps), at_eps));
+            Configured::Minimum(attack) => (
+                vec![(None, attack.run_once(&defended, x, y))],
+                attack.settings(),
+            ),
+        };
+    if args.save_adversarials {
+        for (eps, out) in &outcomes {
+            save_adversarials(args, cell, *eps, &loaded, &all, out)?;
         }
-    } else {
-        let (x, y) = batch(&all);
-        let (out, s) = attack_at(args, cell.attack, 0.0, &defended, x, y)?;
-        settings = s;
-        if args.save_adversarials {
-            save_adversarials(args, cell, None, &loaded, &all, &out)?;
-        }
-        outcomes.push((None, out.examples));
     }
+    let outcomes: Vec<(Option<f32>, Vec<ExampleOutcome>)> =
+        outcomes.into_iter().map(|(e, o)| (e, o.examples)).collect();
 
     let probe = probe(&defended, &loaded, args.seed, &device);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
@@ -449,19 +422,17 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
     })
 }
 
-/// Runs one attack at one ε (ignored by minimum-perturbation attacks) and returns its outcome
-/// and every setting it ran with.
-fn attack_at(
-    args: &RobustArgs,
-    attack: AttackKind,
-    eps: f32,
-    model: &Defended,
-    x: Tensor<Inference, 4>,
-    y: Tensor<Inference, 1, Int>,
-) -> anyhow::Result<(AttackOutcome, serde_json::Value)> {
+/// The attack a cell runs, configured from the sweep's flags.
+enum Configured {
+    /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
+    /// broke.
+    PerEps(Box<dyn Attack<Train, Defended>>),
+    /// A minimum-perturbation attack: one run answers every ε.
+    Minimum(Box<dyn MinimumPerturbation<Train, Defended>>),
+}
+
+fn configure(args: &RobustArgs, attack: AttackKind) -> anyhow::Result<Configured> {
     let norm = args.norm;
-    // At ε = 0 there is nothing to search: the attacks report the clean (re-checked) answer.
-    let nothing = eps == 0.0;
     Ok(match attack {
         AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
             let mut cfg = match attack {
@@ -478,11 +449,7 @@ fn attack_at(
             };
             cfg.eot = args.eot();
             cfg.seed = args.seed;
-            if nothing {
-                cfg.steps = 0;
-            }
-            let settings = serde_json::to_value(&cfg)?;
-            (cfg.run::<Train, _>(model, x, y, eps), settings)
+            Configured::PerEps(Box::new(cfg))
         }
         AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
             let loss = match attack {
@@ -491,42 +458,29 @@ fn attack_at(
                 _ => ApgdLoss::TargetedDlr,
             };
             let mut cfg = ApgdConfig::new(norm, loss);
-            cfg.iterations = if nothing { 0 } else { args.apgd_iterations };
+            cfg.iterations = args.apgd_iterations;
             cfg.restarts = args.restarts_of(attack);
             cfg.eot = args.eot();
             cfg.seed = args.seed;
-            let settings = serde_json::to_value(&cfg)?;
-            (cfg.run::<Train, _>(model, x, y, eps), settings)
+            Configured::PerEps(Box::new(cfg))
         }
         AttackKind::Square => {
             let mut cfg = SquareConfig::new(norm);
-            cfg.queries = if nothing { 1 } else { args.square_queries };
+            cfg.queries = args.square_queries;
             cfg.seed = args.seed;
-            let settings = serde_json::to_value(&cfg)?;
-            let out = cfg
-                .run::<Train, _>(model, x, y, eps)
-                .map_err(|e| anyhow::anyhow!("--attacks square: {e}"))?;
-            (out, settings)
+            Configured::PerEps(Box::new(cfg))
         }
-        AttackKind::Boundary => {
-            let cfg = BoundaryConfig {
-                steps: args.boundary_steps,
-                seed: args.seed,
-                ..Default::default()
-            };
-            let settings = serde_json::to_value(&cfg)?;
-            (cfg.run::<Train, _>(model, x, y), settings)
-        }
-        AttackKind::Pointwise => {
-            let cfg = PointwiseConfig {
-                seed: args.seed,
-                ..Default::default()
-            };
-            let settings = serde_json::to_value(&cfg)?;
-            (cfg.run::<Train, _>(model, x, y), settings)
-        }
+        AttackKind::Boundary => Configured::Minimum(Box::new(BoundaryConfig {
+            steps: args.boundary_steps,
+            seed: args.seed,
+            ..Default::default()
+        })),
+        AttackKind::Pointwise => Configured::Minimum(Box::new(PointwiseConfig {
+            seed: args.seed,
+            ..Default::default()
+        })),
         AttackKind::AutoAttack | AttackKind::AutoAttackRand => {
-            unreachable!("presets are expanded into their attacks before cells are listed")
+            anyhow::bail!("presets are expanded into their attacks before cells are listed")
         }
     })
 }

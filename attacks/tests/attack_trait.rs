@@ -1,0 +1,160 @@
+//! The one-call interface ([`Attack`]): a model, a batch, labels and a list of ε in, one outcome
+//! per ε out, checked on a linear model whose minimal perturbation per example is known in
+//! closed form: each example is broken exactly at the ε that reach its minimum (never 2 %
+//! below it), breaks carry to every larger ε at no further cost, and ε = 0 changes nothing.
+
+mod common;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use common::{cases, image, B, D};
+use jem_attacks::{
+    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, LinearClassifier, MinimumNorm, Norm, PgdConfig,
+    Undefended,
+};
+
+type M = Undefended<LinearClassifier<B>>;
+
+/// Eight inputs for one binary linear model, and per input its margin (negative:
+/// misclassified) and minimal L∞ and L2 perturbations.
+struct Batch {
+    model: M,
+    x: Vec<f32>,
+    margin: Vec<f32>,
+    min_linf: Vec<f32>,
+    min_l2: Vec<f32>,
+}
+
+fn batch() -> Batch {
+    let c = &cases(1)[0];
+    let diff: Vec<f32> = (0..D).map(|d| c.w[d] - c.w[D + d]).collect();
+    let l1: f32 = diff.iter().map(|v| v.abs()).sum();
+    let l2: f32 = diff.iter().map(|v| v * v).sum::<f32>().sqrt();
+    // Moving the case's input by −t·sign(w₀ − w₁) lowers its margin by t‖w₀ − w₁‖₁.
+    let margin = vec![-0.1, 0.03, 0.07, 0.15, 0.25, 0.4, 0.6, 0.9];
+    let mut x = Vec::new();
+    for &m in &margin {
+        let t = (c.min_linf * l1 - m) / l1;
+        x.extend((0..D).map(|d| c.x[d] - t * diff[d].signum()));
+    }
+    Batch {
+        model: Undefended::new(LinearClassifier::<B>::new(
+            c.w.clone(),
+            c.b.clone(),
+            2,
+            &Default::default(),
+        )),
+        min_linf: margin.iter().map(|m| m / l1).collect(),
+        min_l2: margin.iter().map(|m| m / l2).collect(),
+        x,
+        margin,
+    }
+}
+
+fn labels(n: usize) -> Tensor<common::I, 1, Int> {
+    Tensor::from_data(TensorData::new(vec![0i64; n], [n]), &Default::default())
+}
+
+#[test]
+fn fixed_eps_attacks_answer_every_eps_with_breaks_carried() {
+    let b = batch();
+    assert!(
+        b.margin.iter().any(|&m| m < 0.0) && b.margin.iter().filter(|&&m| m > 0.0).count() >= 3,
+        "the batch mixes misclassified and correct inputs: {:?}",
+        b.margin
+    );
+    // Unsorted on purpose: outcomes come back in the order asked.
+    let eps = [0.3, 0.0, 0.01, 0.02, 0.04, 0.08, 0.005];
+    let attacks: Vec<Box<dyn Attack<B, M>>> = vec![
+        // Enough steps to cross the ball from any random start (as in the PGD tests).
+        Box::new(PgdConfig {
+            steps: 100,
+            rel_stepsize: 0.05,
+            ..PgdConfig::pgd(Norm::Linf)
+        }),
+        Box::new(ApgdConfig::new(Norm::Linf, ApgdLoss::CrossEntropy)),
+    ];
+    for attack in &attacks {
+        let out = attack
+            .attack(&b.model, image(&b.x), labels(8), &eps)
+            .expect("runs");
+        assert_eq!(out.len(), eps.len());
+        for (j, &e) in eps.iter().enumerate() {
+            for i in 0..8 {
+                let ex = &out[j].examples[i];
+                assert_eq!(
+                    ex.clean_correct,
+                    b.margin[i] > 0.0,
+                    "{} {ex:?}",
+                    attack.name()
+                );
+                if !ex.clean_correct {
+                    continue;
+                }
+                let min = b.min_linf[i];
+                if e == 0.0 || e <= 0.98 * min {
+                    assert!(!ex.adversarial, "{} ε {e} < minimum {min}", attack.name());
+                }
+                if e >= 1.02 * min {
+                    assert!(
+                        ex.adversarial,
+                        "{} ε {e} ≥ 1.02 × minimum {min}",
+                        attack.name()
+                    );
+                }
+                if ex.adversarial {
+                    assert!(ex.linf <= e * (1.0 + 1e-5) + 1e-7, "{ex:?} at ε {e}");
+                }
+            }
+        }
+        // A break carries to every larger ε at no cost; ε = 0 returns the clean inputs.
+        let zero = eps.iter().position(|&e| e == 0.0).unwrap();
+        assert_eq!(out[zero].inputs, b.x);
+        let mut order: Vec<usize> = (0..eps.len()).collect();
+        order.sort_by(|&p, &q| eps[p].total_cmp(&eps[q]));
+        for i in 0..8 {
+            for w in order.windows(2) {
+                let (lo, hi) = (&out[w[0]].examples[i], &out[w[1]].examples[i]);
+                if lo.adversarial {
+                    assert!(
+                        hi.adversarial,
+                        "example {i}: broken at ε {} not at ε {}",
+                        eps[w[0]], eps[w[1]]
+                    );
+                    assert_eq!((hi.gradient_evals, hi.forward_evals), (0, 0));
+                    assert_eq!(hi.linf, lo.linf, "the same adversarial input is carried");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn minimum_norm_attacks_answer_each_eps_by_their_distance() {
+    let b = batch();
+    let attack = MinimumNorm {
+        attack: BoundaryConfig {
+            steps: 3000,
+            seed: 5,
+            ..Default::default()
+        },
+        norm: Norm::L2,
+    };
+    let eps = [0.0, 0.01, 0.02, 0.05, 0.1, 0.5];
+    let out =
+        Attack::<B, M>::attack(&attack, &b.model, image(&b.x), labels(8), &eps).expect("runs");
+    for (j, &e) in eps.iter().enumerate() {
+        for i in (0..8).filter(|&i| b.margin[i] > 0.0) {
+            let ex = &out[j].examples[i];
+            let min = b.min_l2[i];
+            if e < min {
+                assert!(!ex.adversarial, "ε {e} below the minimum {min}: {ex:?}");
+                assert_eq!(ex.l2, 0.0, "a held example reports the clean input");
+                assert_eq!(out[j].inputs[i * D..(i + 1) * D], b.x[i * D..(i + 1) * D]);
+            }
+            if e >= 1.05 * min {
+                assert!(ex.adversarial, "ε {e} ≥ 1.05 × minimum {min}: {ex:?}");
+                assert!(ex.l2 <= e * (1.0 + 1e-5));
+            }
+        }
+    }
+}
