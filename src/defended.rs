@@ -1,18 +1,19 @@
-//! A checkpoint as the attacks see it: the plain network for K = 0, or JEM's test-time
+//! A network as the attacks see it: the plain classifier for K = 0, or JEM's test-time
 //! defence (K SGLD steps in n chains) in front of it, with the SGLD step size and noise
-//! taken from the model's own training settings (official JEM values for non-JEM models), each
-//! overridable by a flag.
+//! taken from the model's own settings (a checkpoint's JEM training settings; the paper's
+//! values for other models), each overridable by a flag.
 
+use burn::module::Module;
 use burn::tensor::Tensor;
 use jem_attacks::{
-    GradMode, HessianVector, LossFn, Model, SgldConfig, SgldDefence, SgldDefenceConfig,
+    Classifier, GradMode, HessianVector, LossFn, Model, SgldConfig, SgldDefence, SgldDefenceConfig,
     SgldSampler, Undefended,
 };
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Inference, Train};
-use crate::model::{Sidecar, WideResNet};
+use crate::model::Sidecar;
 use crate::train::JemConfig;
 
 /// How the defence runs, recorded with every result.
@@ -71,10 +72,19 @@ impl DefenceArgs {
     }
 }
 
-/// Everything the defence of a model at K steps runs with: the model's own SGLD settings with
-/// the flags' overrides. `None` for K = 0.
+/// The defence's sampler settings of a checkpoint: its own JEM training settings (the paper's
+/// for models trained otherwise), on its input normalisation's scale.
+pub fn sgld_of(sidecar: &Sidecar) -> anyhow::Result<SgldConfig> {
+    Ok(JemConfig::of(sidecar)
+        .map_err(|e| anyhow::anyhow!("the SGLD defence (K > 0): {e}"))?
+        .sampler(&sidecar.architecture.input_normalization)
+        .config)
+}
+
+/// Everything the defence of a model at K steps runs with: the model's own SGLD settings
+/// (`base`) with the flags' overrides. `None` for K = 0.
 fn configs(
-    sidecar: &Sidecar,
+    base: Option<&SgldConfig>,
     steps: usize,
     grad: GradMode,
     args: &DefenceArgs,
@@ -82,10 +92,9 @@ fn configs(
     if steps == 0 {
         return Ok(None);
     }
-    let jem = JemConfig::of(sidecar)?;
-    let mut sgld = jem
-        .sampler(&sidecar.architecture.input_normalization)
-        .config;
+    let mut sgld = base.cloned().ok_or_else(|| {
+        anyhow::anyhow!("K = {steps}: the model has no SGLD settings for the defence")
+    })?;
     sgld.steps = steps;
     sgld.step_size = args.sgld_step_size.unwrap_or(sgld.step_size);
     sgld.noise = args.sgld_noise.unwrap_or(sgld.noise);
@@ -103,32 +112,33 @@ fn configs(
 
 /// The settings of the defence in force, for every output row: `{}` for K = 0.
 pub fn settings(
-    sidecar: &Sidecar,
+    base: Option<&SgldConfig>,
     steps: usize,
     grad: GradMode,
     args: &DefenceArgs,
 ) -> anyhow::Result<serde_json::Value> {
-    Ok(match configs(sidecar, steps, grad, args)? {
+    Ok(match configs(base, steps, grad, args)? {
         None => serde_json::json!({}),
         Some((sgld, defence)) => serde_json::json!({ "sgld": sgld, "defence": defence }),
     })
 }
 
-pub enum Defended {
-    Plain(Undefended<WideResNet<Train>>),
-    Sgld(SgldDefence<WideResNet<Train>>),
+/// A network as the attacks see it at K sampling steps.
+pub enum Defended<N> {
+    Plain(Undefended<N>),
+    Sgld(SgldDefence<N>),
 }
 
-impl Defended {
-    /// `steps` = K; K = 0 is the plain classifier.
+impl<N: Classifier<Train> + Module<Train>> Defended<N> {
+    /// `steps` = K; K = 0 is the plain classifier. `base`: the model's SGLD settings.
     pub fn new(
-        model: WideResNet<Train>,
-        sidecar: &Sidecar,
+        model: N,
+        base: Option<&SgldConfig>,
         steps: usize,
         grad: GradMode,
         args: &DefenceArgs,
     ) -> anyhow::Result<Self> {
-        Ok(match configs(sidecar, steps, grad, args)? {
+        Ok(match configs(base, steps, grad, args)? {
             None => Defended::Plain(Undefended::new(model)),
             Some((sgld, defence)) => {
                 Defended::Sgld(SgldDefence::new(model, SgldSampler::new(sgld), defence))
@@ -137,7 +147,7 @@ impl Defended {
     }
 }
 
-impl Model<Train> for Defended {
+impl<N: Classifier<Train>> Model<Train> for Defended<N> {
     fn logits(&self, x: Tensor<Inference, 4>, rng: &mut StdRng) -> Tensor<Inference, 2> {
         match self {
             Defended::Plain(m) => m.logits(x, rng),

@@ -169,7 +169,13 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
             let targets: Vec<usize> = (0..classes)
                 .flat_map(|c| std::iter::repeat_n(c, args.per_class))
                 .collect();
-            let defended = Defended::new(model, &sidecar, k, GradMode::Full, &args.defence)?;
+            let defended = Defended::new(
+                model,
+                Some(&crate::defended::sgld_of(&sidecar)?),
+                k,
+                GradMode::Full,
+                &args.defence,
+            )?;
             let out = cfg.run::<Train, _>(&defended, shape, &targets, &device);
             let name = ckpt.weights.display().to_string();
             for i in 0..targets.len() {

@@ -11,6 +11,7 @@ mod outputs;
 mod regress;
 mod report;
 mod robustness;
+mod subject;
 mod sweep;
 
 pub use cells::{AttackKind, Cell};
@@ -18,4 +19,5 @@ pub use outputs::{read_tidy, ExampleRow, TidyRow};
 pub use regress::{compare, regress, RegressArgs};
 pub use report::{report, ReportArgs};
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
-pub use sweep::{merge, run, MergeArgs, RobustArgs, Shard};
+pub use subject::Subject;
+pub use sweep::{merge, run, sweep, MergeArgs, RobustArgs, Shard};

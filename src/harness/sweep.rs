@@ -8,24 +8,26 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::Context;
+use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, Attack, AttackOutcome, BoundaryConfig, ExampleOutcome, GradMode,
-    MinimumPerturbation, Norm, PgdConfig, PointwiseConfig, SquareConfig,
+    ApgdConfig, ApgdLoss, Attack, AttackOutcome, BoundaryConfig, Classifier, ExampleOutcome,
+    GradMode, MinimumPerturbation, Model, Norm, PgdConfig, PointwiseConfig, SquareConfig,
 };
-use jem_datasets::{DataSource, ImageSet, Split};
+use jem_datasets::ImageSet;
 use serde::{Deserialize, Serialize};
 
 use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult, ExampleRow, TidyRow};
 use super::report;
 use super::robustness::wilson;
+use super::subject::Subject;
 use crate::backend::{self, Inference, Train};
 use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
-use crate::model::{weights_digest, write_atomic, Checkpoint, Sidecar, SOFTWARE};
+use crate::model::{write_atomic, WideResNet, SOFTWARE};
 
 /// Stored in every sweep's settings.json; fields missing there (settings of an older version)
 /// take their command-line defaults, so stored references keep loading.
@@ -237,26 +239,27 @@ impl RobustArgs {
     }
 }
 
-struct Loaded {
-    data: ImageSet,
-    spec: String,
+/// The test images a cell attacks: the first `--n-examples` of its subject's test set.
+struct Loaded<'a> {
+    data: &'a ImageSet,
+    spec: &'a str,
     indices: Vec<usize>,
 }
 
-/// The test images a model is attacked on: `--data` or the model's own data set, the first
-/// `--n-examples` of them, checked against the model (channels, size, classes).
-fn load_data(args: &RobustArgs, model: &str, sidecar: &Sidecar) -> anyhow::Result<Loaded> {
-    let spec = args
-        .data
-        .clone()
-        .unwrap_or_else(|| sidecar.training.data.clone());
-    let data = DataSource::parse(&spec)
-        .and_then(|s| s.load(Split::Test))
-        .with_context(|| match &args.data {
-            Some(_) => "--data".to_string(),
-            None => format!("the data set of {model} (its sidecar's training.data; pass --data)"),
-        })?;
-    sidecar.check_data(model, &data)?;
+impl<'a> Loaded<'a> {
+    fn of<N: Module<Train>>(args: &RobustArgs, subject: &'a Subject<N>) -> Self {
+        Loaded {
+            data: subject.test_set(),
+            spec: subject.data_name(),
+            indices: (0..args.n_examples).collect(),
+        }
+    }
+}
+
+/// What the sweep's flags need of one model, checked before anything is written: enough test
+/// images, ε within reach under L2, enough classes for the DLR losses, SGLD settings for K > 0.
+fn check_subject<N: Module<Train>>(args: &RobustArgs, subject: &Subject<N>) -> anyhow::Result<()> {
+    let (data, spec, name) = (subject.test_set(), subject.data_name(), subject.name());
     anyhow::ensure!(
         args.n_examples <= data.len(),
         "--n-examples {}: the test split of {spec} has only {} images",
@@ -273,30 +276,41 @@ fn load_data(args: &RobustArgs, model: &str, sidecar: &Sidecar) -> anyhow::Resul
             );
         }
     }
-    let indices: Vec<usize> = (0..args.n_examples).collect();
-    Ok(Loaded {
-        data,
-        spec,
-        indices,
-    })
+    let classes = data.num_classes();
+    for (attack, needs) in [(AttackKind::ApgdDlr, 3), (AttackKind::ApgdT, 4)] {
+        anyhow::ensure!(
+            !args.attack_list().contains(&attack) || classes >= needs,
+            "--attacks {}: its loss needs at least {needs} classes; {name} has {classes}",
+            attack.name()
+        );
+    }
+    anyhow::ensure!(
+        args.ks.iter().all(|&k| k == 0) || subject.sgld().is_some(),
+        "--steps: {name} has no SGLD settings for the defence at K > 0"
+    );
+    Ok(())
 }
 
-fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<CellResult> {
+fn run_cell<N: Classifier<Train> + Module<Train>>(
+    args: &RobustArgs,
+    subject: &Subject<N>,
+    cell: &Cell,
+    eps_grid: &[f32],
+) -> anyhow::Result<CellResult> {
     let started = Instant::now();
     let device = backend::device();
-    let ckpt = Checkpoint::at(&cell.model);
-    let (model, sidecar) = ckpt.load::<Train>(&device)?;
-    let loaded = load_data(args, &cell.model, &sidecar)?;
+    let loaded = Loaded::of(args, subject);
     let n = loaded.indices.len();
     let grad_mode = cell.grad.unwrap_or(GradMode::Bpda);
-    let defence_settings = crate::defended::settings(&sidecar, cell.k, grad_mode, &args.defence)?;
-    let defended = Defended::new(model, &sidecar, cell.k, grad_mode, &args.defence)?;
+    let sgld = subject.sgld();
+    let defence_settings = crate::defended::settings(sgld, cell.k, grad_mode, &args.defence)?;
+    let defended = Defended::new(subject.network(), sgld, cell.k, grad_mode, &args.defence)?;
     let norm = args.norm;
     let batch = |rows: &[usize]| {
         let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
         let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
         (
-            batches::images::<Inference>(&loaded.data, &idx, &device),
+            batches::images::<Inference>(loaded.data, &idx, &device),
             Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), &device),
         )
     };
@@ -364,7 +378,7 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
             defence: defence_settings.to_string(),
             stochastic: probe.stochastic,
             zero_gradients: probe.zero_gradients,
-            data: loaded.spec.clone(),
+            data: loaded.spec.to_string(),
             software: SOFTWARE.into(),
             backend: backend::name().into(),
         }
@@ -423,15 +437,18 @@ fn run_cell(args: &RobustArgs, cell: &Cell, eps_grid: &[f32]) -> anyhow::Result<
 }
 
 /// The attack a cell runs, configured from the sweep's flags.
-enum Configured {
+enum Configured<M> {
     /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
     /// broke.
-    PerEps(Box<dyn Attack<Train, Defended>>),
+    PerEps(Box<dyn Attack<Train, M>>),
     /// A minimum-perturbation attack: one run answers every ε.
-    Minimum(Box<dyn MinimumPerturbation<Train, Defended>>),
+    Minimum(Box<dyn MinimumPerturbation<Train, M>>),
 }
 
-fn configure(args: &RobustArgs, attack: AttackKind) -> anyhow::Result<Configured> {
+fn configure<M: Model<Train>>(
+    args: &RobustArgs,
+    attack: AttackKind,
+) -> anyhow::Result<Configured<M>> {
     let norm = args.norm;
     Ok(match attack {
         AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
@@ -496,11 +513,16 @@ struct Probe {
 
 const PROBED: usize = 16;
 
-fn probe(model: &Defended, loaded: &Loaded, seed: u64, device: &backend::Device) -> Probe {
-    use jem_attacks::{AttackLoss, Model};
+fn probe<M: Model<Train>>(
+    model: &M,
+    loaded: &Loaded,
+    seed: u64,
+    device: &backend::Device,
+) -> Probe {
+    use jem_attacks::AttackLoss;
     use rand::SeedableRng;
     let idx = &loaded.indices[..loaded.indices.len().min(PROBED)];
-    let x = batches::images::<Inference>(&loaded.data, idx, device);
+    let x = batches::images::<Inference>(loaded.data, idx, device);
     let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
     let n = labels.len();
     let y = Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels.clone(), [n]), device);
@@ -619,65 +641,69 @@ impl std::str::FromStr for Shard {
 }
 
 /// What a sweep will do, derived from its arguments.
-struct Plan {
+struct Plan<N> {
     out: PathBuf,
-    models: Vec<String>,
-    /// `sha256:…` of each model's weights, in `models` order.
-    weights: Vec<String>,
+    subjects: Vec<Subject<N>>,
     eps_grid: Vec<f32>,
     /// Every cell of the whole sweep, in order.
     cells: Vec<Cell>,
 }
 
-impl Plan {
-    /// Everything a sweep needs, checked before anything touches the disk: the flags, each
-    /// model (sidecar, weights, and the SGLD settings K > 0 needs), each model's data and its
-    /// compatibility with the model.
-    fn new(args: &RobustArgs) -> anyhow::Result<Self> {
+impl Plan<WideResNet<Train>> {
+    /// The command line's sweep: `--models` (or the embedded ones) on `--data` (or each
+    /// model's own data set), checked before anything touches the disk.
+    fn from_args(args: &RobustArgs) -> anyhow::Result<Self> {
         args.validate()?;
+        let paths = args.model_paths();
+        anyhow::ensure!(!paths.is_empty(), "--models: name at least one checkpoint");
+        let subjects = paths
+            .iter()
+            .map(|p| {
+                let m = p.display().to_string();
+                Subject::from_checkpoint(&m, args.data.as_deref())
+                    .with_context(|| format!("--models {m}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Plan::new(args, subjects)
+    }
+}
+
+impl<N: Classifier<Train> + Module<Train>> Plan<N> {
+    /// Everything a sweep needs, checked before anything touches the disk: the flags, and
+    /// per model its data and the settings its cells need.
+    fn new(args: &RobustArgs, subjects: Vec<Subject<N>>) -> anyhow::Result<Self> {
+        args.validate()?;
+        anyhow::ensure!(!subjects.is_empty(), "a sweep needs at least one model");
         let out = args
             .out
             .clone()
             .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)));
-        let models: Vec<String> = args
-            .model_paths()
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        anyhow::ensure!(!models.is_empty(), "--models: name at least one checkpoint");
-        let device = backend::device();
-        let mut weights = Vec::with_capacity(models.len());
-        for m in &models {
-            let ckpt = Checkpoint::at(m);
-            ckpt.ensure_exists()
-                .with_context(|| format!("--models {m}"))?;
-            let (model, sidecar) = ckpt
-                .load::<Inference>(&device)
-                .with_context(|| format!("--models {m}"))?;
-            load_data(args, m, &sidecar)?;
-            let classes = sidecar.architecture.num_classes;
-            for (attack, needs) in [(AttackKind::ApgdDlr, 3), (AttackKind::ApgdT, 4)] {
-                anyhow::ensure!(
-                    !args.attack_list().contains(&attack) || classes >= needs,
-                    "--attacks {}: its loss needs at least {needs} classes; {m} has {classes}",
-                    attack.name()
-                );
-            }
-            if args.ks.iter().any(|&k| k > 0) {
-                crate::train::JemConfig::of(&sidecar)
-                    .with_context(|| format!("--models {m}: the SGLD defence (K > 0)"))?;
-            }
-            weights.push(weights_digest(&model)?);
+        let mut names = std::collections::BTreeSet::new();
+        for subject in &subjects {
+            anyhow::ensure!(
+                names.insert(subject.name()),
+                "two models are named {}: every model of a sweep needs its own name",
+                subject.name()
+            );
+            check_subject(args, subject)?;
         }
+        let models: Vec<String> = subjects.iter().map(|s| s.name().to_string()).collect();
         let eps_grid = args.eps_grid();
         let cells = cells::list(&models, &args.attack_list(), &args.ks, &args.grad);
         Ok(Self {
             out,
-            models,
-            weights,
+            subjects,
             eps_grid,
             cells,
         })
+    }
+
+    /// The model a cell attacks.
+    fn subject(&self, cell: &Cell) -> &Subject<N> {
+        self.subjects
+            .iter()
+            .find(|s| s.name() == cell.model)
+            .expect("cells are listed from the subjects")
     }
 
     /// The settings that identify the sweep (the shard and output folder aside), recorded in
@@ -692,8 +718,8 @@ impl Plan {
             "backend": backend::name(),
             "args": &a,
             "eps": &self.eps_grid,
-            "models": &self.models,
-            "weights": &self.weights,
+            "models": self.subjects.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            "weights": self.subjects.iter().map(|s| s.digest()).collect::<Vec<_>>(),
         })
     }
 }
@@ -816,8 +842,36 @@ impl SweepLock {
     }
 }
 
+/// `jem-bench robust`: the sweep of `--models` (default: the embedded models).
 pub fn run(args: RobustArgs) -> anyhow::Result<()> {
-    let plan = Plan::new(&args)?;
+    let plan = Plan::from_args(&args)?;
+    execute(&plan, &args).map(|_| ())
+}
+
+/// Sweeps `subjects` — networks of any architecture that implement
+/// [`Classifier`](jem_attacks::Classifier) — under `args` (everything but `models` and `data`,
+/// which name checkpoints and data sets for the command line): runs the cells not finished
+/// yet in `args.out` (default `runs/robust-NORM`), writes `robust.csv`, `examples.csv`,
+/// `summary.json` with the sanity checks, the curves and the table, as `jem-bench robust` does,
+/// and returns the rows of `robust.csv`.
+pub fn sweep<N: Classifier<Train> + Module<Train>>(
+    subjects: Vec<Subject<N>>,
+    args: &RobustArgs,
+) -> anyhow::Result<Vec<TidyRow>> {
+    anyhow::ensure!(
+        args.models.is_empty() && args.data.is_none(),
+        "sweep: RobustArgs::models and ::data name checkpoints and data sets for the command \
+         line; here the subjects are the models, each with its test set"
+    );
+    let plan = Plan::new(args, subjects)?;
+    execute(&plan, args)
+}
+
+/// Runs a plan's unfinished cells and writes every output.
+fn execute<N: Classifier<Train> + Module<Train>>(
+    plan: &Plan<N>,
+    args: &RobustArgs,
+) -> anyhow::Result<Vec<TidyRow>> {
     let out = plan.out.clone();
     let lock = SweepLock::acquire(&out)?;
     claim_folder(&out, &plan.settings(&args), &lock)?;
@@ -861,7 +915,8 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
                     let Some(&i) = pending.get(next.fetch_add(1, Ordering::Relaxed)) else {
                         break;
                     };
-                    let result = run_cell(args, mine[i], &plan.eps_grid);
+                    let cell = mine[i];
+                    let result = run_cell(args, plan.subject(cell), cell, &plan.eps_grid);
                     if tx.send((i, result)).is_err() {
                         break;
                     }
@@ -902,13 +957,13 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
         pending.len(),
         mine.len() - pending.len()
     );
-    finish(&plan, &results)
+    finish(plan, &results)
 }
 
 /// Checks a sweep's flags, models and data without touching the disk (what `robust` does
 /// first), so that a caller can refuse bad settings before it prepares a folder.
 pub fn check(args: &RobustArgs) -> anyhow::Result<()> {
-    Plan::new(args).map(|_| ())
+    Plan::from_args(args).map(|_| ())
 }
 
 /// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
@@ -941,7 +996,7 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
     let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
         .context("settings.json: `args` is not a robust sweep's arguments")?;
     args.out = Some(m.out.clone());
-    let plan = Plan::new(&args)?;
+    let plan = Plan::from_args(&args)?;
     anyhow::ensure!(
         plan.settings(&args) == settings,
         "the shards were made by another jem-bench or from other models; rerun them"
@@ -968,14 +1023,14 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
         results.push(found);
     }
     outputs::write_csvs(&m.out, &results)?;
-    finish(&plan, &results)
+    finish(&plan, &results).map(|_| ())
 }
 
 /// Summary, sanity checks, plots and table of the finished cells.
-fn finish(plan: &Plan, results: &[CellResult]) -> anyhow::Result<()> {
+fn finish<N>(plan: &Plan<N>, results: &[CellResult]) -> anyhow::Result<Vec<TidyRow>> {
     let rows = super::robustness::tidy_rows(&results.iter().collect::<Vec<_>>())?;
     let seconds = results.iter().map(|r| r.seconds).sum::<f64>();
     print!("{}", report::write(&plan.out, &rows, Some(seconds))?);
     println!("wrote {}", plan.out.display());
-    Ok(())
+    Ok(rows)
 }

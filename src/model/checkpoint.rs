@@ -346,7 +346,7 @@ pub(crate) enum Layout {
 /// little-endian bytes — in the layout the model holds them. What sweeps record: the same
 /// weights give the same digest however the file was written (format, metadata, import or
 /// re-save), and other weights under the same path are never resumed or compared as these.
-pub fn weights_digest<B: Backend>(model: &WideResNet<B>) -> anyhow::Result<String> {
+pub fn weights_digest<B: Backend, M: ModuleSnapshot<B>>(model: &M) -> anyhow::Result<String> {
     use sha2::{Digest, Sha256};
     let mut tensors = model.collect(None, None, false);
     tensors.sort_by_key(|t| t.full_path());

@@ -1,0 +1,182 @@
+//! What a sweep evaluates: any network that implements [`Classifier`] — a jem-bench checkpoint
+//! or a burn model of the caller's — with its name, its test images and the SGLD settings its
+//! test-time defence runs with at K > 0.
+//!
+//! A sweep runs cells on several threads; each cell classifies with its own copy of the
+//! network, cloned from the one the subject holds.
+
+use std::sync::Mutex;
+
+use anyhow::Context;
+use burn::module::Module;
+use burn::tensor::{Tensor, TensorData};
+use jem_attacks::{Classifier, SgldConfig};
+use jem_datasets::ImageSet;
+
+use crate::backend::{self, Train};
+use crate::model::{weights_digest, Checkpoint};
+use crate::train::JemConfig;
+
+/// A model under evaluation.
+///
+/// ```no_run
+/// # fn wrap(network: jem_bench::model::WideResNet<jem_bench::backend::Train>) -> anyhow::Result<()> {
+/// use jem_bench::harness::{sweep, RobustArgs, Subject};
+///
+/// let subject = Subject::new("my-net", network, "mnist")?;
+/// let args = RobustArgs { n_examples: 50, ..RobustArgs::default() };
+/// let rows = sweep(vec![subject], &args)?; // robust.csv, curves, summary in runs/robust-linf
+/// # Ok(()) }
+/// ```
+pub struct Subject<N> {
+    name: String,
+    /// Cloned per cell: burn modules are `Send` but not `Sync`.
+    network: Mutex<N>,
+    digest: String,
+    test: ImageSet,
+    data_name: String,
+    sgld: Option<SgldConfig>,
+}
+
+impl<N: Classifier<Train> + Module<Train>> Subject<N> {
+    /// `network` classifies the images of `data` (a data set as the command line names it:
+    /// `mnist`, `fashion-mnist`, `cifar10:DIR`, …; N×C×H×W pixels in [0, 1] to one logit per
+    /// class), which is checked here on one test image. Its SGLD defence (K > 0) runs with the
+    /// JEM paper's settings (α = 1, σ = 0.01 on a [−1, 1] input scale, no clamp) unless
+    /// [`Subject::with_sgld`] says otherwise.
+    pub fn new(name: impl Into<String>, network: N, data: &str) -> anyhow::Result<Self> {
+        let name = name.into();
+        let test = jem_datasets::DataSource::parse(data)
+            .and_then(|s| s.load(jem_datasets::Split::Test))
+            .with_context(|| format!("{name}: data set `{data}`"))?;
+        anyhow::ensure!(
+            !test.is_empty(),
+            "{name}: the test set {} holds no images",
+            test.name
+        );
+        let classes = test.num_classes();
+        let outputs = outputs_on_one_image(&network, &test)
+            .with_context(|| format!("{name} cannot classify an image of {}", test.name))?;
+        anyhow::ensure!(
+            outputs == classes,
+            "{name} gives {outputs} logits per image; {} has {classes} classes",
+            test.name
+        );
+        let digest = weights_digest::<Train, N>(&network)?;
+        let sgld = JemConfig::default()
+            .sampler(&crate::model::InputNormalization::symmetric(test.channels))
+            .config;
+        Ok(Self {
+            name,
+            network: Mutex::new(network),
+            digest,
+            data_name: data.to_string(),
+            test,
+            sgld: Some(sgld),
+        })
+    }
+
+    /// The SGLD settings of the defence (`steps` is set per cell to its K).
+    pub fn with_sgld(mut self, sgld: SgldConfig) -> Self {
+        self.sgld = Some(sgld);
+        self
+    }
+}
+
+impl<N: Module<Train>> Subject<N> {
+    /// The name in every output row.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `sha256:…` of the weights: a sweep resumes or compares only the same weights.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The test images attacked (the first `--n-examples` of them).
+    pub fn test_set(&self) -> &ImageSet {
+        &self.test
+    }
+
+    /// How the data set is named in output rows.
+    pub fn data_name(&self) -> &str {
+        &self.data_name
+    }
+
+    /// The SGLD settings of the defence, `None` when the model has none (K > 0 is refused).
+    pub fn sgld(&self) -> Option<&SgldConfig> {
+        self.sgld.as_ref()
+    }
+
+    /// A copy of the network for one cell.
+    pub fn network(&self) -> N {
+        self.network
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+impl Subject<crate::model::WideResNet<Train>> {
+    /// A jem-bench checkpoint (or an embedded model's name under `results/models/`) on its own
+    /// data set or on `data` (`mnist`, `cifar10:DIR`, …), checked against each other; its
+    /// defence uses its own JEM training settings (the paper's for other models).
+    pub fn from_checkpoint(path: &str, data: Option<&str>) -> anyhow::Result<Self> {
+        let ckpt = Checkpoint::at(path);
+        ckpt.ensure_exists()?;
+        let (network, sidecar) = ckpt.load::<Train>(&backend::device())?;
+        let spec = data.map_or_else(|| sidecar.training.data.clone(), str::to_string);
+        let test = jem_datasets::DataSource::parse(&spec)
+            .and_then(|s| s.load(jem_datasets::Split::Test))
+            .with_context(|| match data {
+                Some(_) => "--data".to_string(),
+                None => {
+                    format!("the data set of {path} (its sidecar's training.data; pass --data)")
+                }
+            })?;
+        sidecar.check_data(path, &test)?;
+        let sgld = crate::defended::sgld_of(&sidecar)?;
+        Ok(Self {
+            name: path.to_string(),
+            digest: weights_digest::<Train, _>(&network)?,
+            network: Mutex::new(network),
+            data_name: spec,
+            test,
+            sgld: Some(sgld),
+        })
+    }
+}
+
+/// The number of logits `network` gives for the first image of `test`; an error (not a panic)
+/// when the network cannot take the image's shape.
+fn outputs_on_one_image<N: Classifier<Train>>(
+    network: &N,
+    test: &ImageSet,
+) -> anyhow::Result<usize> {
+    let x = Tensor::<Train, 4>::from_data(
+        TensorData::new(
+            test.image(0).to_vec(),
+            [1, test.channels, test.height, test.width],
+        ),
+        &backend::device(),
+    );
+    let dims = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        network.logits(x.clone()).dims()
+    }))
+    .map_err(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        anyhow::anyhow!(
+            "a forward pass on a {}×{}×{} image failed: {what}",
+            test.channels,
+            test.height,
+            test.width
+        )
+    })?;
+    anyhow::ensure!(dims[0] == 1, "one image gave {} rows of logits", dims[0]);
+    Ok(dims[1])
+}

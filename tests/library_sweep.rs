@@ -1,0 +1,101 @@
+//! The sweep as a library call on a network that is not a jem-bench checkpoint: a linear
+//! nearest-centroid classifier of MNIST, wrapped as a `Subject`. Bad pairings of network and
+//! data are errors, not panics; a finished sweep writes the command's outputs and resumes.
+
+use jem_attacks::LinearClassifier;
+use jem_bench::backend::Train;
+use jem_bench::harness::{sweep, AttackKind, RobustArgs, Subject, WORST_CASE};
+use jem_datasets::{DataSource, Split};
+
+/// Logit k = ⟨x, m_k⟩ − ½‖m_k‖² (the nearest class mean m_k of 2 000 training digits).
+fn centroid_classifier() -> LinearClassifier<Train> {
+    let train = DataSource::parse("mnist")
+        .unwrap()
+        .load(Split::Train)
+        .unwrap();
+    let (d, k) = (train.image_len(), train.num_classes());
+    let mut means = vec![0.0f32; k * d];
+    let mut counts = vec![0usize; k];
+    for i in 0..2000 {
+        let y = train.labels[i] as usize;
+        counts[y] += 1;
+        for (m, &p) in means[y * d..(y + 1) * d].iter_mut().zip(train.image(i)) {
+            *m += p;
+        }
+    }
+    for (row, &c) in means.chunks_mut(d).zip(&counts) {
+        row.iter_mut().for_each(|m| *m /= c as f32);
+    }
+    let bias: Vec<f32> = means
+        .chunks(d)
+        .map(|m| -0.5 * m.iter().map(|v| v * v).sum::<f32>())
+        .collect();
+    LinearClassifier::new(means, bias, k, &Default::default())
+}
+
+#[test]
+fn a_network_that_does_not_fit_the_data_is_refused() {
+    // 3 classes where MNIST has 10.
+    let three =
+        LinearClassifier::<Train>::new(vec![0.0; 3 * 784], vec![0.0; 3], 3, &Default::default());
+    let e = Subject::new("three", three, "mnist")
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("gives 3 logits"), "{e:#}");
+    // Inputs of another size: the forward pass fails, reported as an error.
+    let small =
+        LinearClassifier::<Train>::new(vec![0.0; 10 * 16], vec![0.0; 10], 10, &Default::default());
+    let e = Subject::new("small", small, "mnist")
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("cannot classify"), "{e:#}");
+    let e = Subject::new("x", centroid_classifier(), "no-such-data")
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("no-such-data"), "{e:#}");
+}
+
+#[test]
+fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = RobustArgs {
+        attacks: vec![AttackKind::Fgsm, AttackKind::Pgd],
+        eps: vec![0.0, 0.05, 0.1],
+        ks: vec![0],
+        n_examples: 30,
+        pgd_steps: 10,
+        out: Some(dir.path().join("sweep")),
+        ..RobustArgs::default()
+    };
+    let subject = || Subject::new("centroids", centroid_classifier(), "mnist").unwrap();
+    // `models` names checkpoints for the command line: refused beside subjects.
+    let mut named = args.clone();
+    named.models = vec!["results/models/baseline".into()];
+    assert!(sweep(vec![subject()], &named).is_err());
+
+    let rows = sweep(vec![subject()], &args).unwrap();
+    let worst: Vec<_> = rows.iter().filter(|r| r.attack == WORST_CASE).collect();
+    assert_eq!(worst.len(), 3, "one worst-case row per ε");
+    assert!(
+        worst[0].clean_accuracy > 0.6,
+        "the centroids classify MNIST"
+    );
+    assert_eq!(worst[0].robust_accuracy, worst[0].clean_accuracy, "ε = 0");
+    for w in worst.windows(2) {
+        assert!(w[1].robust_accuracy <= w[0].robust_accuracy);
+    }
+    for r in &rows {
+        assert!(r.robust_lo <= r.robust_accuracy && r.robust_accuracy <= r.robust_hi);
+        assert_eq!(r.model, "centroids");
+    }
+    for file in [
+        "robust.csv",
+        "examples.csv",
+        "summary.json",
+        "settings.json",
+    ] {
+        assert!(dir.path().join("sweep").join(file).exists(), "{file}");
+    }
+    // The same network again: every cell is finished, the same rows come back.
+    assert_eq!(sweep(vec![subject()], &args).unwrap(), rows);
+}
