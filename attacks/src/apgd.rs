@@ -22,7 +22,7 @@ use crate::loss::{targeted_dlr, AttackLoss};
 use crate::model::Model;
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
-use crate::pgd::{blend, predicted, to_labels};
+use crate::pgd::{blend, predicted, to_labels, Rows};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -171,38 +171,52 @@ impl ApgdConfig {
             let delta = self.norm.project(v - x.clone(), eps_all.clone());
             (x.clone() + delta).clamp(0.0, 1.0)
         };
-        let y_tracked = Tensor::<B, 1, Int>::from_inner(y.clone());
-        let t_tracked = target.clone().map(Tensor::<B, 1, Int>::from_inner);
-        let loss_tracked = |logits: Tensor<B, 2>| match &t_tracked {
-            Some(t) => targeted_dlr(logits, y_tracked.clone(), t.clone()),
-            None => self.plain_loss().of(logits, y_tracked.clone()),
-        };
-        let loss_value = |logits: Tensor<Inner<B>, 2>| -> Vec<f32> {
-            let l = match &target {
-                Some(t) => targeted_dlr(logits, y.clone(), t.clone()),
-                None => self.plain_loss().of(logits, y.clone()),
-            };
-            l.into_data().convert::<f32>().to_vec().expect("f32")
-        };
         let mut evals = vec![0; n];
         let mut active = attack.to_vec();
-        // Gradient and loss at a point, averaged over `eot` draws of the model's noise.
+        // Gradient, loss and prediction at a point, averaged over `eot` draws of the model's
+        // noise, computed for the active rows only (a settled row costs nothing; the others
+        // get a zero gradient, loss 0 and their label, which nothing reads).
         let mut evaluate = |point: &Tensor<Inner<B>, 4>, active: &[bool], rng: &mut StdRng| {
+            let rows: Vec<usize> = (0..n).filter(|&i| active[i]).collect();
+            let mut loss = vec![0.0f32; n];
+            let mut pred = labels.clone();
+            if rows.is_empty() {
+                return (Tensor::<Inner<B>, 4>::zeros(dims, &device), loss, pred);
+            }
+            let rows_of = Rows::<Inner<B>>::new(&rows, n, &device);
+            let index = Tensor::<Inner<B>, 1, Int>::from_data(
+                TensorData::new(rows.iter().map(|&i| i as i64).collect(), [rows.len()]),
+                &device,
+            );
+            let y_rows = y.clone().select(0, index.clone());
+            let t_rows = target.clone().map(|t| t.select(0, index));
+            let y_tracked = Tensor::<B, 1, Int>::from_inner(y_rows.clone());
+            let t_tracked = t_rows.clone().map(Tensor::<B, 1, Int>::from_inner);
+            let loss_tracked = |logits: Tensor<B, 2>| match &t_tracked {
+                Some(t) => targeted_dlr(logits, y_tracked.clone(), t.clone()),
+                None => self.plain_loss().of(logits, y_tracked.clone()),
+            };
             let draws = self.eot.max(1);
-            let mut grad = Tensor::<Inner<B>, 4>::zeros(dims, &device);
+            let at = rows_of.take(point);
+            let mut grad = Tensor::<Inner<B>, 4>::zeros(at.dims(), &device);
             let mut logits_sum: Option<Tensor<Inner<B>, 2>> = None;
             for _ in 0..draws {
-                let (g, l) = model.loss_gradient(point.clone(), &loss_tracked, rng);
+                let (g, l) = model.loss_gradient(at.clone(), &loss_tracked, rng);
                 grad = grad + g;
                 logits_sum = Some(logits_sum.map_or(l.clone(), |s| s + l));
             }
-            for i in 0..n {
-                if active[i] {
-                    evals[i] += draws;
-                }
-            }
             let logits = logits_sum.expect("one draw") / draws as f32;
-            (grad, loss_value(logits.clone()), predicted(logits))
+            let values = match &t_rows {
+                Some(t) => targeted_dlr(logits.clone(), y_rows, t.clone()),
+                None => self.plain_loss().of(logits.clone(), y_rows),
+            };
+            let values: Vec<f32> = values.into_data().convert::<f32>().to_vec().expect("f32");
+            for (k, (&i, p)) in rows.iter().zip(predicted(logits)).enumerate() {
+                evals[i] += draws;
+                loss[i] = values[k];
+                pred[i] = p;
+            }
+            (rows_of.put(grad), loss, pred)
         };
 
         let start = self

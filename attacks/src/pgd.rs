@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::loss::AttackLoss;
-use crate::model::{LossFn, Model};
+use crate::model::Model;
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
 
@@ -90,9 +90,6 @@ impl PgdConfig {
         let mut examples: Vec<ExampleOutcome> = (0..n)
             .map(|i| ExampleOutcome::clean(clean[i] == labels[i]))
             .collect();
-        let y_tracked = Tensor::<B, 1, Int>::from_inner(y);
-        let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_tracked.clone());
-
         let mut best = x.clone();
         let mut found = vec![false; n];
         for _ in 0..self.restarts.max(1) {
@@ -102,7 +99,7 @@ impl PgdConfig {
             if !attacked.contains(&true) {
                 break;
             }
-            let (adv, evals) = self.ascend(model, &x, &labels, &attacked, eps, &loss, &mut rng);
+            let (adv, evals) = self.ascend(model, &x, &labels, &attacked, eps, &mut rng);
             for (e, k) in examples.iter_mut().zip(evals) {
                 e.gradient_evals += k;
             }
@@ -135,18 +132,16 @@ impl PgdConfig {
         eps: f32,
     ) -> Tensor<Inner<B>, 4> {
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let labels = to_labels(y.clone());
-        let y_tracked = Tensor::<B, 1, Int>::from_inner(y);
-        let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_tracked.clone());
+        let labels = to_labels(y);
         let all = vec![true; labels.len()];
-        self.ascend(model, &x, &labels, &all, eps, &loss, &mut rng)
-            .0
+        self.ascend(model, &x, &labels, &all, eps, &mut rng).0
     }
 
     /// One run of projected steepest ascent on the loss from a random (or zero) start: only
-    /// the rows in `attack` move, and with early stop a row stops once misclassified. Returns
-    /// the inputs reached and each row's gradient evaluations.
-    #[allow(clippy::too_many_arguments)]
+    /// the rows in `attack` move, and with early stop a row stops once misclassified. Each step
+    /// computes only the rows still moving, so a finished row costs nothing (and the
+    /// gradient evaluations counted are the ones made). Returns the inputs reached and each
+    /// row's gradient evaluations.
     fn ascend<B: AutodiffBackend, M: Model<B>>(
         &self,
         model: &M,
@@ -154,7 +149,6 @@ impl PgdConfig {
         labels: &[i64],
         attack: &[bool],
         eps: f32,
-        loss: LossFn<'_, B>,
         rng: &mut StdRng,
     ) -> (Tensor<Inner<B>, 4>, Vec<usize>) {
         let dims = x.dims();
@@ -171,39 +165,91 @@ impl PgdConfig {
         };
         let mut adv = (x.clone() + delta).clamp(0.0, 1.0);
         for _ in 0..self.steps {
-            if !active.contains(&true) {
+            let rows: Vec<usize> = (0..n).filter(|&i| active[i]).collect();
+            if rows.is_empty() {
                 break;
             }
-            let mut grad = Tensor::<Inner<B>, 4>::zeros(dims, &device);
+            let rows_of = Rows::<Inner<B>>::new(&rows, n, &device);
+            let (adv_rows, x_rows) = (rows_of.take(&adv), rows_of.take(x));
+            let y_rows = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(rows.iter().map(|&i| labels[i]).collect(), [rows.len()]),
+                &device,
+            );
+            let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_rows.clone());
+            let mut grad = Tensor::<Inner<B>, 4>::zeros(adv_rows.dims(), &device);
             let mut logits_sum = None;
             for _ in 0..self.eot.max(1) {
-                let (g, l) = model.loss_gradient(adv.clone(), loss, rng);
+                let (g, l) = model.loss_gradient(adv_rows.clone(), &loss, rng);
                 grad = grad + g;
                 logits_sum = Some(match logits_sum {
                     None => l,
                     Some(s) => s + l,
                 });
             }
-            for i in 0..n {
-                if active[i] {
-                    evals[i] += self.eot.max(1);
-                }
+            for &i in &rows {
+                evals[i] += self.eot.max(1);
             }
             if self.early_stop {
                 let now = predicted(logits_sum.expect("at least one draw"));
-                for i in 0..n {
-                    active[i] &= now[i] == labels[i];
+                for (k, &i) in rows.iter().enumerate() {
+                    active[i] &= now[k] == labels[i];
                 }
             }
             let step = self.norm.steepest(grad) * (self.rel_stepsize * eps);
+            let eps_rows = Tensor::<Inner<B>, 1>::from_data(
+                TensorData::new(vec![eps; rows.len()], [rows.len()]),
+                &device,
+            );
             let delta = self
                 .norm
-                .project(adv.clone() + step - x.clone(), eps_all.clone());
-            let moved = (x.clone() + delta).clamp(0.0, 1.0);
-            adv = blend(adv, moved, &active);
+                .project(adv_rows + step - x_rows.clone(), eps_rows);
+            let moved = (x_rows + delta).clamp(0.0, 1.0);
+            adv = blend(adv, rows_of.put(moved), &active);
         }
         // Rows that were never attacked keep the clean input.
         (blend(x.clone(), adv, attack), evals)
+    }
+}
+
+/// A subset of a batch's rows: taken out to be computed alone, and put back.
+pub(crate) struct Rows<B: Backend> {
+    index: Tensor<B, 1, Int>,
+    n: usize,
+    all: bool,
+}
+
+impl<B: Backend> Rows<B> {
+    /// `rows` (ascending) of a batch of `n`.
+    pub(crate) fn new(rows: &[usize], n: usize, device: &B::Device) -> Self {
+        let index = rows.iter().map(|&r| r as i64).collect::<Vec<_>>();
+        Self {
+            index: Tensor::from_data(TensorData::new(index, [rows.len()]), device),
+            n,
+            all: rows.len() == n,
+        }
+    }
+
+    /// These rows of `t`.
+    pub(crate) fn take(&self, t: &Tensor<B, 4>) -> Tensor<B, 4> {
+        if self.all {
+            t.clone()
+        } else {
+            t.clone().select(0, self.index.clone())
+        }
+    }
+
+    /// A full batch holding `values` in these rows and zeros elsewhere (exactly: 0 + v = v).
+    pub(crate) fn put(&self, values: Tensor<B, 4>) -> Tensor<B, 4> {
+        if self.all {
+            return values;
+        }
+        let [_, c, h, w] = values.dims();
+        Tensor::zeros([self.n, c, h, w], &values.device()).select_assign(
+            0,
+            self.index.clone(),
+            values,
+            burn::tensor::IndexingUpdateOp::Add,
+        )
     }
 }
 
