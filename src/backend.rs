@@ -1,5 +1,9 @@
 //! The tensor backends the binary runs on: burn's `flex` CPU backend by default, burn's CUDA
-//! backend with the cargo feature `cuda`. Everything else is generic over `burn::Backend`.
+//! backend with the cargo feature `cuda`. Everything else is generic over `burn::Backend`; the
+//! backend is chosen when building (burn's backends are types), the device at run time with
+//! `--device` (`cpu`, or `cuda` / `cuda:N` for the N-th GPU of a `cuda` build).
+
+use std::sync::OnceLock;
 
 use burn::backend::Autodiff;
 
@@ -13,16 +17,66 @@ pub type Train = Autodiff<Inference>;
 
 pub type Device = burn::tensor::Device<Inference>;
 
-/// The device the binary computes on (the first GPU with `cuda`).
-pub fn device() -> Device {
-    Device::default()
+/// The device `--device` chose, if any.
+static SELECTED: OnceLock<(Device, String)> = OnceLock::new();
+
+/// Chooses the device every command computes on, from `--device`: `cpu`, `cuda` (the first
+/// GPU) or `cuda:N`. Refused when this build's backend cannot reach it, and when another
+/// device was chosen already.
+pub fn select(spec: &str) -> anyhow::Result<()> {
+    let chosen = parse(spec)?;
+    let name = chosen.1.clone();
+    SELECTED.set(chosen).or_else(|_| match SELECTED.get() {
+        Some((_, previous)) if *previous == name => Ok(()),
+        Some((_, previous)) => Err(anyhow::anyhow!(
+            "--device {spec}: this process already computes on {previous}"
+        )),
+        None => unreachable!("set failed, so a value is present"),
+    })
 }
 
-/// Human-readable name of the compiled backend, recorded in outputs.
-pub fn name() -> &'static str {
+#[cfg(not(feature = "cuda"))]
+fn parse(spec: &str) -> anyhow::Result<(Device, String)> {
+    match spec {
+        "cpu" => Ok((Device::default(), "cpu".into())),
+        s if s == "cuda" || s.starts_with("cuda:") => anyhow::bail!(
+            "--device {s}: this jem-bench was built for the CPU; build it with \
+             `cargo build --release --features cuda` to compute on a GPU"
+        ),
+        s => anyhow::bail!("--device {s}: expected cpu, cuda or cuda:N (N = 0, 1, …)"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn parse(spec: &str) -> anyhow::Result<(Device, String)> {
+    use burn::backend::cuda::CudaDevice;
+    let index = match spec {
+        "cuda" => 0,
+        s if s.starts_with("cuda:") => s["cuda:".len()..].parse::<usize>().map_err(|_| {
+            anyhow::anyhow!("--device {s}: expected cuda:N with N a GPU index (0, 1, …)")
+        })?,
+        "cpu" => anyhow::bail!(
+            "--device cpu: this jem-bench was built for CUDA (`--features cuda`); the CPU build \
+             is `cargo build --release` without it"
+        ),
+        s => anyhow::bail!("--device {s}: expected cuda or cuda:N (N = 0, 1, …)"),
+    };
+    Ok((CudaDevice::new(index), format!("cuda:{index}")))
+}
+
+/// The device the binary computes on: `--device`, else the CPU (or the first GPU with `cuda`).
+pub fn device() -> Device {
+    SELECTED
+        .get()
+        .map_or_else(Device::default, |(device, _)| device.clone())
+}
+
+/// The backend and, on a GPU, the device (`burn-flex`, `burn-cuda:0`), recorded in outputs.
+pub fn name() -> String {
     if cfg!(feature = "cuda") {
-        "burn-cuda"
+        let device = SELECTED.get().map_or("cuda:0", |(_, name)| name.as_str());
+        format!("burn-{device}")
     } else {
-        "burn-flex"
+        "burn-flex".into()
     }
 }

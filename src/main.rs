@@ -26,6 +26,10 @@ use jem_datasets::{DataSource, Split};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Device to compute on: cpu (the default build), or cuda / cuda:N (a build with
+    /// `--features cuda`; default its first GPU). Recorded in every output as the backend.
+    #[arg(long, global = true)]
+    device: Option<String>,
 }
 
 /// Every subcommand reads `-0.1` as a value (then refuses it with a message that says what is
@@ -114,6 +118,12 @@ struct ImportArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(spec) = &cli.device {
+        if let Err(e) = backend::select(spec) {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Train(cfg) => run_train(cfg),
         Command::Eval(args) => run_eval(args),

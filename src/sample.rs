@@ -68,7 +68,7 @@ struct ClassReport {
 #[derive(Serialize)]
 struct SampleRecord<'a> {
     software: &'a str,
-    backend: &'a str,
+    backend: String,
     settings: &'a SampleArgs,
     sgld: SgldConfig,
     start: String,

@@ -560,3 +560,56 @@ fn checkpoints_have_the_names_and_shapes_of_a_pytorch_state_dict() {
         );
     }
 }
+
+#[test]
+fn a_device_this_build_cannot_reach_is_refused() {
+    let bogus = cli()
+        .args([
+            "--device",
+            "tpu",
+            "eval",
+            "--model",
+            "results/models/baseline",
+        ])
+        .output()
+        .unwrap();
+    assert_fails_with(&bogus, &["--device tpu", "expected"]);
+    if cfg!(feature = "cuda") {
+        let cpu = cli()
+            .args([
+                "eval",
+                "--device",
+                "cpu",
+                "--model",
+                "results/models/baseline",
+            ])
+            .output()
+            .unwrap();
+        assert_fails_with(&cpu, &["--device cpu", "built for CUDA"]);
+    } else {
+        let gpu = cli()
+            .args([
+                "eval",
+                "--device",
+                "cuda:1",
+                "--model",
+                "results/models/baseline",
+            ])
+            .output()
+            .unwrap();
+        assert_fails_with(&gpu, &["--device cuda:1", "--features cuda"]);
+        let cpu = cli()
+            .args([
+                "--device",
+                "cpu",
+                "eval",
+                "--model",
+                "results/models/baseline",
+                "--n",
+                "20",
+            ])
+            .output()
+            .unwrap();
+        assert!(assert_ok(&cpu).contains("accuracy"));
+    }
+}

@@ -380,7 +380,7 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             zero_gradients: probe.zero_gradients,
             data: loaded.spec.to_string(),
             software: SOFTWARE.into(),
-            backend: backend::name().into(),
+            backend: backend::name(),
         }
     };
     let mut rows = Vec::new();
