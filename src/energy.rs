@@ -1,4 +1,4 @@
-//! JEM's reading of the logits: E(x) = −LogSumExp_y f(x)[y], and the input gradient that drives
+//! JEM's reading of the logits: `E(x) = −LogSumExp_y f(x)[y]`, and the input gradient that drives
 //! SGLD and the attacks.
 
 use burn::module::AutodiffModule;

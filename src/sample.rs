@@ -1,4 +1,4 @@
-//! `jem-bench sample`: draws class-conditional samples from a JEM by SGLD on f(x)[y], starting
+//! `jem-bench sample`: draws class-conditional samples from a JEM by SGLD on `f(x)[y]`, starting
 //! from JEM's uniform noise, from each class's Gaussian fitted to the training images (JEM++) or
 //! from a training run's replay buffer, and writes a PNG grid (one row per class) with a JSON
 //! record of the settings and of how the model classifies them.

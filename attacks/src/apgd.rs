@@ -38,10 +38,13 @@ pub enum ApgdLoss {
     TargetedDlr,
 }
 
-/// Settings of APGD; [`ApgdConfig::new`] gives AutoAttack's.
+/// Settings of Auto-PGD (Croce & Hein 2020), PGD whose step size adapts itself;
+/// [`ApgdConfig::new`] gives AutoAttack's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApgdConfig {
+    /// Threat model: the ball (L∞ or L2) that ε bounds, in pixel units.
     pub norm: Norm,
+    /// The loss maximised: APGD-CE, APGD-DLR or APGD-T.
     pub loss: ApgdLoss,
     /// Iterations N per run (AutoAttack: 100).
     pub iterations: usize,
@@ -55,6 +58,7 @@ pub struct ApgdConfig {
     pub momentum: f32,
     /// Gradient draws averaged per step (expectation over transformation); 1: none.
     pub eot: usize,
+    /// Seed of the random starts and of the model's noise; a run repeats exactly.
     pub seed: u64,
 }
 

@@ -1,5 +1,5 @@
 //! The boundary attack (Brendel et al. 2018), decision-based, with foolbox 3's defaults and
-//! step-size adaptation (foolbox 3's defaults). It starts from an adversarial found by blending the input
+//! step-size adaptation. It starts from an adversarial found by blending the input
 //! with uniform noise and walks along the decision boundary toward the input: an orthogonal
 //! Gaussian step of `spherical_step`·‖x − x₀‖ projected back onto the sphere around x₀, then a
 //! step of `source_step`·‖x − x₀‖ toward x₀; a candidate is kept when still adversarial and
@@ -19,10 +19,17 @@ use crate::outcome::AttackOutcome;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// Settings of the boundary attack (Brendel et al. 2018): decision-based, it sees only the
+/// predicted class and minimises the L2 distance. [`Default`] gives foolbox 3's step settings
+/// (25 000 steps, both step sizes 0.01, adaptation factor 1.5).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BoundaryConfig {
+    /// Steps along the boundary at most (fewer once every example has converged).
     pub steps: usize,
+    /// Initial length of the orthogonal step, as a fraction of the current distance ‖x − x₀‖₂;
+    /// adapted per example.
     pub spherical_step: f64,
+    /// Initial length of the step toward x₀, as a fraction of ‖x − x₀‖₂; adapted per example.
     pub source_step: f64,
     /// Factor by which step sizes grow or shrink.
     pub step_adaptation: f64,
@@ -36,6 +43,7 @@ pub struct BoundaryConfig {
     pub convergence: f64,
     /// Forward passes per query of a stochastic model (all must misclassify).
     pub repeats: usize,
+    /// Seed of the noise start, the steps and the model's noise; a run repeats exactly.
     pub seed: u64,
 }
 
@@ -90,6 +98,9 @@ fn norm(v: &[f64]) -> f64 {
 }
 
 impl BoundaryConfig {
+    /// Attacks `x` (`[N, C, H, W]`, [0, 1]) with labels `y`: per example the closest adversarial
+    /// found (L2), or the clean input where no start was found. Misclassified inputs are not
+    /// attacked.
     pub fn run<B: AutodiffBackend, M: Model<B>>(
         &self,
         model: &M,

@@ -6,6 +6,7 @@ use burn::tensor::Tensor;
 
 /// An image classifier: `N×C×H×W` pixels in [0, 1] to `N×K` logits.
 pub trait Classifier<B: Backend> {
+    /// Logits `[N, K]` of the pixels `x`, `[N, C, H, W]` in [0, 1].
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2>;
 }
 

@@ -13,6 +13,8 @@ use crate::outcome::{AttackOutcome, ExampleOutcome};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// The question decision-based attacks ask a model: is this input misclassified? A stochastic
+/// model is asked `repeats` times and must be wrong every time. Counts forward passes per example.
 pub struct Oracle<'a, M> {
     model: &'a M,
     labels: Vec<i64>,
@@ -24,6 +26,8 @@ pub struct Oracle<'a, M> {
 }
 
 impl<'a, M> Oracle<'a, M> {
+    /// An oracle for examples with true `labels`, images of `shape` (C, H, W); `repeats` applies
+    /// only to a stochastic model (a deterministic one is asked once).
     pub fn new<B: AutodiffBackend>(
         model: &'a M,
         labels: Vec<i64>,

@@ -27,7 +27,10 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GradMode {
+    /// Reverse mode through all K steps, Hessian-vector products formed as [`HessianVector`] says.
     Full,
+    /// BPDA (Athalye et al. 2018): the K steps are the identity on the backward pass; the
+    /// gradient is taken at x_K.
     Bpda,
 }
 
@@ -63,6 +66,7 @@ pub struct SgldDefenceConfig {
     /// Gaussian noise added to the input before the chain starts, on the network scale
     /// (JEM's σ_data; 0 for none).
     pub init_noise: f32,
+    /// How gradients pass the K SGLD steps (`full` or `bpda`).
     pub grad: GradMode,
     /// How `Full` mode forms Hessian-vector products.
     pub hvp: HessianVector,
@@ -85,10 +89,14 @@ pub enum HessianVector {
     GradientDifferences,
 }
 
+/// JEM-K (Grathwohl et al. 2020): a [`Classifier`] behind K SGLD steps on its unconditional
+/// energy, started at the input, in `chains` chains whose logits are averaged. A stochastic
+/// [`Model`] whenever the steps or the initial noise add noise.
 pub struct SgldDefence<M> {
     classifier: M,
     /// K = `sampler.config.steps`, with α, σ and the pixel scale.
     pub sampler: SgldSampler,
+    /// Chains, re-check chains, initial noise and gradient mode.
     pub config: SgldDefenceConfig,
 }
 
@@ -99,6 +107,8 @@ struct Chains<B: AutodiffBackend> {
 }
 
 impl<M> SgldDefence<M> {
+    /// Puts `classifier` behind the defence (its parameter gradients switched off with
+    /// `Module::no_grad`); K, α, σ and the pixel scale come from `sampler`.
     pub fn new<B: AutodiffBackend>(
         classifier: M,
         sampler: SgldSampler,

@@ -42,6 +42,8 @@
 //!   with many chains for a stochastic model), L0 / L2 / L∞ distances in pixel units, gradient
 //!   and forward evaluations.
 
+#![warn(missing_docs)]
+
 mod apgd;
 mod attack;
 mod boundary;

@@ -7,6 +7,8 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::Classifier;
 
+/// A linear classifier f(x) = W·vec(x) + b of `[N, C, H, W]` inputs: its minimal adversarial
+/// perturbations are known in closed form, which makes it the yardstick of the tests.
 #[derive(Module, Debug)]
 pub struct LinearClassifier<B: Backend> {
     /// `[K, D]`, D = C·H·W in the batch's memory order.

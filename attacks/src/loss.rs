@@ -6,6 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
 use serde::{Deserialize, Serialize};
 
+/// A per-example loss of the logits that a gradient attack maximises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttackLoss {
@@ -23,6 +24,7 @@ pub enum AttackLoss {
 const DLR_EPS: f32 = 1e-12;
 
 impl AttackLoss {
+    /// `ce`, `margin` or `dlr`, as parsed from a string.
     pub fn name(self) -> &'static str {
         match self {
             AttackLoss::CrossEntropy => "ce",

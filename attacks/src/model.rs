@@ -15,6 +15,8 @@ pub type LossFn<'a, B> = &'a dyn Fn(Tensor<B, 2>) -> Tensor<B, 1>;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// A classifier as an attack sees it, possibly behind a stochastic defence: logits, and input
+/// gradients of a loss. Tensors live on `B`'s inner backend; inputs are `[N, C, H, W]` in [0, 1].
 pub trait Model<B: AutodiffBackend> {
     /// Logits of one forward pass; a stochastic model draws its noise from `rng`.
     fn logits(&self, x: Tensor<Inner<B>, 4>, rng: &mut StdRng) -> Tensor<Inner<B>, 2>;
@@ -58,6 +60,7 @@ impl<M> Undefended<M> {
         }
     }
 
+    /// The wrapped classifier.
     pub fn classifier(&self) -> &M {
         &self.classifier
     }

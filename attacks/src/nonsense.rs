@@ -1,4 +1,4 @@
-//! Nonsense-input search ("distal adversarials", Schott et al. 2018; JEM Fig. 6): from uniform
+//! Nonsense-input search ("distal adversarials", Schott et al. 2019; JEM Fig. 6): from uniform
 //! noise, climb log p(y = c | x) for a target class c by gradient ascent with momentum (the ABS
 //! code: SGD lr 1, momentum 0.95, clamped to [0, 1], up to 10 000 iterations), stopping each
 //! search once its confidence reaches the threshold. A robust model should not be driven to
@@ -16,13 +16,19 @@ use crate::noise;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// Settings of the nonsense-input search (Schott et al. 2019); [`Default`] gives the ABS code's
+/// (10 000 iterations, lr 1, momentum 0.95) and a confidence threshold of 0.9.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NonsenseConfig {
+    /// Gradient steps per search at most.
     pub max_iters: usize,
+    /// Learning rate: x ← clamp(x + lr · v, 0, 1).
     pub lr: f32,
+    /// Momentum μ: v ← μ v + ∇ₓ log p(y = c | x).
     pub momentum: f32,
     /// Stop a search once p(y = c | x) reaches this.
     pub threshold: f32,
+    /// Seed of the uniform-noise starts and of the model's noise.
     pub seed: u64,
 }
 
@@ -41,6 +47,7 @@ impl Default for NonsenseConfig {
 /// One search per target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NonsenseOutcome {
+    /// The target class c of each search, as given.
     pub targets: Vec<usize>,
     /// p(y = target | x) of the final input (re-checked; many chains for a stochastic model).
     pub confidence: Vec<f32>,
@@ -53,6 +60,8 @@ pub struct NonsenseOutcome {
 }
 
 impl NonsenseConfig {
+    /// Runs one search per entry of `targets`, as one batch of images of `shape` (C, H, W) started
+    /// from uniform noise in [0, 1] on `device`.
     pub fn run<B: AutodiffBackend, M: Model<B>>(
         &self,
         model: &M,

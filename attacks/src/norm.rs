@@ -10,10 +10,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::noise;
 
+/// A threat model: the norm in which perturbations and ε are measured, in [0, 1] pixel units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Norm {
+    /// L∞: the largest change of any pixel.
     Linf,
+    /// L2: the Euclidean length of the whole perturbation (not foolbox 1.x's RMS).
     L2,
 }
 
@@ -21,6 +24,7 @@ pub enum Norm {
 const TINY: f32 = 1e-12;
 
 impl Norm {
+    /// `linf` or `l2`, as displayed and parsed.
     pub fn name(self) -> &'static str {
         match self {
             Norm::Linf => "linf",

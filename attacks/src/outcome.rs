@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::norm::Norm;
 
+/// What an attack did to one example: at one ε for a fixed-ε attack, the closest adversarial
+/// found for a minimum-perturbation attack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExampleOutcome {
     /// The model classified the clean input correctly (else it counts as an error at every ε
@@ -18,7 +20,9 @@ pub struct ExampleOutcome {
     pub adversarial: bool,
     /// Pixels (tensor elements) changed by more than 1e-6.
     pub l0: f32,
+    /// L2 distance of the returned input to the clean one, in pixel units.
     pub l2: f32,
+    /// L∞ distance of the returned input to the clean one, in pixel units.
     pub linf: f32,
     /// Gradient evaluations of the (defended) model, EOT draws counted one by one.
     pub gradient_evals: usize,
@@ -60,10 +64,12 @@ impl ExampleOutcome {
 /// An attack's result on a batch.
 #[derive(Debug, Clone)]
 pub struct AttackOutcome {
+    /// One outcome per example, in batch order.
     pub examples: Vec<ExampleOutcome>,
     /// The returned inputs, `[N, C, H, W]` row-major in [0, 1] (the clean input where the
     /// attack found nothing).
     pub inputs: Vec<f32>,
+    /// `[N, C, H, W]` of `inputs`.
     pub shape: [usize; 4],
 }
 
@@ -78,6 +84,7 @@ impl AttackOutcome {
             / n as f64
     }
 
+    /// Fraction of examples the model classified correctly before the attack.
     pub fn clean_accuracy(&self) -> f64 {
         let n = self.examples.len().max(1);
         self.examples.iter().filter(|e| e.clean_correct).count() as f64 / n as f64

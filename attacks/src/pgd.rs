@@ -17,20 +17,28 @@ use crate::outcome::{AttackOutcome, ExampleOutcome};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// Settings of PGD (Madry et al. 2018) and of FGSM / FGM (Goodfellow et al. 2015), its one-step
+/// case; [`PgdConfig::pgd`] and [`PgdConfig::fgsm`] give foolbox 3's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PgdConfig {
+    /// Threat model: the ball projected onto and the step direction (sign of the gradient for L∞,
+    /// the normalised gradient for L2).
     pub norm: Norm,
+    /// Gradient steps per run (foolbox 3: 40 for L∞, 50 for L2; FGSM: 1).
     pub steps: usize,
     /// Step size as a fraction of ε.
     pub rel_stepsize: f32,
     /// Runs from independent random starts; the first that succeeds counts.
     pub restarts: usize,
+    /// Start from a uniform draw in the ε-ball (else from the clean input).
     pub random_start: bool,
+    /// The per-example loss maximised (default: cross-entropy).
     pub loss: AttackLoss,
     /// Gradient draws averaged per step (expectation over transformation); 1: none.
     pub eot: usize,
     /// Stop attacking an example once it is misclassified.
     pub early_stop: bool,
+    /// Seed of the random starts and of the model's noise; a run repeats exactly.
     pub seed: u64,
 }
 

@@ -1,4 +1,4 @@
-//! The pointwise attack (Schott et al. 2018), decision-based, minimising L0 then L2: start from
+//! The pointwise attack (Schott et al. 2019), decision-based, minimising L0 then L2: start from
 //! salt-and-pepper noise that is adversarial; L0 phase: visit the differing pixels in random
 //! order and reset each to its original value when the input stays adversarial, until a pass
 //! changes nothing; L2 phase: for each pixel still differing, bisect (10 steps) between its
@@ -17,6 +17,8 @@ use crate::outcome::AttackOutcome;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// Settings of the pointwise attack (Schott et al. 2019): decision-based, it sees only the
+/// predicted class and minimises L0, then L2.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PointwiseConfig {
     /// Noise levels tried for the salt-and-pepper start (probabilities p/steps, p = 1..steps).
@@ -29,6 +31,7 @@ pub struct PointwiseConfig {
     pub max_rounds: usize,
     /// Forward passes per query of a stochastic model (all must misclassify).
     pub repeats: usize,
+    /// Seed of the noise start, the pixel order and the model's noise.
     pub seed: u64,
 }
 
@@ -46,6 +49,9 @@ impl Default for PointwiseConfig {
 }
 
 impl PointwiseConfig {
+    /// Attacks `x` (`[N, C, H, W]`, [0, 1]) with labels `y`: per example the sparsest, then closest
+    /// adversarial found, or the clean input where no start was found. Misclassified inputs are not
+    /// attacked.
     pub fn run<B: AutodiffBackend, M: Model<B>>(
         &self,
         model: &M,

@@ -32,7 +32,9 @@ pub struct SgldConfig {
 /// What the chain climbs: the unconditional LogSumExp f(x) (p(x)), or `f(x)[y]` (p(x, y)).
 #[derive(Debug, Clone)]
 pub enum SgldTarget<B: Backend> {
+    /// The unconditional LogSumExp f(x) = −E(x): samples from p(x) (the defence's target).
     Marginal,
+    /// `f(x)[y]` for these labels `y` (`[N]`): samples from p(x, y).
     Class(Tensor<B, 1, Int>),
 }
 
@@ -61,12 +63,16 @@ impl<I: Backend> SgldTarget<I> {
     }
 }
 
+/// SGLD on a [`Classifier`]'s energy as in JEM (Grathwohl et al. 2020), on [0, 1] pixels: one
+/// step is x ← x + α s² ∇ₓ score(x) + σ s ξ, ξ standard normal, s the per-channel pixel scale.
 #[derive(Debug, Clone)]
 pub struct SgldSampler {
+    /// Steps, α, σ, pixel scale and clamping.
     pub config: SgldConfig,
 }
 
 impl SgldSampler {
+    /// A sampler with these settings.
     pub fn new(config: SgldConfig) -> Self {
         Self { config }
     }

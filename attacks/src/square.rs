@@ -23,9 +23,11 @@ use crate::pgd::{predicted, to_labels};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
-/// Settings of the Square attack; [`SquareConfig::new`] gives AutoAttack's.
+/// Settings of the Square attack (Andriushchenko et al. 2020), a score-based black-box L∞ attack
+/// by random search over square windows; [`SquareConfig::new`] gives AutoAttack's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SquareConfig {
+    /// Threat model; only L∞ is implemented (`run` refuses L2).
     pub norm: Norm,
     /// Query budget per example (AutoAttack: 5 000).
     pub queries: usize,
@@ -33,10 +35,13 @@ pub struct SquareConfig {
     pub p_init: f32,
     /// Forward passes whose mean logits judge a candidate when the model is stochastic.
     pub passes: usize,
+    /// Seed of the stripes, the windows and the model's noise; a run repeats exactly.
     pub seed: u64,
 }
 
 impl SquareConfig {
+    /// AutoAttack's settings: 5 000 queries, p_init = 0.8; candidates against a stochastic model
+    /// judged on the mean of 4 passes.
     pub fn new(norm: Norm) -> Self {
         Self {
             norm,
@@ -47,6 +52,7 @@ impl SquareConfig {
         }
     }
 
+    /// `square`, for reports.
     pub fn name(&self) -> &'static str {
         "square"
     }

@@ -14,6 +14,7 @@ use crate::{DatasetError, ImageSet, Result, Split};
 
 const PIXELS: usize = 3 * 32 * 32;
 
+/// The 10 class names of CIFAR-10, by label.
 pub const CIFAR10_CLASSES: [&str; 10] = [
     "airplane",
     "automobile",
@@ -27,6 +28,7 @@ pub const CIFAR10_CLASSES: [&str; 10] = [
     "truck",
 ];
 
+/// The 100 fine class names of CIFAR-100, by fine label.
 pub const CIFAR100_CLASSES: [&str; 100] = [
     "apple",
     "aquarium_fish",

@@ -9,7 +9,9 @@ use crate::{ImageSet, Result, Split, FASHION_MNIST_CLASSES, MNIST_CLASSES};
 
 /// One embedded IDX file: its name (used in errors and reports) and its gzipped bytes.
 pub struct EmbeddedFile {
+    /// `embedded:DIR/FILE`, e.g. `embedded:mnist/t10k-images-idx3-ubyte.gz`.
     pub name: &'static str,
+    /// The gzipped IDX file, byte for byte as distributed.
     pub gz: &'static [u8],
 }
 
@@ -22,11 +24,17 @@ macro_rules! embed {
     };
 }
 
+/// MNIST training images: 60 000, 28×28.
 pub const MNIST_TRAIN_IMAGES: EmbeddedFile = embed!("mnist", "train-images-idx3-ubyte.gz");
+/// MNIST training labels: 60 000.
 pub const MNIST_TRAIN_LABELS: EmbeddedFile = embed!("mnist", "train-labels-idx1-ubyte.gz");
+/// MNIST test images: 10 000, 28×28.
 pub const MNIST_TEST_IMAGES: EmbeddedFile = embed!("mnist", "t10k-images-idx3-ubyte.gz");
+/// MNIST test labels: 10 000.
 pub const MNIST_TEST_LABELS: EmbeddedFile = embed!("mnist", "t10k-labels-idx1-ubyte.gz");
+/// Fashion-MNIST test images: 10 000, 28×28.
 pub const FASHION_TEST_IMAGES: EmbeddedFile = embed!("fashion-mnist", "t10k-images-idx3-ubyte.gz");
+/// Fashion-MNIST test labels: 10 000.
 pub const FASHION_TEST_LABELS: EmbeddedFile = embed!("fashion-mnist", "t10k-labels-idx1-ubyte.gz");
 
 impl EmbeddedFile {

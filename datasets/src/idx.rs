@@ -11,9 +11,13 @@ use crate::{DatasetError, ImageSet, Result};
 
 /// Raw images of an IDX file, before conversion to [0, 1].
 pub struct IdxImages {
+    /// Number of images (the first dimension).
     pub count: usize,
+    /// Image height in pixels (the second dimension).
     pub rows: usize,
+    /// Image width in pixels (the third dimension).
     pub cols: usize,
+    /// `count · rows · cols` bytes, 0–255, image after image, row-major.
     pub pixels: Vec<u8>,
 }
 

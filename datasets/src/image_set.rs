@@ -5,19 +5,27 @@
 pub struct ImageSet {
     /// Short name used in reports, e.g. `mnist/test`.
     pub name: String,
+    /// All pixels in [0, 1]: N·C·H·W values, image after image, each C×H×W row-major.
     pub images: Vec<f32>,
+    /// The class of each image, an index into `class_names`.
     pub labels: Vec<u8>,
+    /// C: 1 for (Fashion-)MNIST, 3 (RGB) for CIFAR.
     pub channels: usize,
+    /// H, in pixels.
     pub height: usize,
+    /// W, in pixels.
     pub width: usize,
+    /// The name of each class, by label.
     pub class_names: Vec<String>,
 }
 
 impl ImageSet {
+    /// Number of images (N).
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// Whether the set holds no image.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
@@ -27,6 +35,7 @@ impl ImageSet {
         self.channels * self.height * self.width
     }
 
+    /// Number of classes (the length of `class_names`).
     pub fn num_classes(&self) -> usize {
         self.class_names.len()
     }

@@ -6,6 +6,8 @@
 //! download. Loaders check every header field and report the file, the field and what was
 //! expected ([`DatasetError`]).
 
+#![warn(missing_docs)]
+
 mod cifar;
 pub mod embedded;
 mod error;

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use crate::{embedded, load_cifar10, load_cifar100, load_idx_pair, DatasetError, ImageSet, Result};
 
+/// The class names of MNIST, by label: the digits `0` to `9`.
 pub const MNIST_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 
+/// The 10 class names of Fashion-MNIST, by label.
 pub const FASHION_MNIST_CLASSES: [&str; 10] = [
     "T-shirt/top",
     "Trouser",
@@ -23,7 +25,9 @@ pub const FASHION_MNIST_CLASSES: [&str; 10] = [
 /// Which part of a data set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
+    /// The training split (60 000 images for (Fashion-)MNIST, 50 000 for CIFAR).
     Train,
+    /// The test split (10 000 images).
     Test,
 }
 
@@ -40,9 +44,14 @@ impl fmt::Display for Split {
 /// copies; `NAME:DIR` reads the standard files from a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DataSource {
+    /// MNIST: the embedded copy (`None`), or the IDX files in a directory.
     Mnist(Option<PathBuf>),
+    /// Fashion-MNIST: the IDX files in a directory; `None` means the embedded test set, and for
+    /// the training split Debian's `/usr/share/datasets/fashion-mnist`.
     FashionMnist(Option<PathBuf>),
+    /// CIFAR-10 from the directory of its binary batches (not embedded).
     Cifar10(PathBuf),
+    /// CIFAR-100 (fine labels) from the directory of its binary files (not embedded).
     Cifar100(PathBuf),
 }
 
@@ -142,6 +151,7 @@ impl DataSource {
         }
     }
 
+    /// Loads `split`, from the embedded copy where this source names no directory.
     pub fn load(&self, split: Split) -> Result<ImageSet> {
         match self {
             DataSource::Mnist(None) => embedded::mnist(split),

@@ -23,7 +23,7 @@ pub struct RegressArgs {
     /// Compare this finished sweep folder instead of rerunning the reference's sweep.
     #[arg(long)]
     pub run: Option<PathBuf>,
-    /// Where the rerun goes (default: runs/regress/<reference folder name>); a previous rerun
+    /// Where the rerun goes (default: `runs/regress/<reference folder name>`); a previous rerun
     /// there (marked by a REGRESS-RERUN file) is cleared first; any other folder, and one that
     /// overlaps the reference, is refused.
     #[arg(long)]

@@ -1,7 +1,7 @@
 //! Line charts (robustness curves) written as SVG and PNG from one description.
 //!
 //! A [`Figure`] is a grid of [`Panel`]s sharing one legend. The layout is computed once, in
-//! pixels, and drawn on a [`Canvas`]: the SVG canvas writes vector elements (text stays text),
+//! pixels, and drawn on a `Canvas`: the SVG canvas writes vector elements (text stays text),
 //! the raster canvas draws into an RGB image with an embedded 8×8 bitmap font. Neither needs a
 //! system font or a graphics library, so plots work on a bare CI machine.
 

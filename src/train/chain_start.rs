@@ -168,7 +168,7 @@ impl ClassGaussians {
         &self.means[class]
     }
 
-    /// The fitted covariance entry Σ[r][c] (ridge included) of `class`, from the factor.
+    /// The fitted covariance entry `Σ[r][c]` (ridge included) of `class`, from the factor.
     pub fn covariance(&self, class: usize, r: usize, c: usize) -> f64 {
         let l = &self.factors[class];
         let k = r.min(c) + 1;

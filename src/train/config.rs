@@ -25,7 +25,7 @@ pub struct TrainConfig {
     /// What to train.
     #[arg(long, value_enum, default_value = "baseline")]
     pub kind: TrainKind,
-    /// Data set: mnist (embedded), fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR.
+    /// Data set: `mnist` (embedded), `fashion-mnist[:DIR]`, `cifar10:DIR`, `cifar100:DIR`.
     #[arg(long, default_value = "mnist")]
     pub data: String,
     /// Training images held out (the last ones) for validation and best-checkpoint selection.

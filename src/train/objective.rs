@@ -80,7 +80,7 @@ pub trait Objective<B: AutodiffBackend> {
     }
 }
 
-/// Mean cross-entropy −log softmax(logits)[y].
+/// Mean cross-entropy `−log softmax(logits)[y]`.
 pub fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> Tensor<B, 1> {
     let [n, _] = logits.dims();
     log_softmax(logits, 1)
