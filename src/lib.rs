@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod batches;
+pub mod bench;
 pub mod defended;
 pub mod energy;
 pub mod harness;

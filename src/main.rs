@@ -63,6 +63,9 @@ enum Command {
     /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
     #[command(allow_negative_numbers = true)]
     Merge(jem_bench::harness::MergeArgs),
+    /// Time one hot operation (forward, train step, input gradient, SGLD step) on a
+    /// Wide-ResNet; benches/pytorch/compare.py runs it beside PyTorch.
+    Bench(jem_bench::bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
         Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(args) => jem_bench::harness::report(args),
         Command::Merge(args) => jem_bench::harness::merge(args),
+        Command::Bench(args) => jem_bench::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
