@@ -35,7 +35,7 @@ enum Command {
     /// Train a Wide-ResNet as a classifier (baseline), a JEM, or adversarially.
     #[command(allow_negative_numbers = true)]
     Train(TrainConfig),
-    /// Clean accuracy, NLL and ECE (15 bins) of a checkpoint on a test set.
+    /// Clean accuracy, NLL, Brier score and ECE (15 bins) of a checkpoint on a test set.
     #[command(allow_negative_numbers = true)]
     Eval(EvalArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
@@ -218,6 +218,7 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         println!("data:     {} (n = {})", set.name, m.n);
         println!("accuracy: {:.2} %", 100.0 * m.accuracy);
         println!("nll:      {:.4} nats", m.nll);
+        println!("brier:    {:.4}", m.brier);
         println!(
             "ece:      {:.2} % ({} bins)",
             100.0 * m.ece,
