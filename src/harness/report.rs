@@ -210,6 +210,7 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
                 x_range: Some((0.0, x_hi)),
                 y_range: Some((0.0, 100.0)),
                 series,
+                bars: Vec::new(),
             });
         }
     }
