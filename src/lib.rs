@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod batches;
+pub mod calibration;
 pub mod defended;
 pub mod energy;
 pub mod harness;
@@ -13,4 +14,6 @@ pub mod model;
 pub mod nonsense;
 pub mod plot;
 pub mod sample;
+pub mod tables;
+pub mod test_set;
 pub mod train;

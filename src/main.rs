@@ -38,6 +38,10 @@ enum Command {
     /// Clean accuracy, NLL, Brier score and ECE (15 bins) of a checkpoint on a test set.
     #[command(allow_negative_numbers = true)]
     Eval(EvalArgs),
+    /// Calibration per model and K: accuracy, NLL, Brier score, ECE (15 bins), reliability
+    /// diagram.
+    #[command(allow_negative_numbers = true)]
+    Calibrate(jem_bench::calibration::CalibrateArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
     #[command(allow_negative_numbers = true)]
     Import(ImportArgs),
@@ -117,6 +121,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(cfg) => run_train(cfg),
         Command::Eval(args) => run_eval(args),
+        Command::Calibrate(args) => jem_bench::calibration::run(args),
         Command::Import(args) => run_import(args),
         Command::Robust(args) => jem_bench::harness::run(args),
         Command::Nonsense(args) => jem_bench::nonsense::run(args),

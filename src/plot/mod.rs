@@ -376,6 +376,28 @@ impl Panel {
     }
 }
 
+/// Short legend names for model paths: the file stem of each, or the whole path where stems
+/// collide.
+pub fn model_labels<S: AsRef<str>>(models: &[S]) -> Vec<String> {
+    let stem = |m: &str| {
+        Path::new(m)
+            .file_stem()
+            .map_or(m.to_string(), |s| s.to_string_lossy().into_owned())
+    };
+    let stems: Vec<String> = models.iter().map(|m| stem(m.as_ref())).collect();
+    models
+        .iter()
+        .zip(&stems)
+        .map(|(m, s)| {
+            if stems.iter().filter(|t| *t == s).count() > 1 {
+                m.as_ref().to_string()
+            } else {
+                s.clone()
+            }
+        })
+        .collect()
+}
+
 /// Round tick positions covering [lo, hi]: steps of 1, 2, 2.5 or 5 × 10^k, 4 to 8 of them.
 pub fn ticks(lo: f64, hi: f64) -> Vec<f64> {
     let span = hi - lo;
