@@ -21,7 +21,7 @@ use crate::backend::{self, Train};
 use crate::defended::{DefenceArgs, Defended};
 use crate::metrics::{self, Calibration};
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
-use crate::tables::write_csv;
+use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -93,16 +93,6 @@ struct BinRow {
 /// model's numbers do not depend on which other models ran with it).
 const SGLD_STREAM: u64 = 0xCA11_B8A7;
 
-/// The defence's settings as recorded for calibration: no gradient is taken, so the gradient
-/// mode is left out.
-fn defence_record(sidecar: &Sidecar, k: usize, args: &DefenceArgs) -> anyhow::Result<String> {
-    let mut settings = crate::defended::settings(sidecar, k, GradMode::Bpda, args)?;
-    if let Some(d) = settings.get_mut("defence").and_then(|d| d.as_object_mut()) {
-        d.remove("grad");
-    }
-    Ok(settings.to_string())
-}
-
 impl CalibrateArgs {
     /// Checks every flag, model and data set before anything is written: at least one K,
     /// counts ≥ 1, the defence's settings when some K > 0, models that exist and can run the
@@ -114,6 +104,12 @@ impl CalibrateArgs {
         );
         for (flag, value) in [("--n", self.n), ("--batch-size", self.batch_size)] {
             anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        }
+        if let Some(k) = first_repeat(&self.steps) {
+            anyhow::bail!("--steps: K = {k} named twice");
+        }
+        if let Some(m) = first_repeat(&self.models) {
+            anyhow::bail!("--models: {} named twice", m.display());
         }
         if self.steps.iter().any(|&k| k > 0) {
             self.defence.validate()?;
@@ -128,7 +124,7 @@ impl CalibrateArgs {
                 .read_sidecar()
                 .with_context(|| format!("--models {m}"))?;
             for &k in &self.steps {
-                defence_record(&sidecar, k, &self.defence)
+                crate::defended::forward_settings(&sidecar, k, &self.defence)
                     .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
             }
             let data = test_set::load(&m, &sidecar, "--data", self.data.as_deref(), self.n)?;
@@ -221,7 +217,8 @@ pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
                 ece: m.ece,
                 seed: args.seed,
                 data: p.data.spec.clone(),
-                defence: defence_record(&p.sidecar, k, &args.defence)?,
+                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence)?
+                    .to_string(),
             });
             for (b, bin) in c.bins.iter().enumerate() {
                 bins.push(BinRow {

@@ -114,6 +114,20 @@ pub fn settings(
     })
 }
 
+/// [`settings`] for a run that takes no gradient through the defence (logits only): the
+/// gradient mode, which then plays no part, is left out.
+pub fn forward_settings(
+    sidecar: &Sidecar,
+    steps: usize,
+    args: &DefenceArgs,
+) -> anyhow::Result<serde_json::Value> {
+    let mut s = settings(sidecar, steps, GradMode::Bpda, args)?;
+    if let Some(d) = s.get_mut("defence").and_then(|d| d.as_object_mut()) {
+        d.remove("grad");
+    }
+    Ok(s)
+}
+
 pub enum Defended {
     Plain(Undefended<WideResNet<Train>>),
     Sgld(SgldDefence<WideResNet<Train>>),

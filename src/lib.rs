@@ -12,6 +12,7 @@ pub mod image_grid;
 pub mod metrics;
 pub mod model;
 pub mod nonsense;
+pub mod ood;
 pub mod plot;
 pub mod sample;
 pub mod tables;

@@ -51,6 +51,10 @@ enum Command {
     /// Nonsense-input (distal adversarial) search per model, K and class.
     #[command(allow_negative_numbers = true)]
     Nonsense(jem_bench::nonsense::NonsenseArgs),
+    /// Out-of-distribution detection per model, K and score (log p(x), max p(y|x), gradient
+    /// norm): AUROC, AUPR, FPR at 95 % TPR against other data and noise; score histograms.
+    #[command(allow_negative_numbers = true)]
+    Ood(jem_bench::ood::OodArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression.
     #[command(allow_negative_numbers = true)]
     Regress(jem_bench::harness::RegressArgs),
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
         Command::Import(args) => run_import(args),
         Command::Robust(args) => jem_bench::harness::run(args),
         Command::Nonsense(args) => jem_bench::nonsense::run(args),
+        Command::Ood(args) => jem_bench::ood::run(args),
         Command::Regress(args) => jem_bench::harness::regress(args),
         Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(args) => jem_bench::harness::report(args),

@@ -15,3 +15,13 @@ pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
     }
     write_atomic(path, &w.into_inner()?)
 }
+
+/// The first value a list flag names twice (two K = 1 in `--steps 0,1,1`): its rows would
+/// appear twice under one name.
+pub fn first_repeat<T: PartialEq>(values: &[T]) -> Option<&T> {
+    values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[..*i].contains(v))
+        .map(|(_, v)| v)
+}
