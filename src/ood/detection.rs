@@ -72,7 +72,9 @@ pub fn detection(in_scores: &[f64], out_scores: &[f64]) -> anyhow::Result<Detect
         pairs += a as f64 * (m - fp - b) as f64 + 0.5 * a as f64 * b as f64;
         tp += a;
         fp += b;
-        ap += a as f64 / n as f64 * tp as f64 / (tp + fp) as f64;
+        // Σ a · precision, divided by n at the end: each term is at most a, so the rounded sum
+        // stays at most n (a perfect score gives exactly 1, not 1 + 4e-16).
+        ap += a as f64 * (tp as f64 / (tp + fp) as f64);
         // Integer comparison: TPR ≥ 95 % exactly, without rounding.
         if fpr95.is_none() && 100 * tp >= 95 * n {
             fpr95 = Some(fp as f64 / m as f64);
@@ -80,7 +82,7 @@ pub fn detection(in_scores: &[f64], out_scores: &[f64]) -> anyhow::Result<Detect
     }
     Ok(Detection {
         auroc: pairs / (n as f64 * m as f64),
-        aupr: ap,
+        aupr: ap / n as f64,
         fpr95: fpr95.expect("every example accepted at the lowest threshold: TPR 1"),
     })
 }
@@ -143,6 +145,13 @@ mod tests {
         // accepts 1, 2 and 5.
         let d = detection(&[1.0, 2.0, 3.0, 4.0], &[0.0, 1.0, 2.0, 5.0]).unwrap();
         assert!(close(d.fpr95, 0.75), "{d:?}");
+    }
+
+    #[test]
+    fn a_perfect_score_of_many_examples_has_aupr_exactly_one() {
+        let inside: Vec<f64> = (0..50).map(|i| 100.0 + i as f64).collect();
+        let outside: Vec<f64> = (0..50).map(f64::from).collect();
+        assert_eq!(detection(&inside, &outside).unwrap().aupr, 1.0);
     }
 
     #[test]
