@@ -238,12 +238,8 @@ pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
     write_csv(&args.out.join("calibration.csv"), &rows)?;
     write_csv(&args.out.join("calibration-bins.csv"), &bins)?;
     let data = distinct_specs(&prepared);
-    let title = format!(
-        "Reliability, {data} ({} test images, {} equal-width bins, seed {})",
-        args.n,
-        metrics::ECE_BINS,
-        args.seed
-    );
+    // Short: the raster title must fit over a single column of panels.
+    let title = format!("Reliability, {data}, n = {}, seed {}", args.n, args.seed);
     diagram::figure(&results, &title).write(&args.out.join("reliability"))?;
     let record = serde_json::json!({
         "software": SOFTWARE,

@@ -319,11 +319,8 @@ pub fn run(mut args: OodArgs) -> anyhow::Result<()> {
         }
     }
     write_csv(&args.out.join("ood.csv"), &rows)?;
-    let title = format!(
-        "OOD scores, {} images per set, seed {} (in-distribution: high LogSumExp and max p(y|x), \
-         low gradient norm)",
-        args.n, args.seed
-    );
+    // Short: the raster title must fit over a single column of panels.
+    let title = format!("OOD scores, n = {} per set, seed {}", args.n, args.seed);
     histograms::figure(&cells, &args.scores, &title).write(&args.out.join("histograms"))?;
     let sets: serde_json::Map<String, serde_json::Value> = args
         .ood

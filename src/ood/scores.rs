@@ -97,12 +97,13 @@ pub fn histogram_value(score: Score, value: f64) -> f64 {
     }
 }
 
-/// The axis label of [`histogram_value`] (short: it must fit under one panel).
+/// The axis label of [`histogram_value`], with the side the in-distribution images should
+/// fall on (short: it must fit under one panel).
 pub fn histogram_label(score: Score) -> &'static str {
     match score {
-        Score::Lse => "LogSumExp_y f(x)[y]",
-        Score::MaxSoftmax => "max_y p(y|x)",
-        Score::GradNorm => "log10 |d log p(x)/dx|",
+        Score::Lse => "LogSumExp f(x): high = in",
+        Score::MaxSoftmax => "max p(y|x): high = in",
+        Score::GradNorm => "log10 |d log p/dx|: low = in",
     }
 }
 
