@@ -1,5 +1,5 @@
 //! `jem-bench calibrate`: how well each model's confidence matches its accuracy, the first of
-//! JEM's three claims (Grathwohl et al. 2020, Section 5.1: a JEM is better calibrated than the
+//! JEM's three claims (Grathwohl et al. 2020, "Calibration": a JEM is better calibrated than the
 //! classifier it is built on). Per model and number of SGLD sampling steps K (0: the plain
 //! classifier; K > 0: the JEM-K defence, whose chain-averaged logits are then the prediction):
 //! accuracy, NLL, Brier score and ECE over 15 equal-width confidence bins, with the bins

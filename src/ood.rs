@@ -1,5 +1,5 @@
 //! `jem-bench ood`: out-of-distribution detection from the model's own outputs, the second of
-//! JEM's three claims (Grathwohl et al. 2020, Section 5.2 and Table 3: a JEM's density
+//! JEM's three claims (Grathwohl et al. 2020, "Out-of-distribution detection": a JEM's density
 //! log p(x) = LogSumExp_y f(x)[y] − log Z tells test images from other data better than a
 //! classifier's confidence does). Per model, number of SGLD steps K and score (`lse`,
 //! `max-softmax`, `grad-norm`), the AUROC, AUPR and FPR at 95 % TPR of telling the first n

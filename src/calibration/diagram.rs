@@ -1,5 +1,5 @@
 //! The reliability diagram of a `calibrate` run (Guo et al. 2017, Figure 1): per model × K, the
-//! accuracy of each confidence bin as a bar, the gap to the bin's mean confidence shaded, the
+//! accuracy of each confidence bin as a bar, the gap to the bin's mean confidence as a strip, the
 //! diagonal of perfect calibration, and below it the share of the examples in each bin (a bin
 //! of three examples says little). One column per K, two rows per model.
 
@@ -28,10 +28,15 @@ fn reliability_panel(title: String, c: &Calibration) -> Panel {
             y: (0.0, acc),
         })
         .collect();
+    // The gap as a strip half the bin wide, so that the accuracy bar's top stays visible on
+    // both sides: a strip above it is over-confidence, one inside it under-confidence.
     let gaps = filled(&c.bins)
-        .map(|(b, acc, conf)| BarRect {
-            x: (b.lo, b.hi),
-            y: (acc.min(conf), acc.max(conf)),
+        .map(|(b, acc, conf)| {
+            let quarter = (b.hi - b.lo) / 4.0;
+            BarRect {
+                x: (b.lo + quarter, b.hi - quarter),
+                y: (acc.min(conf), acc.max(conf)),
+            }
         })
         .collect();
     let confidence = filled(&c.bins)

@@ -1,8 +1,9 @@
 //! How well a score tells in-distribution inputs (the positives) from out-of-distribution ones,
-//! a higher score meaning "more in-distribution", as JEM's Table 3 measures it (Grathwohl et al.
-//! 2020; Hendrycks & Gimpel 2017 for AUROC, AUPR and the FPR at 95 % TPR). Every metric is
-//! computed at the distinct score values as thresholds, "x is in-distribution if score ≥ t", so
-//! examples with equal scores always fall on the same side together:
+//! a higher score meaning "more in-distribution", as JEM's out-of-distribution section measures
+//! it (Grathwohl et al. 2020; Hendrycks & Gimpel 2017 for AUROC and AUPR, Liang et al. 2018 for
+//! the FPR at 95 % TPR). Every metric is computed at the distinct score values as thresholds,
+//! "x is in-distribution if score ≥ t", so examples with equal scores always fall on the same
+//! side together:
 //!
 //! - AUROC = P(s_in > s_out) + ½ P(s_in = s_out) over all in/out pairs (Mann–Whitney U / n·m):
 //!   1 for a perfect score, ½ for a constant one, 0 for a reversed one.

@@ -1,5 +1,5 @@
-//! The three OOD scores of JEM's Table 3 (Grathwohl et al. 2020, Section 5.2), each higher for
-//! inputs the model takes as more in-distribution:
+//! The three OOD scores of JEM's out-of-distribution section (Grathwohl et al. 2020), each
+//! higher for inputs the model takes as more in-distribution:
 //!
 //! - `lse`: LogSumExp_y f(x)[y] = log p(x) + log Z, the model's unnormalised log density;
 //! - `max-softmax`: max_y p(y|x), the baseline of Hendrycks & Gimpel (2017);

@@ -1,7 +1,7 @@
 //! The out-of-distribution inputs `ood` compares a model's in-distribution test images with:
-//! another data set's test split, or one of four noise sets made from the seed — the uniform,
-//! interpolation and constant sets of the OOD literature JEM's Table 3 follows (Nalisnick et al.
-//! 2019; Grathwohl et al. 2020), and clipped Gaussian noise.
+//! another data set's test split, or one of four sets made from the seed: uniform noise,
+//! clipped Gaussian noise, constant grey images, and interpolations of two test images (the
+//! "Interp" set of JEM's out-of-distribution section, Grathwohl et al. 2020).
 //!
 //! Each noise set has a random stream of its own, derived from the seed and the set's kind
 //! alone, so the same seed gives the same images whatever other sets or models a run names.
