@@ -123,6 +123,25 @@ pub fn settings(
     })
 }
 
+/// [`settings`] for a run that takes no gradient through the defence (logits only): the
+/// gradient mode, which then plays no part, is left out.
+pub fn forward_settings(
+    sidecar: &Sidecar,
+    steps: usize,
+    args: &DefenceArgs,
+) -> anyhow::Result<serde_json::Value> {
+    let base = if steps > 0 {
+        Some(sgld_of(sidecar)?)
+    } else {
+        None
+    };
+    let mut s = settings(base.as_ref(), steps, GradMode::Bpda, args)?;
+    if let Some(d) = s.get_mut("defence").and_then(|d| d.as_object_mut()) {
+        d.remove("grad");
+    }
+    Ok(s)
+}
+
 /// A network as the attacks see it at K sampling steps.
 pub enum Defended<N> {
     Plain(Undefended<N>),

@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod batches;
 pub mod bench;
+pub mod calibration;
 pub mod defended;
 pub mod energy;
 pub mod harness;
@@ -12,6 +13,9 @@ pub mod image_grid;
 pub mod metrics;
 pub mod model;
 pub mod nonsense;
+pub mod ood;
 pub mod plot;
 pub mod sample;
+pub mod tables;
+pub mod test_set;
 pub mod train;

@@ -39,9 +39,13 @@ enum Command {
     /// Train a Wide-ResNet as a classifier (baseline), a JEM, or adversarially.
     #[command(allow_negative_numbers = true)]
     Train(TrainConfig),
-    /// Clean accuracy, NLL and ECE (15 bins) of a checkpoint on a test set.
+    /// Clean accuracy, NLL, Brier score and ECE (15 bins) of a checkpoint on a test set.
     #[command(allow_negative_numbers = true)]
     Eval(EvalArgs),
+    /// Calibration per model and K: accuracy, NLL, Brier score, ECE (15 bins), reliability
+    /// diagram.
+    #[command(allow_negative_numbers = true)]
+    Calibrate(jem_bench::calibration::CalibrateArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
     #[command(allow_negative_numbers = true)]
     Import(ImportArgs),
@@ -51,6 +55,10 @@ enum Command {
     /// Nonsense-input (distal adversarial) search per model, K and class.
     #[command(allow_negative_numbers = true)]
     Nonsense(jem_bench::nonsense::NonsenseArgs),
+    /// Out-of-distribution detection per model, K and score (log p(x), max p(y|x), gradient
+    /// norm): AUROC, AUPR, FPR at 95 % TPR against other data and noise; score histograms.
+    #[command(allow_negative_numbers = true)]
+    Ood(jem_bench::ood::OodArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression.
     #[command(allow_negative_numbers = true)]
     Regress(jem_bench::harness::RegressArgs),
@@ -130,9 +138,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(cfg) => run_train(cfg),
         Command::Eval(args) => run_eval(args),
+        Command::Calibrate(args) => jem_bench::calibration::run(args),
         Command::Import(args) => run_import(args),
         Command::Robust(args) => jem_bench::harness::run(args),
         Command::Nonsense(args) => jem_bench::nonsense::run(args),
+        Command::Ood(args) => jem_bench::ood::run(args),
         Command::Regress(args) => jem_bench::harness::regress(args),
         Command::Sample(args) => jem_bench::sample::run(args),
         Command::Report(args) => jem_bench::harness::report(args),
@@ -232,6 +242,7 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         println!("data:     {} (n = {})", set.name, m.n);
         println!("accuracy: {:.2} %", 100.0 * m.accuracy);
         println!("nll:      {:.4} nats", m.nll);
+        println!("brier:    {:.4}", m.brier);
         println!(
             "ece:      {:.2} % ({} bins)",
             100.0 * m.ece,

@@ -14,7 +14,7 @@ use super::checks;
 use super::outputs::{read_tidy, TidyRow};
 use super::robustness::{ALL_GRADS, WORST_CASE};
 use crate::model::{write_atomic, SOFTWARE};
-use crate::plot::{Dash, Figure, Panel, Series, PALETTE};
+use crate::plot::{model_labels, Dash, Figure, Panel, Series, PALETTE};
 
 /// Clean and worst-case robust accuracy of one model at one K, over the ε grid, with 95 %
 /// Wilson intervals.
@@ -123,27 +123,6 @@ pub fn curves(rows: &[TidyRow]) -> anyhow::Result<Vec<Curve>> {
     Ok(curves)
 }
 
-/// Short legend names: the file stem of each model, or the whole path where stems collide.
-fn model_labels(models: &[&String]) -> Vec<String> {
-    let stem = |m: &str| {
-        Path::new(m)
-            .file_stem()
-            .map_or(m.to_string(), |s| s.to_string_lossy().into_owned())
-    };
-    let stems: Vec<String> = models.iter().map(|m| stem(m)).collect();
-    models
-        .iter()
-        .zip(&stems)
-        .map(|(m, s)| {
-            if stems.iter().filter(|t| *t == s).count() > 1 {
-                m.to_string()
-            } else {
-                s.clone()
-            }
-        })
-        .collect()
-}
-
 fn norm_title(norm: &str) -> &str {
     match norm {
         "linf" => "L∞",
@@ -210,6 +189,7 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
                 x_range: Some((0.0, x_hi)),
                 y_range: Some((0.0, 100.0)),
                 series,
+                bars: Vec::new(),
             });
         }
     }

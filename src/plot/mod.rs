@@ -1,6 +1,8 @@
-//! Line charts (robustness curves) written as SVG and PNG from one description.
+//! Line and bar charts (robustness curves, reliability diagrams, histograms) written as SVG and
+//! PNG from one description.
 //!
-//! A [`Figure`] is a grid of [`Panel`]s sharing one legend. The layout is computed once, in
+//! A [`Figure`] is a grid of [`Panel`]s sharing one legend; a panel holds lines ([`Series`])
+//! drawn over filled or outlined rectangles ([`Bars`]). The layout is computed once, in
 //! pixels, and drawn on a `Canvas`: the SVG canvas writes vector elements (text stays text),
 //! the raster canvas draws into an RGB image with an embedded 8×8 bitmap font. Neither needs a
 //! system font or a graphics library, so plots work on a bare CI machine.
@@ -63,7 +65,25 @@ pub struct Series {
     pub intervals: Vec<(f64, f64)>,
 }
 
+/// Rectangles in data units, drawn under the panel's lines: histograms, bar charts, shaded
+/// gaps. Parts outside the panel's axis ranges are cut off.
 #[derive(Debug, Clone)]
+pub struct Bars {
+    pub label: String,
+    /// Fill colour; `None` draws outlines only (several histograms over each other).
+    pub fill: Option<Rgb>,
+    pub stroke: Option<Rgb>,
+    /// One rectangle per bar: x from `x.0` to `x.1`, y from `y.0` to `y.1`.
+    pub rects: Vec<BarRect>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BarRect {
+    pub x: (f64, f64),
+    pub y: (f64, f64),
+}
+
+#[derive(Debug, Clone, Default)]
 pub struct Panel {
     pub title: String,
     pub x_label: String,
@@ -72,6 +92,8 @@ pub struct Panel {
     pub x_range: Option<(f64, f64)>,
     pub y_range: Option<(f64, f64)>,
     pub series: Vec<Series>,
+    /// Drawn first, in this order.
+    pub bars: Vec<Bars>,
 }
 
 #[derive(Debug, Clone)]
@@ -135,18 +157,28 @@ impl Figure {
         let longest = self
             .legend()
             .iter()
-            .map(|s| s.label.chars().count())
+            .map(|e| e.label().chars().count())
             .max()
             .unwrap_or(0);
         LEGEND_PAD + longest as f32 * LEGEND_CHAR
     }
 
-    /// One legend entry per distinct series label, in first-seen order.
-    fn legend(&self) -> Vec<&Series> {
-        let mut seen: Vec<&Series> = Vec::new();
-        for s in self.panels.iter().flat_map(|p| &p.series) {
-            if !seen.iter().any(|t| t.label == s.label) {
-                seen.push(s);
+    /// One legend entry per distinct label, bars before lines (as drawn), in first-seen order.
+    fn legend(&self) -> Vec<LegendEntry<'_>> {
+        let bars = self
+            .panels
+            .iter()
+            .flat_map(|p| &p.bars)
+            .map(LegendEntry::Bars);
+        let lines = self
+            .panels
+            .iter()
+            .flat_map(|p| &p.series)
+            .map(LegendEntry::Line);
+        let mut seen: Vec<LegendEntry> = Vec::new();
+        for e in bars.chain(lines) {
+            if !seen.iter().any(|t| t.label() == e.label()) {
+                seen.push(e);
             }
         }
         seen
@@ -171,14 +203,19 @@ impl Figure {
             panel.draw(c, x0, y0);
         }
         let lx = w as f32 - self.legend_width() + 16.0;
-        for (i, s) in self.legend().iter().enumerate() {
+        for (i, e) in self.legend().iter().enumerate() {
             let y = TITLE_H + MARGIN_T + i as f32 * LEGEND_ROW + 8.0;
-            c.polyline(&[(lx, y), (lx + 44.0, y)], s.color, 2.5, s.dash);
-            c.marker(lx + 22.0, y, 3.5, s.color);
+            match e {
+                LegendEntry::Line(s) => {
+                    c.polyline(&[(lx, y), (lx + 44.0, y)], s.color, 2.5, s.dash);
+                    c.marker(lx + 22.0, y, 3.5, s.color);
+                }
+                LegendEntry::Bars(b) => c.rect(lx + 6.0, y - 7.0, 32.0, 14.0, b.stroke, b.fill),
+            }
             c.text(
                 lx + 54.0,
                 y + 5.0,
-                &s.label,
+                e.label(),
                 TEXT * 0.875,
                 Anchor::Start,
                 false,
@@ -207,9 +244,34 @@ impl Figure {
     }
 }
 
+/// What a legend row shows: a line with its marker, or a box filled like the bars.
+enum LegendEntry<'a> {
+    Line(&'a Series),
+    Bars(&'a Bars),
+}
+
+impl LegendEntry<'_> {
+    fn label(&self) -> &str {
+        match self {
+            LegendEntry::Line(s) => &s.label,
+            LegendEntry::Bars(b) => &b.label,
+        }
+    }
+}
+
 impl Panel {
     fn ranges(&self) -> ((f64, f64), (f64, f64)) {
-        let pts = || self.series.iter().flat_map(|s| &s.points);
+        let corners = self
+            .bars
+            .iter()
+            .flat_map(|b| &b.rects)
+            .flat_map(|r| [(r.x.0, r.y.0), (r.x.1, r.y.1)]);
+        let pts: Vec<(f64, f64)> = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().copied())
+            .chain(corners)
+            .collect();
         let fit = |v: Vec<f64>| {
             let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -221,10 +283,10 @@ impl Panel {
         };
         let x = self
             .x_range
-            .unwrap_or_else(|| fit(pts().map(|p| p.0).collect()));
+            .unwrap_or_else(|| fit(pts.iter().map(|p| p.0).collect()));
         let y = self
             .y_range
-            .unwrap_or_else(|| fit(pts().map(|p| p.1).collect()));
+            .unwrap_or_else(|| fit(pts.iter().map(|p| p.1).collect()));
         (x, y)
     }
 
@@ -257,6 +319,18 @@ impl Panel {
             c.polyline(&[(x0 - 5.0, y), (x0, y)], BLACK, 1.0, Dash::Solid);
             let label = tick_label(t);
             c.text(x0 - 9.0, y + 5.0, &label, TEXT * 0.875, Anchor::End, false);
+        }
+        for b in &self.bars {
+            for r in &b.rects {
+                // Cut to the panel: a bar beyond a fixed axis range ends at the frame.
+                let (left, right) = (px(r.x.0.min(r.x.1)), px(r.x.0.max(r.x.1)));
+                let (top, bottom) = (py(r.y.0.max(r.y.1)), py(r.y.0.min(r.y.1)));
+                let (left, right) = (left.max(x0), right.min(x0 + PANEL_W));
+                let (top, bottom) = (top.max(y0), bottom.min(y0 + PANEL_H));
+                if right > left && bottom >= top {
+                    c.rect(left, top, right - left, bottom - top, b.stroke, b.fill);
+                }
+            }
         }
         c.rect(x0, y0, PANEL_W, PANEL_H, Some(BLACK), None);
         c.text(
@@ -302,6 +376,28 @@ impl Panel {
     }
 }
 
+/// Short legend names for model paths: the file stem of each, or the whole path where stems
+/// collide.
+pub fn model_labels<S: AsRef<str>>(models: &[S]) -> Vec<String> {
+    let stem = |m: &str| {
+        Path::new(m)
+            .file_stem()
+            .map_or(m.to_string(), |s| s.to_string_lossy().into_owned())
+    };
+    let stems: Vec<String> = models.iter().map(|m| stem(m.as_ref())).collect();
+    models
+        .iter()
+        .zip(&stems)
+        .map(|(m, s)| {
+            if stems.iter().filter(|t| *t == s).count() > 1 {
+                m.as_ref().to_string()
+            } else {
+                s.clone()
+            }
+        })
+        .collect()
+}
+
 /// Round tick positions covering [lo, hi]: steps of 1, 2, 2.5 or 5 × 10^k, 4 to 8 of them.
 pub fn ticks(lo: f64, hi: f64) -> Vec<f64> {
     let span = hi - lo;
@@ -342,5 +438,44 @@ mod tests {
         assert!((t[6] - 0.3).abs() < 1e-12);
         assert_eq!(tick_label(t[1]), "0.05");
         assert_eq!(ticks(0.0, 3.0), vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+    }
+
+    fn one_bar(range: Option<(f64, f64)>) -> Figure {
+        Figure {
+            title: String::new(),
+            columns: 1,
+            panels: vec![Panel {
+                x_range: range,
+                y_range: range,
+                bars: vec![Bars {
+                    label: "bar".into(),
+                    fill: Some([255, 0, 0]),
+                    stroke: None,
+                    rects: vec![BarRect {
+                        x: (0.0, 0.5),
+                        y: (0.0, 2.0),
+                    }],
+                }],
+                ..Panel::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn bars_fit_the_axes_are_cut_at_the_frame_and_enter_the_legend() {
+        let ((xa, xb), (ya, yb)) = one_bar(None).panels[0].ranges();
+        assert_eq!((xa, xb, ya, yb), (0.0, 0.5, 0.0, 2.0));
+        // On fixed [0, 1] axes the bar covers the left half of the panel, cut at its top.
+        let svg = one_bar(Some((0.0, 1.0))).to_svg();
+        let (x, y) = (MARGIN_L, TITLE_H + MARGIN_T);
+        let expected = format!(
+            "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{PANEL_H:.1}\" fill=\"#ff0000\"",
+            PANEL_W / 2.0
+        );
+        assert!(svg.contains(&expected), "{expected} not in {svg}");
+        // Drawn twice: the bar and its legend box.
+        assert_eq!(svg.matches("fill=\"#ff0000\"").count(), 2, "{svg}");
+        assert!(svg.contains(">bar</text>"));
+        assert!(one_bar(None).to_png().is_ok());
     }
 }

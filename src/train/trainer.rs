@@ -35,7 +35,7 @@ pub struct TrainOutcome {
 }
 
 /// Seeds for independent random streams derived from the run seed.
-fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
+pub(crate) fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
     // SplitMix64 finaliser over the three numbers: nearby inputs give unrelated seeds.
     let mut z = seed
         ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15)

@@ -1,0 +1,297 @@
+//! `jem-bench calibrate`: how well each model's confidence matches its accuracy, the first of
+//! JEM's three claims (Grathwohl et al. 2020, "Calibration": a JEM is better calibrated than the
+//! classifier it is built on). Per model and number of SGLD sampling steps K (0: the plain
+//! classifier; K > 0: the JEM-K defence, whose chain-averaged logits are then the prediction):
+//! accuracy, NLL, Brier score and ECE over 15 equal-width confidence bins, with the bins
+//! themselves and a reliability diagram (Guo et al. 2017) of every model × K in one figure.
+
+mod diagram;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::activation::log_softmax;
+use clap::Args;
+use jem_attacks::GradMode;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use crate::backend::{self, Train};
+use crate::defended::{DefenceArgs, Defended};
+use crate::metrics::{self, Calibration};
+use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
+use crate::tables::{first_repeat, write_csv};
+use crate::test_set::{self, TestImages};
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct CalibrateArgs {
+    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
+    /// trained models).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<PathBuf>,
+    /// Test data (default: each model's own data set): mnist, fashion-mnist, cifar10:DIR, …
+    #[arg(long)]
+    pub data: Option<String>,
+    /// SGLD sampling steps K before classifying, comma-separated; 0 is the plain classifier.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub steps: Vec<usize>,
+    /// Evaluate the first N test images.
+    #[arg(long, default_value_t = 1000)]
+    pub n: usize,
+    /// Images per forward pass (K > 0 runs --chains times as many).
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: usize,
+    #[command(flatten)]
+    pub defence: DefenceArgs,
+    /// Seed of the SGLD noise (K > 0); K = 0 draws nothing.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output folder: calibration.csv, calibration-bins.csv, reliability.{png,svg},
+    /// settings.json.
+    #[arg(long, default_value = "runs/calibrate")]
+    pub out: PathBuf,
+}
+
+/// One model with its test images, checked before anything is computed or written.
+struct Prepared {
+    path: PathBuf,
+    sidecar: Sidecar,
+    data: TestImages,
+}
+
+/// One row of `calibration.csv`: a model at one K.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    model: String,
+    k: usize,
+    n: usize,
+    accuracy: f64,
+    nll: f64,
+    brier: f64,
+    ece: f64,
+    seed: u64,
+    data: String,
+    /// Every setting of the SGLD defence in force, as JSON; `{}` for K = 0.
+    defence: String,
+}
+
+/// One row of `calibration-bins.csv`; accuracy and confidence are empty for an empty bin.
+#[derive(Debug, Clone, Serialize)]
+struct BinRow {
+    model: String,
+    k: usize,
+    bin: usize,
+    lo: f64,
+    hi: f64,
+    count: usize,
+    accuracy: Option<f64>,
+    confidence: Option<f64>,
+}
+
+/// Random stream of the SGLD noise at K (one per K, the same for every model, so that a
+/// model's numbers do not depend on which other models ran with it).
+const SGLD_STREAM: u64 = 0xCA11_B8A7;
+
+impl CalibrateArgs {
+    /// Checks every flag, model and data set before anything is written: at least one K,
+    /// counts ≥ 1, the defence's settings when some K > 0, models that exist and can run the
+    /// defence, data they can take, n within the test split.
+    fn prepare(&self, device: &backend::Device) -> anyhow::Result<Vec<Prepared>> {
+        anyhow::ensure!(
+            !self.steps.is_empty(),
+            "--steps: name at least one K (0 = the plain classifier)"
+        );
+        for (flag, value) in [("--n", self.n), ("--batch-size", self.batch_size)] {
+            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        }
+        if let Some(k) = first_repeat(&self.steps) {
+            anyhow::bail!("--steps: K = {k} named twice");
+        }
+        if let Some(m) = first_repeat(&self.models) {
+            anyhow::bail!("--models: {} named twice", m.display());
+        }
+        if self.steps.iter().any(|&k| k > 0) {
+            self.defence.validate()?;
+        }
+        let mut prepared = Vec::new();
+        for path in &self.models {
+            let m = path.display().to_string();
+            let ckpt = Checkpoint::at(path);
+            ckpt.ensure_exists()
+                .with_context(|| format!("--models {m}"))?;
+            let sidecar = ckpt
+                .read_sidecar()
+                .with_context(|| format!("--models {m}"))?;
+            for &k in &self.steps {
+                crate::defended::forward_settings(&sidecar, k, &self.defence)
+                    .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
+            }
+            let data = test_set::load(&m, &sidecar, "--data", self.data.as_deref(), self.n)?;
+            // Loading the weights here too refuses a broken file before the run starts.
+            ckpt.load::<backend::Inference>(device)
+                .with_context(|| format!("--models {m}"))?;
+            prepared.push(Prepared {
+                path: path.clone(),
+                sidecar,
+                data,
+            });
+        }
+        Ok(prepared)
+    }
+}
+
+/// Predictions of one model at K on its test images, summarised; an error when they are not
+/// finite (a number made of NaN is no result).
+fn calibrate_one(
+    args: &CalibrateArgs,
+    p: &Prepared,
+    k: usize,
+    device: &backend::Device,
+) -> anyhow::Result<Calibration> {
+    let (model, _) = Checkpoint::at(&p.path).load::<Train>(device)?;
+    let defended = Defended::new(
+        model,
+        Some(&crate::defended::sgld_of(&p.sidecar)?),
+        k,
+        GradMode::Bpda,
+        &args.defence,
+    )?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(crate::train::stream_seed(
+        args.seed,
+        SGLD_STREAM,
+        k as u64,
+    ));
+    let logits = crate::batches::model_logits::<Train, _>(
+        &defended,
+        &p.data.set,
+        args.batch_size,
+        &mut rng,
+        device,
+    );
+    let log_probs = crate::batches::to_vec(log_softmax(logits, 1));
+    let c = metrics::calibration(&log_probs, &p.data.set.labels, p.data.set.num_classes());
+    let m = &c.metrics;
+    anyhow::ensure!(
+        [m.accuracy, m.nll, m.brier, m.ece]
+            .iter()
+            .all(|v| v.is_finite()),
+        "{} at K = {k}: the predictions on {} are not finite (NLL {}, Brier {}, ECE {}); its \
+         weights, input normalisation or SGLD settings are broken",
+        p.path.display(),
+        p.data.set.name,
+        m.nll,
+        m.brier,
+        m.ece
+    );
+    Ok(c)
+}
+
+pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
+    if args.models.is_empty() {
+        args.models = crate::model::embedded_models();
+    }
+    let started = Instant::now();
+    let device = backend::device();
+    let prepared = args.prepare(&device)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut rows = Vec::new();
+    let mut bins = Vec::new();
+    let mut results = Vec::new();
+    for p in &prepared {
+        let model = p.path.display().to_string();
+        for &k in &args.steps {
+            let cell = Instant::now();
+            let c = calibrate_one(&args, p, k, &device)?;
+            let m = c.metrics;
+            println!(
+                "{model} K = {k}: accuracy {:.4}, NLL {:.4}, Brier {:.4}, ECE {:.4} ({:.0} s)",
+                m.accuracy,
+                m.nll,
+                m.brier,
+                m.ece,
+                cell.elapsed().as_secs_f64()
+            );
+            rows.push(Row {
+                model: model.clone(),
+                k,
+                n: m.n,
+                accuracy: m.accuracy,
+                nll: m.nll,
+                brier: m.brier,
+                ece: m.ece,
+                seed: args.seed,
+                data: p.data.spec.clone(),
+                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence)?
+                    .to_string(),
+            });
+            for (b, bin) in c.bins.iter().enumerate() {
+                bins.push(BinRow {
+                    model: model.clone(),
+                    k,
+                    bin: b,
+                    lo: bin.lo,
+                    hi: bin.hi,
+                    count: bin.count,
+                    accuracy: bin.accuracy,
+                    confidence: bin.confidence,
+                });
+            }
+            results.push((model.clone(), k, c));
+        }
+    }
+    write_csv(&args.out.join("calibration.csv"), &rows)?;
+    write_csv(&args.out.join("calibration-bins.csv"), &bins)?;
+    let data = distinct_specs(&prepared);
+    // Short: the raster title must fit over a single column of panels.
+    let title = format!("Reliability, {data}, n = {}, seed {}", args.n, args.seed);
+    diagram::figure(&results, &title).write(&args.out.join("reliability"))?;
+    let record = serde_json::json!({
+        "software": SOFTWARE,
+        "backend": backend::name(),
+        "settings": &args,
+        "metrics": {
+            "accuracy": "fraction of examples whose most probable class is the label",
+            "nll": "mean −log p(y|x), nats",
+            "brier": "mean over examples of Σ_k (p_k − [k = y])²",
+            "ece": "Σ_b (n_b / n) |accuracy_b − confidence_b| over 15 bins (k/15, (k+1)/15] of max_k p_k",
+            "k": "SGLD steps before classifying; K > 0: p(y|x) = softmax of the logits averaged over --chains chains",
+        },
+        "seconds": started.elapsed().as_secs_f64(),
+        "rows": &rows,
+    });
+    write_atomic(
+        &args.out.join("settings.json"),
+        serde_json::to_string_pretty(&record)?.as_bytes(),
+    )?;
+    println!(
+        "{:<32} {:>3} {:>6} {:>9} {:>8} {:>8} {:>7}",
+        "model", "K", "n", "accuracy", "NLL", "Brier", "ECE"
+    );
+    for r in &rows {
+        println!(
+            "{:<32} {:>3} {:>6} {:>8.2}% {:>8.4} {:>8.4} {:>6.2}%",
+            r.model,
+            r.k,
+            r.n,
+            100.0 * r.accuracy,
+            r.nll,
+            r.brier,
+            100.0 * r.ece
+        );
+    }
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// The data sets of a run, comma-separated, each once.
+fn distinct_specs(prepared: &[Prepared]) -> String {
+    let mut specs: Vec<&str> = Vec::new();
+    for p in prepared {
+        if !specs.contains(&p.data.spec.as_str()) {
+            specs.push(&p.data.spec);
+        }
+    }
+    specs.join(", ")
+}

@@ -1,0 +1,401 @@
+//! `jem-bench ood`: out-of-distribution detection from the model's own outputs, the second of
+//! JEM's three claims (Grathwohl et al. 2020, "Out-of-distribution detection": a JEM's density
+//! log p(x) = LogSumExp_y f(x)[y] − log Z tells test images from other data better than a
+//! classifier's confidence does). Per model, number of SGLD steps K and score (`lse`,
+//! `max-softmax`, `grad-norm`), the AUROC, AUPR and FPR at 95 % TPR of telling the first n
+//! in-distribution test images from n images of each OOD set (another data set's test split,
+//! or seeded noise), with score histograms of every set.
+
+mod detection;
+mod histograms;
+mod scores;
+mod sets;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use jem_attacks::GradMode;
+use jem_datasets::{DataSource, ImageSet, Split};
+use rand::SeedableRng;
+use serde::Serialize;
+
+pub use detection::{detection, Detection};
+pub use scores::{scores, Score};
+pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
+
+use crate::backend::{self, Train};
+use crate::defended::{DefenceArgs, Defended};
+use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
+use crate::tables::{first_repeat, write_csv};
+use crate::test_set::{self, TestImages};
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct OodArgs {
+    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
+    /// trained models).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<PathBuf>,
+    /// In-distribution test data (default: each model's own data set).
+    #[arg(long = "in", value_name = "DATA")]
+    pub in_data: Option<String>,
+    /// OOD sets, comma-separated: a data set's test split (fashion-mnist, mnist, cifar10:DIR,
+    /// …) or seeded noise: uniform (pixels U(0, 1)), gaussian (N(0.5, 0.25²) clipped to
+    /// [0, 1]), interp (mean of two in-distribution test images of different classes), constant
+    /// (one random grey level per image). Named --ood because --out is the output folder in
+    /// every command.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fashion-mnist,uniform,gaussian,interp,constant"
+    )]
+    pub ood: Vec<String>,
+    /// SGLD sampling steps K before scoring, comma-separated; 0 is the plain classifier. For
+    /// K > 0 every score comes from the chain-averaged logits, and grad-norm differentiates
+    /// through the K steps (full mode: slow).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub steps: Vec<usize>,
+    /// Scores, comma-separated: lse (LogSumExp_y f(x)[y], log p(x) up to a constant),
+    /// max-softmax (max_y p(y|x)), grad-norm (−‖∂ log p(x)/∂x‖₂).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "lse,max-softmax,grad-norm"
+    )]
+    pub scores: Vec<Score>,
+    /// Images per set: the first N in-distribution test images, and N of each OOD set.
+    #[arg(long, default_value_t = 1000)]
+    pub n: usize,
+    /// Images per forward pass (K > 0 runs --chains times as many).
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: usize,
+    #[command(flatten)]
+    pub defence: DefenceArgs,
+    /// Seed of the noise sets and of the SGLD noise (K > 0).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output folder: ood.csv, histograms.{png,svg}, settings.json.
+    #[arg(long, default_value = "runs/ood")]
+    pub out: PathBuf,
+}
+
+/// One model with its in-distribution images and every OOD set, built and checked before
+/// anything is computed or written.
+struct Prepared {
+    path: PathBuf,
+    sidecar: Sidecar,
+    data: TestImages,
+    ood: Vec<ImageSet>,
+}
+
+/// Every score of one model at one K, per set: `sets[0]` is the in-distribution set, then the
+/// OOD sets in the order named; `values[s]` follows the order of `--scores`.
+pub(crate) struct ScoredCell {
+    pub model: String,
+    pub k: usize,
+    pub sets: Vec<ScoredSet>,
+}
+
+pub(crate) struct ScoredSet {
+    pub name: String,
+    pub values: Vec<Vec<f64>>,
+}
+
+/// One row of `ood.csv`.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    model: String,
+    k: usize,
+    score: &'static str,
+    ood_set: String,
+    n_in: usize,
+    n_out: usize,
+    auroc: f64,
+    aupr: f64,
+    fpr95: f64,
+    seed: u64,
+    /// The in-distribution data set.
+    data: String,
+    /// Every setting of the SGLD defence in force, as JSON; `{}` for K = 0.
+    defence: String,
+}
+
+/// Random stream of the SGLD noise, per set (by name) and K.
+const SGLD_STREAM: u64 = 0x00D_5C0E;
+
+/// FNV-1a of a set's name: its SGLD noise does not depend on which other sets a run names.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl OodArgs {
+    fn grad_mode(&self) -> Option<GradMode> {
+        self.scores
+            .contains(&Score::GradNorm)
+            .then_some(GradMode::Full)
+    }
+
+    /// The defence's settings at K as recorded: with the gradient mode only when a gradient is
+    /// taken through it.
+    fn defence_settings(&self, sidecar: &Sidecar, k: usize) -> anyhow::Result<String> {
+        Ok(match self.grad_mode() {
+            Some(grad) => crate::defended::settings(
+                Some(&crate::defended::sgld_of(sidecar)?).filter(|_| k > 0),
+                k,
+                grad,
+                &self.defence,
+            )?,
+            None => crate::defended::forward_settings(sidecar, k, &self.defence)?,
+        }
+        .to_string())
+    }
+
+    /// Checks every flag, model and set before anything is written, and builds the sets.
+    fn prepare(&self, device: &backend::Device) -> anyhow::Result<Vec<Prepared>> {
+        anyhow::ensure!(
+            !self.steps.is_empty(),
+            "--steps: name at least one K (0 = the plain classifier)"
+        );
+        anyhow::ensure!(!self.scores.is_empty(), "--scores: name at least one score");
+        anyhow::ensure!(!self.ood.is_empty(), "--ood: name at least one OOD set");
+        for (flag, value) in [("--n", self.n), ("--batch-size", self.batch_size)] {
+            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        }
+        if let Some(k) = first_repeat(&self.steps) {
+            anyhow::bail!("--steps: K = {k} named twice");
+        }
+        if let Some(s) = first_repeat(&self.scores) {
+            anyhow::bail!("--scores: {} named twice", s.name());
+        }
+        if let Some(m) = first_repeat(&self.models) {
+            anyhow::bail!("--models: {} named twice", m.display());
+        }
+        if let Some(s) = first_repeat(&self.ood) {
+            anyhow::bail!("--ood: {s} named twice");
+        }
+        let sets = self
+            .ood
+            .iter()
+            .map(|name| OodSet::parse(name))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if self.steps.iter().any(|&k| k > 0) {
+            self.defence.validate()?;
+        }
+        let mut prepared = Vec::new();
+        for path in &self.models {
+            let m = path.display().to_string();
+            let ckpt = Checkpoint::at(path);
+            ckpt.ensure_exists()
+                .with_context(|| format!("--models {m}"))?;
+            let sidecar = ckpt
+                .read_sidecar()
+                .with_context(|| format!("--models {m}"))?;
+            for &k in &self.steps {
+                self.defence_settings(&sidecar, k)
+                    .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
+            }
+            let data = test_set::load(&m, &sidecar, "--in", self.in_data.as_deref(), self.n)?;
+            let split = DataSource::parse(&data.spec)
+                .and_then(|s| s.load(Split::Test))
+                .context("--in")?;
+            let ood = sets
+                .iter()
+                .map(|s| s.build(&data.set, &split, self.n, self.seed))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            // Loading the weights here too refuses a broken file before the run starts.
+            ckpt.load::<backend::Inference>(device)
+                .with_context(|| format!("--models {m}"))?;
+            prepared.push(Prepared {
+                path: path.clone(),
+                sidecar,
+                data,
+                ood,
+            });
+        }
+        Ok(prepared)
+    }
+}
+
+/// Every score of one model at K on its in-distribution set and each OOD set.
+fn score_cell(
+    args: &OodArgs,
+    p: &Prepared,
+    k: usize,
+    device: &backend::Device,
+) -> anyhow::Result<ScoredCell> {
+    let (model, _) = Checkpoint::at(&p.path).load::<Train>(device)?;
+    let grad = args.grad_mode().unwrap_or(GradMode::Bpda);
+    let defended = Defended::new(
+        model,
+        Some(&crate::defended::sgld_of(&p.sidecar)?),
+        k,
+        grad,
+        &args.defence,
+    )?;
+    let model_name = p.path.display().to_string();
+    let mut sets = Vec::new();
+    for set in std::iter::once(&p.data.set).chain(&p.ood) {
+        let name = if sets.is_empty() {
+            p.data.spec.clone()
+        } else {
+            set.name.clone()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(crate::train::stream_seed(
+            args.seed ^ name_hash(&name),
+            SGLD_STREAM,
+            k as u64,
+        ));
+        let values = scores::<Train, _>(
+            &defended,
+            set,
+            &args.scores,
+            args.batch_size,
+            &mut rng,
+            device,
+        );
+        for (score, v) in args.scores.iter().zip(&values) {
+            let nan = v.iter().filter(|x| x.is_nan()).count();
+            anyhow::ensure!(
+                nan == 0,
+                "{model_name} at K = {k}: the {} score is NaN on {nan} of the {} images of {name}; \
+                 the model's outputs are not finite there (broken weights, input normalisation or \
+                 SGLD settings)",
+                score.name(),
+                v.len()
+            );
+        }
+        sets.push(ScoredSet { name, values });
+    }
+    Ok(ScoredCell {
+        model: model_name,
+        k,
+        sets,
+    })
+}
+
+pub fn run(mut args: OodArgs) -> anyhow::Result<()> {
+    if args.models.is_empty() {
+        args.models = crate::model::embedded_models();
+    }
+    let started = Instant::now();
+    let device = backend::device();
+    let prepared = args.prepare(&device)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut rows = Vec::new();
+    let mut cells = Vec::new();
+    for p in &prepared {
+        for &k in &args.steps {
+            let clock = Instant::now();
+            let cell = score_cell(&args, p, k, &device)?;
+            let defence = args.defence_settings(&p.sidecar, k)?;
+            let inside = &cell.sets[0];
+            for (s, &score) in args.scores.iter().enumerate() {
+                for out in &cell.sets[1..] {
+                    let d = detection(&inside.values[s], &out.values[s]).with_context(|| {
+                        format!(
+                            "{} at K = {k}, {} against {}",
+                            cell.model,
+                            score.name(),
+                            out.name
+                        )
+                    })?;
+                    rows.push(Row {
+                        model: cell.model.clone(),
+                        k,
+                        score: score.name(),
+                        ood_set: out.name.clone(),
+                        n_in: inside.values[s].len(),
+                        n_out: out.values[s].len(),
+                        auroc: d.auroc,
+                        aupr: d.aupr,
+                        fpr95: d.fpr95,
+                        seed: args.seed,
+                        data: p.data.spec.clone(),
+                        defence: defence.clone(),
+                    });
+                }
+            }
+            println!(
+                "{} K = {k}: {} sets scored in {:.0} s",
+                cell.model,
+                cell.sets.len(),
+                clock.elapsed().as_secs_f64()
+            );
+            cells.push(cell);
+        }
+    }
+    write_csv(&args.out.join("ood.csv"), &rows)?;
+    // Short: the raster title must fit over a single column of panels.
+    let title = format!("OOD scores, n = {} per set, seed {}", args.n, args.seed);
+    histograms::figure(&cells, &args.scores, &title).write(&args.out.join("histograms"))?;
+    let sets: serde_json::Map<String, serde_json::Value> = args
+        .ood
+        .iter()
+        .map(|name| {
+            let describe = OodSet::parse(name).map_or_else(|e| e.to_string(), |s| s.describe());
+            (name.clone(), describe.into())
+        })
+        .collect();
+    let score_defs: serde_json::Map<String, serde_json::Value> = args
+        .scores
+        .iter()
+        .map(|s| (s.name().to_string(), s.describe().into()))
+        .collect();
+    let record = serde_json::json!({
+        "software": SOFTWARE,
+        "backend": backend::name(),
+        "settings": &args,
+        "sets": sets,
+        "scores": score_defs,
+        "metrics": {
+            "positive": "in-distribution; a higher score means more in-distribution",
+            "auroc": "P(s_in > s_out) + ½ P(s_in = s_out) over all pairs (Mann–Whitney)",
+            "aupr": "average precision Σ_t (R(t) − R(t′)) P(t) over the distinct scores t as thresholds, descending (tied scores enter together)",
+            "fpr95": "fraction of OOD images with score ≥ t at the largest threshold t accepting ≥ 95 % of the in-distribution images",
+        },
+        "k": "SGLD steps before scoring; K > 0: scores of the logits averaged over --chains chains, grad-norm differentiated through the steps (full mode)",
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    write_atomic(
+        &args.out.join("settings.json"),
+        serde_json::to_string_pretty(&record)?.as_bytes(),
+    )?;
+    print!("{}", table(&rows, &args.ood));
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// AUROC per model × K × score (rows) and OOD set (columns).
+fn table(rows: &[Row], sets: &[String]) -> String {
+    let mut t = format!(
+        "AUROC (in-distribution positive)\n{:<28} {:>3} {:<12}",
+        "model", "K", "score"
+    );
+    for s in sets {
+        t += &format!(" {:>13}", s);
+    }
+    t += "\n";
+    let mut seen: Vec<(&str, usize, &str)> = Vec::new();
+    for r in rows {
+        let key = (r.model.as_str(), r.k, r.score);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        t += &format!("{:<28} {:>3} {:<12}", r.model, r.k, r.score);
+        for s in sets {
+            let v = rows
+                .iter()
+                .find(|o| (o.model.as_str(), o.k, o.score) == key && &o.ood_set == s)
+                .map_or("-".to_string(), |o| format!("{:.4}", o.auroc));
+            t += &format!(" {v:>13}");
+        }
+        t += "\n";
+    }
+    t
+}

@@ -1,0 +1,27 @@
+//! Result tables: rows serialised as CSV with a header from their field names, written
+//! atomically (a killed run never leaves half a table behind).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::model::write_atomic;
+
+/// Writes `rows` to `path` as CSV; `None` fields are left empty.
+pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for r in rows {
+        w.serialize(r)?;
+    }
+    write_atomic(path, &w.into_inner()?)
+}
+
+/// The first value a list flag names twice (two K = 1 in `--steps 0,1,1`): its rows would
+/// appear twice under one name.
+pub fn first_repeat<T: PartialEq>(values: &[T]) -> Option<&T> {
+    values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[..*i].contains(v))
+        .map(|(_, v)| v)
+}
