@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Regenerates every committed result that depends on the embedded models (results/models/):
-# the CI reference sweep, the default L∞ and L2 sweeps with their curves, and the nonsense table.
+# the CI reference sweep, the default L∞ and L2 sweeps with their curves, the nonsense table, and
+# the calibration and OOD-detection tables.
 # Run it from the repository root after an embedded model changes (`regress` refuses a reference
-# swept with other weights). About 30 minutes on two cores with the WRN-10-1 models.
+# swept with other weights). About 45 minutes on two cores with the WRN-10-1 models.
 #
 #   bash results/regenerate.sh            # everything
-#   bash results/regenerate.sh reference  # one part: reference | sweeps | nonsense
+#   bash results/regenerate.sh reference  # one part: reference | sweeps | nonsense | calibration | ood
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release
 bin=target/release/jem-bench
-parts=("${@:-reference sweeps nonsense}")
+parts=("${@:-reference sweeps nonsense calibration ood}")
 
 # Each part writes to a fresh folder under runs/regenerate/ and replaces the committed folder
 # only when it finished, so an interrupted regeneration leaves the old results whole (and
@@ -43,8 +44,21 @@ for part in ${parts[*]}; do
         "$bin" nonsense --steps 0,1 --out "$work/nonsense"
         replace "$work/nonsense" results/nonsense
         ;;
+    calibration)
+        "$bin" calibrate --steps 0,1,10 --out "$work/calibration"
+        replace "$work/calibration" results/calibration
+        ;;
+    ood)
+        rm -rf "$work/ood"
+        "$bin" ood --steps 0 --out "$work/ood"
+        # K = 1 differentiates through the SGLD step (slow): 200 images, with K = 0 on the same
+        # 200 to compare against.
+        "$bin" ood --steps 1 --n 200 --out "$work/ood/k1-n200"
+        "$bin" ood --steps 0 --n 200 --out "$work/ood/k0-n200"
+        replace "$work/ood" results/ood
+        ;;
     *)
-        echo "unknown part '$part': expected reference, sweeps or nonsense" >&2
+        echo "unknown part '$part': expected reference, sweeps, nonsense, calibration or ood" >&2
         exit 2
         ;;
     esac

@@ -199,6 +199,12 @@ impl OodArgs {
                     .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
             }
             let data = test_set::load(&m, &sidecar, "--in", self.in_data.as_deref(), self.n)?;
+            if let Some(same) = sets.iter().find(|s| **s == OodSet::Data(data.spec.clone())) {
+                anyhow::bail!(
+                    "--ood {}: that is the in-distribution data of {m}; name another set",
+                    same.name()
+                );
+            }
             let split = DataSource::parse(&data.spec)
                 .and_then(|s| s.load(Split::Test))
                 .context("--in")?;

@@ -208,6 +208,11 @@ fn bad_input_is_refused_before_anything_is_written() {
         &run(&["ood", "--ood", "uniform,uniform"]),
         &["--ood", "twice"],
     );
+    assert_fails_with(
+        &run(&["ood", "--ood", "uniform,mnist"]),
+        &["--ood mnist", "in-distribution"],
+    );
+    assert_fails_with(&run(&["ood", "--n", "10001"]), &["--n 10001", "1 to 10000"]);
     // A 3-channel model on 1-channel digits.
     let cifar = dir.path().join("cifar");
     let o = cli()
