@@ -1,6 +1,6 @@
 //! `jem-bench ood`: out-of-distribution detection from the model's own outputs, the second of
 //! JEM's three claims (Grathwohl et al. 2020, "Out-of-distribution detection": a JEM's density
-//! log p(x) = LogSumExp_y f(x)[y] − log Z tells test images from other data better than a
+//! log p(x) = `LogSumExp_y f(x)[y] − log Z` tells test images from other data better than a
 //! classifier's confidence does). Per model, number of SGLD steps K and score (`lse`,
 //! `max-softmax`, `grad-norm`), the AUROC, AUPR and FPR at 95 % TPR of telling the first n
 //! in-distribution test images from n images of each OOD set (another data set's test split,
@@ -56,7 +56,7 @@ pub struct OodArgs {
     /// through the K steps (full mode: slow).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub steps: Vec<usize>,
-    /// Scores, comma-separated: lse (LogSumExp_y f(x)[y], log p(x) up to a constant),
+    /// Scores, comma-separated: lse (the LogSumExp of the logits, log p(x) up to a constant),
     /// max-softmax (max_y p(y|x)), grad-norm (−‖∂ log p(x)/∂x‖₂).
     #[arg(
         long,
