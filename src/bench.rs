@@ -13,6 +13,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Args;
 use jem_attacks::{noise, SgldConfig, SgldSampler, SgldTarget};
+use jem_kernels::Convolution;
 use rand::SeedableRng;
 use serde::Serialize;
 
@@ -70,6 +71,18 @@ pub struct BenchArgs {
     /// Untimed calls first (allocation pools, caches).
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
+    /// Whose convolution the CPU backend runs: jem-kernels' (`own`, what every other command
+    /// uses) or burn's (`burn`), to measure one against the other.
+    #[arg(long, value_enum, default_value_t = ConvolutionArg::Own)]
+    pub convolution: ConvolutionArg,
+}
+
+/// `--convolution`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConvolutionArg {
+    Own,
+    Burn,
 }
 
 #[derive(Debug, Serialize)]
@@ -78,6 +91,7 @@ struct Timing {
     model: String,
     batch: usize,
     threads: usize,
+    convolution: ConvolutionArg,
     reps: usize,
     median_ms: f64,
     min_ms: f64,
@@ -102,6 +116,10 @@ fn time(warmup: usize, reps: usize, mut call: impl FnMut()) -> Vec<f64> {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch >= 1, "--batch: expected at least 1, found 0");
     anyhow::ensure!(args.reps >= 1, "--reps: expected at least 1, found 0");
+    jem_kernels::set_convolution(match args.convolution {
+        ConvolutionArg::Own => Convolution::Own,
+        ConvolutionArg::Burn => Convolution::Burn,
+    });
     let device = backend::device();
     let cfg = WideResNetConfig::new(args.depth, args.width, args.channels, 10);
     cfg.blocks_per_stage()
@@ -166,6 +184,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         model: cfg.name(),
         batch: args.batch,
         threads: rayon_threads(),
+        convolution: args.convolution,
         reps: args.reps,
         median_ms: sorted[sorted.len() / 2],
         min_ms: sorted[0],

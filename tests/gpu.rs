@@ -20,6 +20,7 @@ use jem_attacks::{
 };
 use jem_bench::model::Checkpoint;
 use jem_datasets::{DataSource, Split};
+use jem_kernels::FastConvAutodiff;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -56,7 +57,7 @@ fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> V
     t.into_data().convert::<f32>().to_vec().unwrap()
 }
 
-fn compute<B: AutodiffBackend>() -> Computed {
+fn compute<B: FastConvAutodiff>() -> Computed {
     let device = Default::default();
     let (model, sidecar) = Checkpoint::at("results/models/baseline")
         .load::<B>(&device)

@@ -18,6 +18,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d
 use burn::tensor::activation::leaky_relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use jem_kernels::{conv2d, FastConv};
 use serde::{Deserialize, Serialize};
 
 /// Per-channel `(x − mean) / std` applied to [0, 1] pixels before the network.
@@ -276,15 +277,15 @@ pub struct WideBasic<B: Backend> {
     pub shortcut: Vec<Conv2d<B>>,
 }
 
-impl<B: Backend> WideBasic<B> {
+impl<B: FastConv> WideBasic<B> {
     pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
         let pre = activate(x.clone(), &self.bn1, leak);
-        let out = self.conv1.forward(pre.clone());
-        let out = self.conv2.forward(activate(out, &self.bn2, leak));
+        let out = conv2d(&self.conv1, pre.clone());
+        let out = conv2d(&self.conv2, activate(out, &self.bn2, leak));
         let skip = match self.shortcut.first() {
             // RobustBench's block projects the activated input, JEM's the raw one.
-            Some(conv) if self.bn1.is_some() => conv.forward(pre),
-            Some(conv) => conv.forward(x),
+            Some(conv) if self.bn1.is_some() => conv2d(conv, pre),
+            Some(conv) => conv2d(conv, x),
             None => x,
         };
         out + skip
@@ -309,7 +310,9 @@ impl<B: Backend> WideResNet<B> {
     pub fn config(&self) -> &WideResNetConfig {
         &self.config
     }
+}
 
+impl<B: FastConv> WideResNet<B> {
     /// Logits of a batch of [0, 1] images.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         let cfg = self.config();
@@ -322,7 +325,7 @@ impl<B: Backend> WideResNet<B> {
             TensorData::new(norm.std.iter().map(|s| 1.0 / s).collect(), [1, c, 1, 1]),
             &device,
         );
-        let mut out = self.conv1.forward((x - mean) * inv_std);
+        let mut out = conv2d(&self.conv1, (x - mean) * inv_std);
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
             out = block.forward(out, cfg.leak);
         }
@@ -335,7 +338,7 @@ impl<B: Backend> WideResNet<B> {
 }
 
 /// Attacks and the SGLD sampler see a WRN through the attack library's interface.
-impl<B: Backend> jem_attacks::Classifier<B> for WideResNet<B> {
+impl<B: FastConv> jem_attacks::Classifier<B> for WideResNet<B> {
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         self.forward(x)
     }

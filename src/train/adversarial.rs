@@ -2,10 +2,10 @@
 //! with the attack library's [`PgdConfig`] against the current parameters, and the network
 //! minimises their cross-entropy (optionally mixed with the clean loss).
 
+use jem_kernels::FastConvAutodiff;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Int, Tensor};
 use clap::Args;
 use jem_attacks::{AttackLoss, Norm, PgdConfig, Undefended};
@@ -95,7 +95,7 @@ impl AdversarialObjective {
     }
 }
 
-impl<B: AutodiffBackend> Objective<B> for AdversarialObjective {
+impl<B: FastConvAutodiff> Objective<B> for AdversarialObjective {
     fn kind(&self) -> &'static str {
         "adv"
     }

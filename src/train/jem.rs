@@ -1,10 +1,10 @@
 //! The JEM objective (Grathwohl et al. 2020, Algorithm 1): cross-entropy for p(y|x)
 //! plus the contrastive p(x) term LSE f(x̂) − LSE f(x), with x̂ from persistent SGLD chains.
 
+use jem_kernels::FastConvAutodiff;
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use clap::Args;
 use jem_attacks::{log_sum_exp, SgldConfig, SgldSampler, SgldTarget, UniformInit};
@@ -157,7 +157,7 @@ const COLUMNS: [&str; 6] = [
     "chain_shift",
 ];
 
-impl<B: AutodiffBackend> Objective<B> for JemObjective {
+impl<B: FastConvAutodiff> Objective<B> for JemObjective {
     fn kind(&self) -> &'static str {
         "jem"
     }

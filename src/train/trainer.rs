@@ -2,6 +2,7 @@
 //! Adam with warm-up and step decay, per-iteration and per-epoch CSV logs, validation with a
 //! best-on-validation checkpoint, and a resumable state that a re-run of the same command picks up.
 
+use jem_kernels::FastConvAutodiff;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -86,7 +87,7 @@ pub fn train<B, O>(
     device: &B::Device,
 ) -> anyhow::Result<TrainOutcome>
 where
-    B: AutodiffBackend,
+    B: FastConvAutodiff,
     O: Objective<B>,
 {
     cfg.validate()?;

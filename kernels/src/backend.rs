@@ -1,0 +1,317 @@
+//! [`FastConv`], the backend extension: burn's CPU backend runs this crate's kernels, burn's
+//! autodiff backend gets a backward node that calls them, and any other backend (CUDA) keeps
+//! burn's own convolution.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::flex::FlexTensor;
+use burn::backend::Flex;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
+use burn::tensor::{DType, TensorData, TensorMetadata};
+
+use crate::conv::{self, ConvGeometry};
+
+/// A backend with a 2-D convolution for Wide-ResNets. Every method defaults to burn's own
+/// convolution, so a backend without kernels of its own implements it with an empty block.
+pub trait FastConv: Backend {
+    /// The convolution of `x` (`[batch, in, h, w]`) with `weight` (`[out, in, kh, kw]`), plus
+    /// `bias` (`[out]`).
+    fn fast_conv2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d(x, weight, bias, options)
+    }
+
+    /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `x`.
+    fn fast_conv2d_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_x_backward(x, weight, output_grad, options)
+    }
+
+    /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `weight`.
+    fn fast_conv2d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_weight_backward(x, weight, output_grad, options)
+    }
+
+    /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `bias`.
+    fn fast_conv2d_bias_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_bias_backward(x, bias, output_grad)
+    }
+}
+
+/// Which convolution burn's CPU backend runs for [`FastConv`]: this crate's kernels (the
+/// default) or burn's own, e.g. to measure one against the other in the same process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Convolution {
+    /// This crate's kernels.
+    Own,
+    /// burn's `conv2d` and its backward functions.
+    Burn,
+}
+
+static BURN_CONVOLUTION: AtomicBool = AtomicBool::new(false);
+
+/// Chooses, for the whole process, which convolution the CPU backend runs.
+pub fn set_convolution(choice: Convolution) {
+    BURN_CONVOLUTION.store(choice == Convolution::Burn, Ordering::Relaxed);
+}
+
+/// The convolution the CPU backend runs now.
+pub fn convolution() -> Convolution {
+    if BURN_CONVOLUTION.load(Ordering::Relaxed) {
+        Convolution::Burn
+    } else {
+        Convolution::Own
+    }
+}
+
+/// The geometry of a convolution the kernels handle: `f32`, one group, no dilation, and the
+/// own kernels chosen. `None` sends the call to burn's convolution.
+fn geometry(x: &FlexTensor, weight: &FlexTensor, options: &ConvOptions<2>) -> Option<ConvGeometry> {
+    let handled = convolution() == Convolution::Own
+        && x.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+        && options.groups == 1
+        && options.dilation == [1, 1];
+    let (xs, ws) = (x.shape(), weight.shape());
+    if !handled || xs.num_dims() != 4 || ws.num_dims() != 4 || xs[1] != ws[1] {
+        return None;
+    }
+    let g = ConvGeometry {
+        batch: xs[0],
+        in_channels: xs[1],
+        height: xs[2],
+        width: xs[3],
+        out_channels: ws[0],
+        kernel: [ws[2], ws[3]],
+        stride: options.stride,
+        padding: options.padding,
+    };
+    g.is_valid().then_some(g)
+}
+
+/// The tensor's elements in row-major order (copied only if its layout is not already so).
+fn values(tensor: &FlexTensor) -> FlexTensor {
+    tensor.to_contiguous()
+}
+
+fn slice(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("a contiguous f32 tensor, as checked by geometry()")
+}
+
+fn tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+impl FastConv for Flex {
+    fn fast_conv2d(
+        x: FlexTensor,
+        weight: FlexTensor,
+        bias: Option<FlexTensor>,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        let bias_ok = bias.as_ref().is_none_or(|b| b.dtype() == DType::F32);
+        let Some(g) = geometry(&x, &weight, &options).filter(|_| bias_ok) else {
+            return Flex::conv2d(x, weight, bias, options);
+        };
+        let (x, weight, bias) = (values(&x), values(&weight), bias.as_ref().map(values));
+        let out = conv::conv2d(slice(&x), slice(&weight), bias.as_ref().map(slice), &g);
+        tensor(
+            out,
+            [g.batch, g.out_channels, g.out_height(), g.out_width()],
+        )
+    }
+
+    fn fast_conv2d_x_backward(
+        x: FlexTensor,
+        weight: FlexTensor,
+        output_grad: FlexTensor,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
+        else {
+            return Flex::conv2d_x_backward(x, weight, output_grad, options);
+        };
+        let (weight, grad) = (values(&weight), values(&output_grad));
+        let dx = conv::conv2d_input_grad(slice(&grad), slice(&weight), &g);
+        tensor(dx, [g.batch, g.in_channels, g.height, g.width])
+    }
+
+    fn fast_conv2d_weight_backward(
+        x: FlexTensor,
+        weight: FlexTensor,
+        output_grad: FlexTensor,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
+        else {
+            return Flex::conv2d_weight_backward(x, weight, output_grad, options);
+        };
+        let (x, grad) = (values(&x), values(&output_grad));
+        let dw = conv::conv2d_weight_grad(slice(&x), slice(&grad), &g);
+        tensor(
+            dw,
+            [g.out_channels, g.in_channels, g.kernel[0], g.kernel[1]],
+        )
+    }
+
+    fn fast_conv2d_bias_backward(
+        x: FlexTensor,
+        bias: FlexTensor,
+        output_grad: FlexTensor,
+    ) -> FlexTensor {
+        let shape = output_grad.shape();
+        let handled = convolution() == Convolution::Own
+            && output_grad.dtype() == DType::F32
+            && shape.num_dims() == 4;
+        if !handled {
+            return Flex::conv2d_bias_backward(x, bias, output_grad);
+        }
+        let g = ConvGeometry {
+            batch: shape[0],
+            in_channels: 1,
+            height: shape[2],
+            width: shape[3],
+            out_channels: shape[1],
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: [0, 0],
+        };
+        let grad = values(&output_grad);
+        let db = conv::conv2d_bias_grad(slice(&grad), &g);
+        FlexTensor::from_data(TensorData::new(db, [g.out_channels]))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl FastConv for burn::backend::Cuda {}
+
+/// Backward of a convolution with a bias: gradients for x, the weight and the bias.
+#[derive(Debug)]
+struct ConvWithBias;
+
+/// Backward of a convolution without a bias.
+#[derive(Debug)]
+struct ConvNoBias;
+
+/// What the backward pass needs: the input, the weight, the bias (for its shape) and options.
+type ConvState<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    Option<FloatTensor<B>>,
+    ConvOptions<2>,
+);
+
+/// Registers the gradients of x and the weight (and the bias, when it has a node).
+fn conv_backward<B: FastConv, const N: usize>(ops: Ops<ConvState<B>, N>, grads: &mut Gradients) {
+    let grad = grads.consume::<B>(&ops.node);
+    let (x, weight, bias, options) = ops.state;
+    let parents = ops.parents;
+    if let Some(node) = &parents[0] {
+        let dx =
+            B::fast_conv2d_x_backward(x.clone(), weight.clone(), grad.clone(), options.clone());
+        grads.register::<B>(node.id, dx);
+    }
+    if let Some(node) = &parents[1] {
+        let dw = B::fast_conv2d_weight_backward(x.clone(), weight, grad.clone(), options);
+        grads.register::<B>(node.id, dw);
+    }
+    if let (Some(Some(node)), Some(bias)) = (parents.get(2), bias) {
+        grads.register::<B>(node.id, B::fast_conv2d_bias_backward(x, bias, grad));
+    }
+}
+
+impl<B: FastConv> Backward<B, 3> for ConvWithBias {
+    type State = ConvState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        conv_backward::<B, 3>(ops, grads);
+    }
+}
+
+impl<B: FastConv> Backward<B, 2> for ConvNoBias {
+    type State = ConvState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        conv_backward::<B, 2>(ops, grads);
+    }
+}
+
+impl<B: FastConv, C: CheckpointStrategy> FastConv for Autodiff<B, C> {
+    fn fast_conv2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        let forward = |bias: Option<FloatTensor<B>>| {
+            B::fast_conv2d(
+                x.primitive.clone(),
+                weight.primitive.clone(),
+                bias,
+                options.clone(),
+            )
+        };
+        let state = || {
+            (
+                x.primitive.clone(),
+                weight.primitive.clone(),
+                bias.as_ref().map(|b| b.primitive.clone()),
+                options.clone(),
+            )
+        };
+        match &bias {
+            Some(b) => {
+                let nodes = [x.node.clone(), weight.node.clone(), b.node.clone()];
+                match ConvWithBias.prepare::<C>(nodes).compute_bound().stateful() {
+                    OpsKind::Tracked(prep) => {
+                        prep.finish(state(), forward(Some(b.primitive.clone())))
+                    }
+                    OpsKind::UnTracked(prep) => prep.finish(forward(Some(b.primitive.clone()))),
+                }
+            }
+            None => {
+                let nodes = [x.node.clone(), weight.node.clone()];
+                match ConvNoBias.prepare::<C>(nodes).compute_bound().stateful() {
+                    OpsKind::Tracked(prep) => prep.finish(state(), forward(None)),
+                    OpsKind::UnTracked(prep) => prep.finish(forward(None)),
+                }
+            }
+        }
+    }
+}
+
+/// An autodiff backend whose inner backend has the kernels too: what code that differentiates
+/// a model on one backend and evaluates it on the inner one (training, attacks) asks for.
+pub trait FastConvAutodiff: AutodiffBackend<InnerBackend: FastConv> + FastConv {}
+
+impl<B> FastConvAutodiff for B
+where
+    B: AutodiffBackend + FastConv,
+    B::InnerBackend: FastConv,
+{
+}

@@ -1,0 +1,573 @@
+//! 2-D convolution on contiguous NCHW `f32` slices: forward, input gradient, weight gradient and
+//! bias gradient, each as im2col (or its adjoint, col2im) around one well-shaped matrix product.
+//!
+//! The batch is cut into chunks of whole images, sized by pixel count alone (never by the
+//! number of threads), and the chunks run in parallel; sums across chunks (weight and bias
+//! gradients) are added in chunk order. So results are bit-identical whatever the thread count.
+//! Scratch matrices live in per-thread buffers that are reused across calls instead of being
+//! allocated and zeroed each time.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::matmul::{matmul, MatMut, MatRef};
+
+/// Shape of one convolution: an NCHW input, an `[out, in, kh, kw]` weight, symmetric zero
+/// padding, stride, no dilation, one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// Images in the batch.
+    pub batch: usize,
+    /// Input channels.
+    pub in_channels: usize,
+    /// Input height.
+    pub height: usize,
+    /// Input width.
+    pub width: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Vertical and horizontal stride (≥ 1).
+    pub stride: [usize; 2],
+    /// Zero padding on each side, vertically and horizontally.
+    pub padding: [usize; 2],
+}
+
+/// Pixels (over all images of a chunk) per matrix product: enough columns for the gemm's
+/// micro-kernels to run at full width, few enough for the scratch to stay near the caches.
+const CHUNK_PIXELS: usize = 2048;
+
+impl ConvGeometry {
+    /// Output height.
+    pub fn out_height(&self) -> usize {
+        (self.height + 2 * self.padding[0] - self.kernel[0]) / self.stride[0] + 1
+    }
+
+    /// Output width.
+    pub fn out_width(&self) -> usize {
+        (self.width + 2 * self.padding[1] - self.kernel[1]) / self.stride[1] + 1
+    }
+
+    /// Whether the kernel fits the padded input and every size is non-zero.
+    pub fn is_valid(&self) -> bool {
+        let sizes = [
+            self.batch,
+            self.in_channels,
+            self.height,
+            self.width,
+            self.out_channels,
+            self.kernel[0],
+            self.kernel[1],
+            self.stride[0],
+            self.stride[1],
+        ];
+        sizes.iter().all(|&s| s > 0)
+            && self.kernel[0] <= self.height + 2 * self.padding[0]
+            && self.kernel[1] <= self.width + 2 * self.padding[1]
+    }
+
+    fn in_pixels(&self) -> usize {
+        self.height * self.width
+    }
+
+    fn out_pixels(&self) -> usize {
+        self.out_height() * self.out_width()
+    }
+
+    /// Rows of the im2col matrix: one per (input channel, kernel row, kernel column), in the
+    /// order of the weight's last three dimensions.
+    fn patch(&self) -> usize {
+        self.in_channels * self.kernel[0] * self.kernel[1]
+    }
+
+    fn images_per_chunk(&self) -> usize {
+        (CHUNK_PIXELS / self.out_pixels()).clamp(1, self.batch)
+    }
+
+    /// The convolution whose forward pass is this one's input gradient at stride 1: channels
+    /// swapped, padding k − 1 − p, on the output's plane (weights flipped and transposed by
+    /// [`flip_transpose`]). `None` where that padding would be negative or the stride is not 1.
+    fn transposed(&self) -> Option<ConvGeometry> {
+        let pad = |d: usize| (self.kernel[d] - 1).checked_sub(self.padding[d]);
+        (self.stride == [1, 1]).then_some(())?;
+        Some(ConvGeometry {
+            batch: self.batch,
+            in_channels: self.out_channels,
+            height: self.out_height(),
+            width: self.out_width(),
+            out_channels: self.in_channels,
+            kernel: self.kernel,
+            stride: [1, 1],
+            padding: [pad(0)?, pad(1)?],
+        })
+    }
+}
+
+thread_local! {
+    /// Two scratch matrices per thread, grown on demand and never shrunk.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` on this thread's two scratch buffers, sized `a` and `b`. Their contents are
+/// whatever the last call left: every user overwrites what it reads.
+fn with_scratch<R>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut buffers = cell.borrow_mut();
+        let (first, second) = &mut *buffers;
+        for (buffer, len) in [(&mut *first, a), (&mut *second, b)] {
+            if buffer.len() < len {
+                buffer.resize(len, 0.0);
+            }
+        }
+        f(&mut first[..a], &mut second[..b])
+    })
+}
+
+/// `dst[i] = src[i * stride + offset]`, zero where that index falls outside `src`.
+fn gather_row(dst: &mut [f32], src: &[f32], offset: isize, stride: usize) {
+    let (lo, hi) = valid_range(dst.len(), src.len(), offset, stride);
+    dst[..lo].fill(0.0);
+    dst[hi..].fill(0.0);
+    let start = (lo as isize * stride as isize + offset) as usize;
+    if stride == 1 {
+        dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+    } else {
+        for (i, d) in dst[lo..hi].iter_mut().enumerate() {
+            *d = src[start + i * stride];
+        }
+    }
+}
+
+/// `dst[i * stride + offset] += src[i]` wherever that index falls inside `dst`.
+fn scatter_add_row(dst: &mut [f32], src: &[f32], offset: isize, stride: usize) {
+    let (lo, hi) = valid_range(src.len(), dst.len(), offset, stride);
+    let start = (lo as isize * stride as isize + offset) as usize;
+    if stride == 1 {
+        for (d, s) in dst[start..start + (hi - lo)].iter_mut().zip(&src[lo..hi]) {
+            *d += s;
+        }
+    } else {
+        for (i, s) in src[lo..hi].iter().enumerate() {
+            dst[start + i * stride] += s;
+        }
+    }
+}
+
+/// The positions i in 0..n with 0 ≤ i·stride + offset < len, as a range lo..hi.
+fn valid_range(n: usize, len: usize, offset: isize, stride: usize) -> (usize, usize) {
+    let lo = if offset < 0 {
+        (-offset as usize).div_ceil(stride)
+    } else {
+        0
+    }
+    .min(n);
+    let last = len as isize - 1 - offset;
+    let hi = if last < 0 {
+        0
+    } else {
+        last as usize / stride + 1
+    };
+    (lo, hi.clamp(lo, n))
+}
+
+/// Unfolds `images` NCHW images into the `patch × (images · out_pixels)` matrix whose product
+/// with the `[out, patch]` weight is the convolution.
+fn im2col(x: &[f32], images: usize, g: &ConvGeometry, col: &mut [f32]) {
+    let (ho, wo) = (g.out_height(), g.out_width());
+    let columns = images * ho * wo;
+    for (row_index, row) in col.chunks_exact_mut(columns).enumerate() {
+        let (c, ki, kj) = patch_position(row_index, g);
+        for image in 0..images {
+            let plane = &x[(image * g.in_channels + c) * g.in_pixels()..][..g.in_pixels()];
+            let dst = &mut row[image * ho * wo..][..ho * wo];
+            if g.stride == [1, 1] && wo == g.width {
+                shifted_plane(dst, plane, g, ki, kj);
+                continue;
+            }
+            for oy in 0..ho {
+                let dst = &mut dst[oy * wo..][..wo];
+                match input_row(oy, ki, g) {
+                    Some(iy) => gather_row(
+                        dst,
+                        &plane[iy * g.width..][..g.width],
+                        kj as isize - g.padding[1] as isize,
+                        g.stride[1],
+                    ),
+                    None => dst.fill(0.0),
+                }
+            }
+        }
+    }
+}
+
+/// One im2col row of one image for a stride-1 convolution whose output rows are as wide as the
+/// input's: the plane shifted by (ki − p, kj − p) as a single copy, then zeros written where the
+/// shift crossed the border. One `memcpy` per plane instead of one per output row.
+fn shifted_plane(dst: &mut [f32], plane: &[f32], g: &ConvGeometry, ki: usize, kj: usize) {
+    let (h, w) = (g.height, g.width);
+    let ho = dst.len() / w;
+    // Output rows whose input row lies inside the image.
+    let first = g.padding[0].saturating_sub(ki).min(ho);
+    let last = (h + g.padding[0]).saturating_sub(ki).clamp(first, ho);
+    dst[..first * w].fill(0.0);
+    dst[last * w..].fill(0.0);
+    let dx = kj as isize - g.padding[1] as isize;
+    let shift = (ki as isize - g.padding[0] as isize) * w as isize + dx;
+    // dst[i] = plane[i + shift] for i in first·w..last·w, trimmed to indices inside the plane;
+    // the trimmed ends fall in border columns, zeroed below.
+    let lo = ((first * w) as isize).max(-shift).min((last * w) as isize) as usize;
+    let hi = ((last * w) as isize)
+        .min(plane.len() as isize - shift)
+        .max(lo as isize) as usize;
+    dst[first * w..lo].fill(0.0);
+    dst[hi..last * w].fill(0.0);
+    if hi > lo {
+        let start = (lo as isize + shift) as usize;
+        dst[lo..hi].copy_from_slice(&plane[start..start + (hi - lo)]);
+    }
+    // Columns whose input column lies outside the image.
+    let (left, right) = if dx < 0 {
+        (-dx as usize, 0)
+    } else {
+        (0, dx as usize)
+    };
+    for row in dst[first * w..last * w].chunks_exact_mut(w) {
+        row[..left.min(w)].fill(0.0);
+        row[w - right.min(w)..].fill(0.0);
+    }
+}
+
+/// The adjoint of [`im2col`]: adds each column entry back onto the input pixel it was read
+/// from. `x` must hold zeros (or what is to be added to).
+fn col2im(col: &[f32], images: usize, g: &ConvGeometry, x: &mut [f32]) {
+    let (ho, wo) = (g.out_height(), g.out_width());
+    let columns = images * ho * wo;
+    for (row_index, row) in col.chunks_exact(columns).enumerate() {
+        let (c, ki, kj) = patch_position(row_index, g);
+        for image in 0..images {
+            let plane = &mut x[(image * g.in_channels + c) * g.in_pixels()..][..g.in_pixels()];
+            for oy in 0..ho {
+                if let Some(iy) = input_row(oy, ki, g) {
+                    scatter_add_row(
+                        &mut plane[iy * g.width..][..g.width],
+                        &row[(image * ho + oy) * wo..][..wo],
+                        kj as isize - g.padding[1] as isize,
+                        g.stride[1],
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn patch_position(row: usize, g: &ConvGeometry) -> (usize, usize, usize) {
+    let [kh, kw] = g.kernel;
+    (row / (kh * kw), row / kw % kh, row % kw)
+}
+
+/// The input row that output row `oy` reads through kernel row `ki`, if inside the image.
+fn input_row(oy: usize, ki: usize, g: &ConvGeometry) -> Option<usize> {
+    (oy * g.stride[0] + ki)
+        .checked_sub(g.padding[0])
+        .filter(|&iy| iy < g.height)
+}
+
+/// Copies a chunk's NCHW maps (`images × channels × pixels`) into a `channels × (images ·
+/// pixels)` matrix, the layout the matrix products want.
+fn channels_first(maps: &[f32], images: usize, channels: usize, pixels: usize, out: &mut [f32]) {
+    for image in 0..images {
+        for c in 0..channels {
+            out[(c * images + image) * pixels..][..pixels]
+                .copy_from_slice(&maps[(image * channels + c) * pixels..][..pixels]);
+        }
+    }
+}
+
+/// The inverse of [`channels_first`].
+fn images_first(matrix: &[f32], images: usize, channels: usize, pixels: usize, maps: &mut [f32]) {
+    for image in 0..images {
+        for c in 0..channels {
+            maps[(image * channels + c) * pixels..][..pixels]
+                .copy_from_slice(&matrix[(c * images + image) * pixels..][..pixels]);
+        }
+    }
+}
+
+/// The convolution of `x` (`[batch, in, h, w]`) with `weight` (`[out, in, kh, kw]`) plus
+/// `bias` (`[out]`): `[batch, out, ho, wo]`.
+pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry) -> Vec<f32> {
+    assert!(g.is_valid(), "invalid convolution geometry {g:?}");
+    assert_eq!(
+        x.len(),
+        g.batch * g.in_channels * g.in_pixels(),
+        "input size"
+    );
+    assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
+    let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
+    let chunk = g.images_per_chunk();
+    let mut out = vec![0.0f32; g.batch * co * pixels];
+    let x_chunks = x.par_chunks(chunk * g.in_channels * g.in_pixels());
+    let weight = MatRef::row_major(weight, co, k);
+    out.par_chunks_mut(chunk * co * pixels)
+        .zip(x_chunks)
+        .for_each(|(out, x)| {
+            let images = out.len() / (co * pixels);
+            let columns = images * pixels;
+            with_scratch(k * columns, co * columns, |col, product| {
+                im2col(x, images, g, col);
+                let col = MatRef::row_major(col, k, columns);
+                if images == 1 {
+                    // One image: its [out, pixels] block of the output is the product itself.
+                    matmul(MatMut::row_major(out, co, columns), weight, col, false);
+                } else {
+                    matmul(MatMut::row_major(product, co, columns), weight, col, false);
+                    images_first(product, images, co, pixels, out);
+                }
+            });
+            if let Some(bias) = bias {
+                for (map, b) in out.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
+                    map.iter_mut().for_each(|v| *v += b);
+                }
+            }
+        });
+    out
+}
+
+/// The gradient with respect to the input of [`conv2d`], given the output's gradient
+/// `grad` (`[batch, out, ho, wo]`): `[batch, in, h, w]`.
+pub fn conv2d_input_grad(grad: &[f32], weight: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    assert!(g.is_valid(), "invalid convolution geometry {g:?}");
+    assert_eq!(
+        grad.len(),
+        g.batch * g.out_channels * g.out_pixels(),
+        "gradient size"
+    );
+    assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
+    if let Some(transposed) = g.transposed() {
+        // At stride 1 the input gradient is itself a convolution: of the output gradient with
+        // the flipped, transposed kernel. No scatter, and the forward kernel's speed.
+        return conv2d(grad, &flip_transpose(weight, g), None, &transposed);
+    }
+    let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
+    let chunk = g.images_per_chunk();
+    let mut dx = vec![0.0f32; g.batch * g.in_channels * g.in_pixels()];
+    let weight_t = MatRef::row_major(weight, co, k).t();
+    dx.par_chunks_mut(chunk * g.in_channels * g.in_pixels())
+        .zip(grad.par_chunks(chunk * co * pixels))
+        .for_each(|(dx, grad)| {
+            let images = grad.len() / (co * pixels);
+            let columns = images * pixels;
+            with_scratch(k * columns, co * columns, |col, grad_matrix| {
+                let grad = if images == 1 {
+                    &*grad
+                } else {
+                    channels_first(grad, images, co, pixels, grad_matrix);
+                    &*grad_matrix
+                };
+                let grad = MatRef::row_major(grad, co, columns);
+                matmul(MatMut::row_major(col, k, columns), weight_t, grad, false);
+                col2im(col, images, g, dx);
+            });
+        });
+    dx
+}
+
+/// `w'[i, o, a, b] = w[o, i, kh − 1 − a, kw − 1 − b]`.
+fn flip_transpose(weight: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let (ci, co, [kh, kw]) = (g.in_channels, g.out_channels, g.kernel);
+    let mut flipped = vec![0.0f32; weight.len()];
+    for o in 0..co {
+        for i in 0..ci {
+            for a in 0..kh {
+                for b in 0..kw {
+                    flipped[((i * co + o) * kh + a) * kw + b] =
+                        weight[((o * ci + i) * kh + (kh - 1 - a)) * kw + (kw - 1 - b)];
+                }
+            }
+        }
+    }
+    flipped
+}
+
+/// The gradient with respect to the weight of [`conv2d`]: `[out, in, kh, kw]`.
+pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    assert!(g.is_valid(), "invalid convolution geometry {g:?}");
+    assert_eq!(
+        x.len(),
+        g.batch * g.in_channels * g.in_pixels(),
+        "input size"
+    );
+    assert_eq!(
+        grad.len(),
+        g.batch * g.out_channels * g.out_pixels(),
+        "gradient size"
+    );
+    let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
+    let chunk = g.images_per_chunk();
+    // One partial sum per chunk, added in chunk order below: the same bits for any thread count.
+    let partials: Vec<Vec<f32>> = x
+        .par_chunks(chunk * g.in_channels * g.in_pixels())
+        .zip(grad.par_chunks(chunk * co * pixels))
+        .map(|(x, grad)| {
+            let images = grad.len() / (co * pixels);
+            let columns = images * pixels;
+            let mut partial = vec![0.0f32; co * k];
+            with_scratch(k * columns, co * columns, |col, grad_matrix| {
+                im2col(x, images, g, col);
+                let grad = if images == 1 {
+                    &*grad
+                } else {
+                    channels_first(grad, images, co, pixels, grad_matrix);
+                    &*grad_matrix
+                };
+                matmul(
+                    MatMut::row_major(&mut partial, co, k),
+                    MatRef::row_major(grad, co, columns),
+                    MatRef::row_major(col, k, columns).t(),
+                    false,
+                );
+            });
+            partial
+        })
+        .collect();
+    sum_in_order(partials)
+}
+
+/// The gradient with respect to the bias of [`conv2d`]: `[out]`, each entry summed over
+/// images and pixels in a fixed order (in `f64`, so that large batches lose no precision).
+pub fn conv2d_bias_grad(grad: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let (co, pixels) = (g.out_channels, g.out_pixels());
+    assert_eq!(grad.len(), g.batch * co * pixels, "gradient size");
+    (0..co)
+        .into_par_iter()
+        .map(|c| {
+            let sum: f64 = (0..g.batch)
+                .map(|image| {
+                    let map = &grad[(image * co + c) * pixels..][..pixels];
+                    map.iter().map(|&v| v as f64).sum::<f64>()
+                })
+                .sum();
+            sum as f32
+        })
+        .collect()
+}
+
+fn sum_in_order(mut partials: Vec<Vec<f32>>) -> Vec<f32> {
+    let mut total = partials.remove(0);
+    for partial in partials {
+        total.iter_mut().zip(partial).for_each(|(t, p)| *t += p);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_range_matches_a_brute_force_count() {
+        for n in 0..9 {
+            for len in 1..9 {
+                for offset in -4isize..4 {
+                    for stride in 1..4 {
+                        let inside: Vec<usize> = (0..n)
+                            .filter(|&i| {
+                                let j = (i * stride) as isize + offset;
+                                j >= 0 && j < len as isize
+                            })
+                            .collect();
+                        let (lo, hi) = valid_range(n, len, offset, stride);
+                        assert_eq!(
+                            (lo..hi).collect::<Vec<_>>(),
+                            inside,
+                            "{n} {len} {offset} {stride}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_shifted_plane_equals_its_rows_gathered_one_by_one() {
+        for (h, w, k, p) in [
+            (5, 6, 3, 1),
+            (1, 4, 3, 1),
+            (4, 1, 3, 1),
+            (7, 5, 5, 2),
+            (3, 3, 1, 0),
+            (2, 2, 5, 2),
+        ] {
+            let g = ConvGeometry {
+                batch: 1,
+                in_channels: 1,
+                height: h,
+                width: w,
+                out_channels: 1,
+                kernel: [k, k],
+                stride: [1, 1],
+                padding: [p, p],
+            };
+            let plane: Vec<f32> = (0..h * w).map(|v| v as f32 + 1.0).collect();
+            for ki in 0..k {
+                for kj in 0..k {
+                    let mut fast = vec![f32::NAN; h * w];
+                    shifted_plane(&mut fast, &plane, &g, ki, kj);
+                    let mut slow = vec![f32::NAN; h * w];
+                    for oy in 0..h {
+                        let dst = &mut slow[oy * w..][..w];
+                        match input_row(oy, ki, &g) {
+                            Some(iy) => {
+                                gather_row(dst, &plane[iy * w..][..w], kj as isize - p as isize, 1)
+                            }
+                            None => dst.fill(0.0),
+                        }
+                    }
+                    assert_eq!(fast, slow, "{h}×{w} kernel {k} pad {p} tap ({ki}, {kj})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_rows_gather_and_scatter_the_right_pixels() {
+        let src: Vec<f32> = (0..9).map(|v| v as f32).collect();
+        let mut dst = vec![f32::NAN; 5];
+        gather_row(&mut dst, &src, -1, 2);
+        assert_eq!(dst, [0.0, 1.0, 3.0, 5.0, 7.0]);
+        let mut back = vec![0.0; 9];
+        scatter_add_row(&mut back, &[1.0, 2.0, 3.0, 4.0, 5.0], -1, 2);
+        assert_eq!(back, [0.0, 2.0, 0.0, 3.0, 0.0, 4.0, 0.0, 5.0, 0.0]);
+    }
+
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col() {
+        // <im2col(x), c> = <x, col2im(c)> for every x, c: the defining property of the adjoint.
+        let g = ConvGeometry {
+            batch: 2,
+            in_channels: 3,
+            height: 5,
+            width: 6,
+            out_channels: 1,
+            kernel: [3, 2],
+            stride: [2, 1],
+            padding: [1, 1],
+        };
+        let x: Vec<f32> = (0..2 * 3 * 30)
+            .map(|v| ((v * 7919) % 13) as f32 - 6.0)
+            .collect();
+        let columns = 2 * g.out_pixels();
+        let c: Vec<f32> = (0..g.patch() * columns)
+            .map(|v| ((v * 104729) % 11) as f32 - 5.0)
+            .collect();
+        let mut col = vec![f32::NAN; c.len()];
+        im2col(&x, 2, &g, &mut col);
+        let mut back = vec![0.0; x.len()];
+        col2im(&c, 2, &g, &mut back);
+        let lhs: f32 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
+        let rhs: f32 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
+        assert_eq!(lhs, rhs);
+    }
+}

@@ -1,0 +1,58 @@
+//! CPU convolution kernels for Wide-ResNets, as a burn backend extension.
+//!
+//! burn's CPU backend (`flex`) computes a convolution's weight gradient through transposed
+//! copies and a convolution whose output is the kernel, and its input gradient through a
+//! single-threaded transposed convolution. This crate gives each of the four pieces one matrix
+//! product of the `gemm` crate (the same micro-kernels burn uses, chosen at run time for the
+//! CPU's instruction set):
+//!
+//! - forward: `weight [out, in·kh·kw] × im2col(x)`, a chunk of images per product;
+//! - input gradient: at stride 1, the forward kernel on the output gradient with the flipped,
+//!   transposed weight; otherwise `weightᵀ × grad` scattered back by col2im;
+//! - weight gradient: `grad × im2col(x)ᵀ`, the transpose read through strides, never copied;
+//! - bias gradient: row sums.
+//!
+//! Chunks of images run in parallel on rayon's pool; scratch buffers are reused per thread;
+//! the results are the same bits for any number of threads.
+//!
+//! [`FastConv`] is the extension trait: implemented with these kernels for `Flex`, with a
+//! backward node for `Autodiff<B>` over any `B: FastConv`, and with burn's own convolution for
+//! every other backend (CUDA). A model calls [`conv2d`] where it would call `Conv2d::forward`:
+//!
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use burn::nn::conv::Conv2dConfig;
+//! use burn::nn::PaddingConfig2d;
+//! use burn::tensor::{Distribution, Tensor};
+//!
+//! type B = Autodiff<Flex>;
+//! let device = Default::default();
+//! let conv = Conv2dConfig::new([3, 8], [3, 3])
+//!     .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+//!     .init::<B>(&device);
+//! let x = Tensor::<B, 4>::random([2, 3, 9, 9], Distribution::Default, &device).require_grad();
+//!
+//! let ours = jem_kernels::conv2d(&conv, x.clone());
+//! let burns = conv.forward(x.clone());
+//! assert!(ours.clone().sub(burns.clone()).abs().max().into_scalar() < 1e-5);
+//!
+//! // The gradients agree as well.
+//! let grad_ours = ours.sum().backward();
+//! let grad_burns = burns.sum().backward();
+//! let (a, b) = (x.grad(&grad_ours).unwrap(), x.grad(&grad_burns).unwrap());
+//! assert!(a.sub(b).abs().max().into_scalar() < 1e-4);
+//! ```
+
+#![warn(missing_docs)]
+
+mod backend;
+mod conv;
+mod matmul;
+mod module;
+
+pub use backend::{convolution, set_convolution, Convolution, FastConv, FastConvAutodiff};
+pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
+pub use module::conv2d;
+
+/// The raw forward kernel on NCHW slices (see [`ConvGeometry`]).
+pub use conv::conv2d as conv2d_slices;

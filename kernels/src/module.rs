@@ -1,0 +1,54 @@
+//! [`conv2d`]: a burn `Conv2d` module applied through [`FastConv`].
+
+use burn::nn::conv::Conv2d;
+use burn::nn::PaddingConfig2d;
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use crate::backend::FastConv;
+
+/// `conv.forward(x)`, computed by the backend's [`FastConv`] kernels. Asymmetric padding (which
+/// `PaddingConfig2d::Same` gives for even kernels) goes through burn's own module.
+pub fn conv2d<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [_, _, height, width] = x.dims();
+    let Some(padding) = symmetric_padding(conv, height, width) else {
+        return conv.forward(x);
+    };
+    let options = ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups);
+    let primitive = |t: Tensor<B, 4>| t.into_primitive().tensor();
+    let out = B::fast_conv2d(
+        primitive(x),
+        primitive(conv.weight.val()),
+        conv.bias
+            .as_ref()
+            .map(|b| b.val().into_primitive().tensor()),
+        options,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The padding per side, if it is the same on both sides of each dimension.
+fn symmetric_padding<B: FastConv>(
+    conv: &Conv2d<B>,
+    height: usize,
+    width: usize,
+) -> Option<[usize; 2]> {
+    match conv.padding {
+        PaddingConfig2d::Valid => Some([0, 0]),
+        PaddingConfig2d::Explicit(top, left, bottom, right) => {
+            (top == bottom && left == right).then_some([top, left])
+        }
+        PaddingConfig2d::Same => {
+            // burn's rule: total = (ceil(n / s) − 1)·s + k − n, the smaller half first.
+            let same = |n: usize, k: usize, s: usize| {
+                let total = ((n.div_ceil(s) - 1) * s + k).saturating_sub(n);
+                (total % 2 == 0).then_some(total / 2)
+            };
+            let [kh, kw] = conv.kernel_size;
+            Some([
+                same(height, kh, conv.stride[0])?,
+                same(width, kw, conv.stride[1])?,
+            ])
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The kernels against burn's own convolution and its autodiff gradients, on random shapes of
+//! the Wide-ResNet family and beyond: odd sizes, strides 1 and 2, 1×1 and 3×3 kernels, 1 to 64
+//! input channels, batches of 1, 7 and 64, with and without bias.
+
+use burn::backend::{Autodiff, Flex};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::PaddingConfig2d;
+use burn::tensor::{Distribution, Tensor};
+use jem_kernels::{conv2d, conv2d_slices, ConvGeometry};
+use rand::{Rng, SeedableRng};
+
+type B = Autodiff<Flex>;
+
+struct Case {
+    batch: usize,
+    cin: usize,
+    cout: usize,
+    size: [usize; 2],
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    bias: bool,
+}
+
+/// Largest |a − b| relative to the largest |b| (1 where b is all zeros).
+fn relative_error(a: Tensor<Flex, 4>, b: Tensor<Flex, 4>) -> f32 {
+    let scale = b.clone().abs().max().into_scalar().max(1e-6);
+    a.sub(b).abs().max().into_scalar() / scale
+}
+
+fn check(case: &Case, seed: u64) {
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, seed);
+    let conv: Conv2d<B> = Conv2dConfig::new([case.cin, case.cout], [case.kernel, case.kernel])
+        .with_stride([case.stride, case.stride])
+        .with_padding(PaddingConfig2d::Explicit(
+            case.padding,
+            case.padding,
+            case.padding,
+            case.padding,
+        ))
+        .with_bias(case.bias)
+        .init(&device);
+    let [h, w] = case.size;
+    let x = Tensor::<B, 4>::random(
+        [case.batch, case.cin, h, w],
+        Distribution::Normal(0.0, 1.0),
+        &device,
+    )
+    .require_grad();
+    let ours = conv2d(&conv, x.clone());
+    let burns = conv.forward(x.clone());
+    let label = format!(
+        "batch {} in {} out {} size {h}×{w} kernel {} stride {} pad {} bias {}",
+        case.batch, case.cin, case.cout, case.kernel, case.stride, case.padding, case.bias
+    );
+    assert_eq!(ours.dims(), burns.dims(), "{label}: shape");
+    let forward = relative_error(ours.clone().inner(), burns.clone().inner());
+    assert!(forward < 1e-4, "{label}: forward off by {forward}");
+
+    // A random output gradient, so that every output element matters differently.
+    let weights = Tensor::<B, 4>::random(ours.dims(), Distribution::Normal(0.0, 1.0), &device);
+    let grads_ours = (ours * weights.clone()).sum().backward();
+    let grads_burns = (burns * weights).sum().backward();
+    let dx = relative_error(x.grad(&grads_ours).unwrap(), x.grad(&grads_burns).unwrap());
+    assert!(dx < 1e-4, "{label}: input gradient off by {dx}");
+    let dw = relative_error(
+        conv.weight.val().grad(&grads_ours).unwrap(),
+        conv.weight.val().grad(&grads_burns).unwrap(),
+    );
+    assert!(dw < 1e-4, "{label}: weight gradient off by {dw}");
+    if let Some(bias) = &conv.bias {
+        let (a, b) = (
+            bias.val().grad(&grads_ours).unwrap(),
+            bias.val().grad(&grads_burns).unwrap(),
+        );
+        let scale = b.clone().abs().max().into_scalar().max(1e-6);
+        let db = a.sub(b).abs().max().into_scalar() / scale;
+        assert!(db < 1e-4, "{label}: bias gradient off by {db}");
+    }
+}
+
+#[test]
+fn the_wide_resnet_layers_match_burn() {
+    // Every convolution of WRN-10-1 and WRN-16-2 on 28×28 and 32×32 inputs, batch 7.
+    let layers = [
+        (1, 16, 3, 1, [28, 28]),
+        (3, 16, 3, 1, [32, 32]),
+        (16, 16, 3, 1, [28, 28]),
+        (16, 32, 3, 1, [28, 28]),
+        (32, 32, 3, 2, [28, 28]),
+        (16, 32, 1, 2, [28, 28]),
+        (32, 64, 3, 1, [14, 14]),
+        (64, 64, 3, 2, [14, 14]),
+        (32, 64, 1, 2, [14, 14]),
+        (16, 32, 1, 1, [16, 16]),
+        (64, 128, 3, 2, [16, 16]),
+    ];
+    for (i, &(cin, cout, kernel, stride, size)) in layers.iter().enumerate() {
+        let padding = kernel / 2;
+        check(
+            &Case {
+                batch: 7,
+                cin,
+                cout,
+                size,
+                kernel,
+                stride,
+                padding,
+                bias: true,
+            },
+            i as u64,
+        );
+    }
+}
+
+#[test]
+fn random_shapes_match_burn() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2020);
+    for trial in 0..40 {
+        let kernel = [1, 3][rng.random_range(0..2)];
+        let padding = if kernel == 1 {
+            rng.random_range(0..2)
+        } else {
+            rng.random_range(0..3)
+        };
+        let size = [rng.random_range(kernel..14), rng.random_range(kernel..14)];
+        let case = Case {
+            batch: [1, 7, 64][rng.random_range(0..3)],
+            cin: [1, 3, 16, 64][rng.random_range(0..4)],
+            cout: rng.random_range(1..40),
+            size,
+            kernel,
+            stride: rng.random_range(1..3),
+            padding,
+            bias: rng.random_bool(0.5),
+        };
+        check(&case, 100 + trial);
+    }
+}
+
+#[test]
+fn batch_64_on_a_full_layer_matches_burn() {
+    check(
+        &Case {
+            batch: 64,
+            cin: 16,
+            cout: 16,
+            size: [28, 28],
+            kernel: 3,
+            stride: 1,
+            padding: 1,
+            bias: true,
+        },
+        7,
+    );
+    check(
+        &Case {
+            batch: 64,
+            cin: 32,
+            cout: 32,
+            size: [28, 28],
+            kernel: 3,
+            stride: 2,
+            padding: 1,
+            bias: true,
+        },
+        8,
+    );
+}
+
+#[test]
+fn same_padding_with_an_even_kernel_goes_through_burn() {
+    // Asymmetric padding: the module helper must give burn's answer, not a shifted one.
+    let device = Default::default();
+    let conv: Conv2d<Flex> = Conv2dConfig::new([2, 3], [2, 2])
+        .with_padding(PaddingConfig2d::Same)
+        .init(&device);
+    let x = Tensor::<Flex, 4>::random([2, 2, 5, 6], Distribution::Default, &device);
+    let error = relative_error(conv2d(&conv, x.clone()), conv.forward(x));
+    assert!(error < 1e-6, "off by {error}");
+}
+
+#[test]
+fn results_are_the_same_bits_for_one_and_two_threads() {
+    let g = ConvGeometry {
+        batch: 64,
+        in_channels: 16,
+        height: 28,
+        width: 28,
+        out_channels: 32,
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut draw = |n: usize| {
+        (0..n)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect::<Vec<_>>()
+    };
+    let x = draw(64 * 16 * 28 * 28);
+    let w = draw(32 * 16 * 9);
+    let grad = draw(64 * 32 * 14 * 14);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            (
+                conv2d_slices(&x, &w, None, &g),
+                jem_kernels::conv2d_input_grad(&grad, &w, &g),
+                jem_kernels::conv2d_weight_grad(&x, &grad, &g),
+            )
+        })
+    };
+    assert!(run(1) == run(2), "a result depends on the thread count");
+}

@@ -1,0 +1,77 @@
+//! The embedded JEM network computed with jem-kernels' convolutions against burn's own: logits
+//! and the input gradient of LogSumExp (what SGLD and every white-box attack follow), on real
+//! test digits.
+//!
+//! The logits agree to 1e-4 of their scale. The input gradient of a LeakyReLU network is
+//! discontinuous: a pre-activation within rounding of zero takes either slope, so no two
+//! float implementations agree on every pixel. burn's own gradient moves by about 2e-3 of its
+//! scale (in its largest pixel) when the input is scaled by 1 + 1e-6, a change of an ulp or
+//! two. So the gradients must agree to 1e-3 in L2 norm, and in their largest pixel by no more
+//! than burn's own answer moves under that ulp-sized change of input; a wrong kernel is off by
+//! the order of the gradient itself.
+//!
+//! One test in this file on purpose: the choice of convolution is process-wide.
+
+use burn::tensor::Tensor;
+use jem_bench::backend::{self, Inference, Train};
+use jem_bench::batches;
+use jem_bench::energy::lse_input_gradient;
+use jem_bench::model::Checkpoint;
+use jem_datasets::{embedded, Split};
+use jem_kernels::{set_convolution, Convolution};
+
+fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let worst = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    worst / scale
+}
+
+#[test]
+fn logits_and_input_gradients_match_burns_convolution() {
+    let device = backend::device();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/models/jem");
+    let (model, _) = Checkpoint::at(path).load::<Train>(&device).unwrap();
+    let set = embedded::mnist(Split::Test).unwrap();
+    let indices: Vec<usize> = (0..37).collect();
+    let x: Tensor<Inference, 4> = batches::images::<Inference>(&set, &indices, &device);
+    let inference = burn::module::AutodiffModule::valid(&model);
+
+    let compute = |choice| {
+        set_convolution(choice);
+        let logits = batches::to_vec(inference.forward(x.clone()));
+        let gradient = batches::to_vec(lse_input_gradient(&model, x.clone()));
+        (logits, gradient)
+    };
+    let (logits_burn, gradient_burn) = compute(Convolution::Burn);
+    let (logits_own, gradient_own) = compute(Convolution::Own);
+
+    set_convolution(Convolution::Burn);
+    let nudged = batches::to_vec(lse_input_gradient(&model, x.clone() * 1.000001));
+    set_convolution(Convolution::Own);
+    let burn_moves = relative_difference(&nudged, &gradient_burn);
+
+    let logits = relative_difference(&logits_own, &logits_burn);
+    assert!(logits < 1e-4, "logits differ by {logits} of their scale");
+    let l2 = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let difference: Vec<f32> = gradient_own
+        .iter()
+        .zip(&gradient_burn)
+        .map(|(a, b)| a - b)
+        .collect();
+    let in_norm = l2(&difference) / l2(&gradient_burn);
+    assert!(
+        in_norm < 1e-3,
+        "input gradients differ by {in_norm} of their norm"
+    );
+    let largest = relative_difference(&gradient_own, &gradient_burn);
+    assert!(
+        largest <= burn_moves.max(1e-4),
+        "input gradients differ by {largest} of their scale in one pixel, more than burn's own \
+         moves ({burn_moves}) when the input is scaled by 1 + 1e-6"
+    );
+    // Not vacuous: the gradient is not zero, and the two paths are really different code.
+    assert!(gradient_burn.iter().any(|v| v.abs() > 1e-6));
+}
