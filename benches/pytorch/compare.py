@@ -1,7 +1,9 @@
 """jem-bench against PyTorch on this CPU, in one run: every operation of `jem-bench bench`
 (forward, train step, input gradient, SGLD step) at 1 and 2 threads, each side in its own process
-(its peak memory is its own), the two sides interleaved round by round so that a noisy machine
-slows both alike. Writes results/perf/cpu.csv and results/perf/cpu.md.
+(its peak memory is its own), the sides interleaved round by round so that a noisy machine
+slows them alike. A third side is jem-bench with burn's own convolution (`--convolution burn`),
+so that the table shows what jem-kernels' convolutions changed. Writes results/perf/cpu.csv and
+results/perf/cpu.md.
 
   cargo build --release && python benches/pytorch/compare.py [--rounds 3] [--reps 20]
 
@@ -63,15 +65,16 @@ for op in a.ops.split(","):
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         common = ["--op", op, "--batch", str(a.batch), "--reps", str(a.reps)]
         ours_cmd = [str(ours_bin), "bench", *common]
+        burn_cmd = [*ours_cmd, "--convolution", "burn"]
         torch_cmd = [sys.executable, str(root / "benches/pytorch/ops.py"), *common, "--threads", str(threads)]
         best = {}
         for _ in range(a.rounds):
-            for side, cmd in (("ours", ours_cmd), ("pytorch", torch_cmd)):
+            for side, cmd in (("ours", ours_cmd), ("pytorch", torch_cmd), ("burn", burn_cmd)):
                 t, rss = run(cmd, env)
                 b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
                 b["ms"] = min(b["ms"], t["median_ms"])
                 b["rss"] = max(b["rss"], rss)
-        o, q = best["ours"], best["pytorch"]
+        o, q, r = best["ours"], best["pytorch"], best["burn"]
         gflop = o["t"]["gflop_per_call"]
         row = {
             "row": op,
@@ -81,6 +84,8 @@ for op in a.ops.split(","):
             "ours_ms": round(o["ms"], 2),
             "pytorch_ms": round(q["ms"], 2),
             "ratio": round(o["ms"] / q["ms"], 3),
+            "burn_conv_ms": round(r["ms"], 2),
+            "burn_conv_ratio": round(r["ms"] / q["ms"], 3),
             "ours_gflops": round(gflop / (o["ms"] / 1e3), 2),
             "pytorch_gflops": round(q["t"]["gflop_per_call"] / (q["ms"] / 1e3), 2),
             "ours_peak_rss_mib": round(o["rss"], 1),
@@ -99,9 +104,9 @@ with open(out / "cpu.csv", "w", newline="") as f:
     w.writeheader()
     w.writerows(rows)
 with open(out / "cpu.md", "w") as f:
-    f.write(f"CPU: {cpu}; {rows[0]['model']}, batch {a.batch}; lowest median of {a.rounds} interleaved rounds × {a.reps} calls; ratio = ours / PyTorch (below 1: faster).\n\n")
-    f.write("| row | threads | ours ms | PyTorch ms | ratio | ours GFLOP/s | PyTorch GFLOP/s | ours peak MiB | PyTorch peak MiB |\n")
-    f.write("|---|---|---|---|---|---|---|---|---|\n")
+    f.write(f"CPU: {cpu}; {rows[0]['model']}, batch {a.batch}; lowest median of {a.rounds} interleaved rounds × {a.reps} calls; ratio = ours / PyTorch (below 1: faster); burn conv = jem-bench with burn's own convolution (`--convolution burn`), the state before jem-kernels.\n\n")
+    f.write("| row | threads | ours ms | PyTorch ms | ratio | burn conv ms | burn conv ratio | ours GFLOP/s | PyTorch GFLOP/s | ours peak MiB | PyTorch peak MiB |\n")
+    f.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
-        f.write(f"| {r['row']} | {r['threads']} | {r['ours_ms']} | {r['pytorch_ms']} | {r['ratio']} | {r['ours_gflops']} | {r['pytorch_gflops']} | {r['ours_peak_rss_mib']} | {r['pytorch_peak_rss_mib']} |\n")
+        f.write(f"| {r['row']} | {r['threads']} | {r['ours_ms']} | {r['pytorch_ms']} | {r['ratio']} | {r['burn_conv_ms']} | {r['burn_conv_ratio']} | {r['ours_gflops']} | {r['pytorch_gflops']} | {r['ours_peak_rss_mib']} | {r['pytorch_peak_rss_mib']} |\n")
 print(f"wrote {out / 'cpu.csv'} and {out / 'cpu.md'}")
