@@ -12,7 +12,6 @@
 
 use burn::backend::{Autodiff, Cuda, Flex};
 use burn::module::Module;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use jem_attacks::{
     noise, Classifier, GradMode, HessianVector, Norm, PgdConfig, SgldDefence, SgldDefenceConfig,
