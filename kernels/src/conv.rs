@@ -285,6 +285,23 @@ fn channels_first(maps: &[f32], images: usize, channels: usize, pixels: usize, o
     }
 }
 
+/// A chunk's NCHW maps as a `channels × (images · pixels)` matrix: the maps themselves for one
+/// image, else [`channels_first`]'s copy in `scratch`.
+fn as_matrix<'a>(
+    maps: &'a [f32],
+    images: usize,
+    channels: usize,
+    pixels: usize,
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    if images == 1 {
+        maps
+    } else {
+        channels_first(maps, images, channels, pixels, scratch);
+        scratch
+    }
+}
+
 /// The inverse of [`channels_first`].
 fn images_first(matrix: &[f32], images: usize, channels: usize, pixels: usize, maps: &mut [f32]) {
     for image in 0..images {
@@ -360,13 +377,11 @@ pub fn conv2d_input_grad(grad: &[f32], weight: &[f32], g: &ConvGeometry) -> Vec<
             let images = grad.len() / (co * pixels);
             let columns = images * pixels;
             with_scratch(k * columns, co * columns, |col, grad_matrix| {
-                let grad = if images == 1 {
-                    &*grad
-                } else {
-                    channels_first(grad, images, co, pixels, grad_matrix);
-                    &*grad_matrix
-                };
-                let grad = MatRef::row_major(grad, co, columns);
+                let grad = MatRef::row_major(
+                    as_matrix(grad, images, co, pixels, grad_matrix),
+                    co,
+                    columns,
+                );
                 matmul(MatMut::row_major(col, k, columns), weight_t, grad, false);
                 col2im(col, images, g, dx);
             });
@@ -416,12 +431,7 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
             let mut partial = vec![0.0f32; co * k];
             with_scratch(k * columns, co * columns, |col, grad_matrix| {
                 im2col(x, images, g, col);
-                let grad = if images == 1 {
-                    &*grad
-                } else {
-                    channels_first(grad, images, co, pixels, grad_matrix);
-                    &*grad_matrix
-                };
+                let grad = as_matrix(grad, images, co, pixels, grad_matrix);
                 matmul(
                     MatMut::row_major(&mut partial, co, k),
                     MatRef::row_major(grad, co, columns),
