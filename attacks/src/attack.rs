@@ -6,6 +6,11 @@
 //! up, per-example robustness never rises with ε, and the larger ε cost only their survivors.
 //! Minimum-perturbation attacks (boundary, pointwise) run once and answer every ε by their
 //! distance, in the norm of the threat model ([`MinimumNorm`]).
+//!
+//! Attacks chain into a [`Cascade`], as AutoAttack runs its ensemble: each attack sees, at each
+//! ε, only the examples that every attack before it left standing there
+//! ([`Attack::attack_after`]), so the strongest first attack pays for most of the work and the
+//! later ones only search where it failed.
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -34,16 +39,61 @@ pub trait Attack<B: AutodiffBackend, M: Model<B>> {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
+    ) -> Result<Vec<AttackOutcome>, String> {
+        self.attack_after(model, x, y, eps, None)
+    }
+
+    /// As [`Attack::attack`], after `earlier` attacks: `earlier[j]` is their (joint) outcome at
+    /// `eps[j]`. An example they left not robust there — broken, or misclassified clean — is
+    /// not attacked again at that ε: it keeps their outcome and returned input, at no further
+    /// cost. The result is the joint outcome of the earlier attacks and this one.
+    fn attack_after(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: &[f32],
+        earlier: Option<&[AttackOutcome]>,
     ) -> Result<Vec<AttackOutcome>, String>;
+}
+
+/// Whether an example's outcome leaves it robust: classified correctly and not broken.
+fn standing(e: &ExampleOutcome) -> bool {
+    e.clean_correct && !e.adversarial
+}
+
+/// An earlier attack's outcome carried into a later one's: the same result at no further cost.
+fn carried(e: &ExampleOutcome) -> ExampleOutcome {
+    ExampleOutcome {
+        gradient_evals: 0,
+        forward_evals: 0,
+        ..e.clone()
+    }
+}
+
+/// Checks that `earlier` holds one outcome per ε, each of `n` examples.
+fn check_earlier(earlier: Option<&[AttackOutcome]>, eps: &[f32], n: usize) -> Result<(), String> {
+    match earlier {
+        Some(e) if e.len() != eps.len() || e.iter().any(|o| o.examples.len() != n) => Err(format!(
+            "the earlier attacks' outcomes cover {} ε of {:?} examples; this attack runs {} ε of \
+             {n}",
+            e.len(),
+            e.iter().map(|o| o.examples.len()).collect::<Vec<_>>(),
+            eps.len()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Runs `at` (an attack at one ε on a sub-batch) at each ε in ascending order on the examples
 /// not yet broken or misclassified, carrying each settled example's outcome and returned input
-/// to every larger ε (with no further cost).
+/// to every larger ε (with no further cost). Examples that `earlier` attacks left not robust at
+/// an ε keep their outcome there.
 fn ascending<B: AutodiffBackend>(
     x: Tensor<Inner<B>, 4>,
     y: Tensor<Inner<B>, 1, Int>,
     eps: &[f32],
+    earlier: Option<&[AttackOutcome]>,
     mut at: impl FnMut(
         Tensor<Inner<B>, 4>,
         Tensor<Inner<B>, 1, Int>,
@@ -52,6 +102,7 @@ fn ascending<B: AutodiffBackend>(
 ) -> Result<Vec<AttackOutcome>, String> {
     let shape = x.dims();
     let n = shape[0];
+    check_earlier(earlier, eps, n)?;
     let len: usize = shape[1..].iter().product();
     let device = x.device();
     let mut order: Vec<usize> = (0..eps.len()).collect();
@@ -66,21 +117,21 @@ fn ascending<B: AutodiffBackend>(
     let mut settled: Vec<Option<(ExampleOutcome, Vec<f32>)>> = vec![None; n];
     let mut out: Vec<Option<AttackOutcome>> = vec![None; eps.len()];
     for j in order {
-        let rows: Vec<usize> = (0..n).filter(|&i| settled[i].is_none()).collect();
+        let before = earlier.map(|e| &e[j]);
+        let taken = |i: usize| before.is_some_and(|b| !standing(&b.examples[i]));
+        let rows: Vec<usize> = (0..n)
+            .filter(|&i| settled[i].is_none() && !taken(i))
+            .collect();
         let mut examples: Vec<ExampleOutcome> = Vec::with_capacity(n);
         let mut inputs = clean.clone();
         for (i, s) in settled.iter().enumerate() {
-            let (e, input) = match s {
-                Some((e, input)) => (
-                    ExampleOutcome {
-                        gradient_evals: 0,
-                        forward_evals: 0,
-                        ..e.clone()
-                    },
-                    input.as_slice(),
-                ),
-                // Replaced below: every unsettled example is attacked.
-                None => (ExampleOutcome::clean(false), &clean[i * len..(i + 1) * len]),
+            let (e, input) = match (s, before) {
+                (Some((e, input)), _) => (carried(e), input.as_slice()),
+                (None, Some(b)) if taken(i) => {
+                    (carried(&b.examples[i]), &b.inputs[i * len..(i + 1) * len])
+                }
+                // Replaced below: every other example is attacked.
+                (None, _) => (ExampleOutcome::clean(false), &clean[i * len..(i + 1) * len]),
             };
             examples.push(e);
             inputs[i * len..(i + 1) * len].copy_from_slice(input);
@@ -117,7 +168,54 @@ fn ascending<B: AutodiffBackend>(
     Ok(out.into_iter().map(|o| o.expect("every ε ran")).collect())
 }
 
-impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for PgdConfig {
+/// A fixed-ε attack: one run at one radius. Each is an [`Attack`] over a list of ε, run in
+/// ascending order on the examples no smaller ε broke.
+pub trait FixedEpsilon<B: AutodiffBackend, M: Model<B>> {
+    /// A short name for reports.
+    fn name(&self) -> &'static str;
+    /// Every setting, as JSON, for reports.
+    fn settings(&self) -> serde_json::Value;
+    /// One run at radius `eps` on the whole batch (ε = 0: the clean answer, re-checked).
+    fn run_at(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: f32,
+    ) -> Result<AttackOutcome, String>;
+}
+
+/// Every fixed-ε attack is an [`Attack`] over a list of ε through [`ascending`]. (One macro
+/// rather than a blanket impl: the compiler cannot tell that [`MinimumNorm`] and [`Cascade`]
+/// are not fixed-ε attacks, so a blanket impl would conflict with theirs.)
+macro_rules! attack_over_eps {
+    ($($attack:ty),*) => {$(
+        impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for $attack {
+            fn name(&self) -> &'static str {
+                FixedEpsilon::<B, M>::name(self)
+            }
+
+            fn settings(&self) -> serde_json::Value {
+                FixedEpsilon::<B, M>::settings(self)
+            }
+
+            fn attack_after(
+                &self,
+                model: &M,
+                x: Tensor<Inner<B>, 4>,
+                y: Tensor<Inner<B>, 1, Int>,
+                eps: &[f32],
+                earlier: Option<&[AttackOutcome]>,
+            ) -> Result<Vec<AttackOutcome>, String> {
+                ascending::<B>(x, y, eps, earlier, |x, y, e| self.run_at(model, x, y, e))
+            }
+        }
+    )*};
+}
+
+attack_over_eps!(PgdConfig, ApgdConfig, SquareConfig);
+
+impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for PgdConfig {
     fn name(&self) -> &'static str {
         PgdConfig::name(self)
     }
@@ -126,24 +224,22 @@ impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for PgdConfig {
         serde_json::to_value(self).expect("settings serialise")
     }
 
-    fn attack(
+    fn run_at(
         &self,
         model: &M,
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
-        eps: &[f32],
-    ) -> Result<Vec<AttackOutcome>, String> {
-        ascending::<B>(x, y, eps, |x, y, e| {
-            let mut cfg = self.clone();
-            if e == 0.0 {
-                cfg.steps = 0; // nothing to search: the clean, re-checked answer
-            }
-            Ok(cfg.run::<B, M>(model, x, y, e))
-        })
+        eps: f32,
+    ) -> Result<AttackOutcome, String> {
+        let mut cfg = self.clone();
+        if eps == 0.0 {
+            cfg.steps = 0; // nothing to search: the clean, re-checked answer
+        }
+        Ok(cfg.run::<B, M>(model, x, y, eps))
     }
 }
 
-impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for ApgdConfig {
+impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for ApgdConfig {
     fn name(&self) -> &'static str {
         ApgdConfig::name(self)
     }
@@ -152,24 +248,22 @@ impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for ApgdConfig {
         serde_json::to_value(self).expect("settings serialise")
     }
 
-    fn attack(
+    fn run_at(
         &self,
         model: &M,
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
-        eps: &[f32],
-    ) -> Result<Vec<AttackOutcome>, String> {
-        ascending::<B>(x, y, eps, |x, y, e| {
-            let mut cfg = self.clone();
-            if e == 0.0 {
-                cfg.iterations = 0;
-            }
-            Ok(cfg.run::<B, M>(model, x, y, e))
-        })
+        eps: f32,
+    ) -> Result<AttackOutcome, String> {
+        let mut cfg = self.clone();
+        if eps == 0.0 {
+            cfg.iterations = 0;
+        }
+        Ok(cfg.run::<B, M>(model, x, y, eps))
     }
 }
 
-impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for SquareConfig {
+impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for SquareConfig {
     fn name(&self) -> &'static str {
         SquareConfig::name(self)
     }
@@ -178,20 +272,18 @@ impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for SquareConfig {
         serde_json::to_value(self).expect("settings serialise")
     }
 
-    fn attack(
+    fn run_at(
         &self,
         model: &M,
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
-        eps: &[f32],
-    ) -> Result<Vec<AttackOutcome>, String> {
-        ascending::<B>(x, y, eps, |x, y, e| {
-            let mut cfg = self.clone();
-            if e == 0.0 {
-                cfg.queries = 1;
-            }
-            cfg.run::<B, M>(model, x, y, e)
-        })
+        eps: f32,
+    ) -> Result<AttackOutcome, String> {
+        let mut cfg = self.clone();
+        if eps == 0.0 {
+            cfg.queries = 1;
+        }
+        cfg.run::<B, M>(model, x, y, eps)
     }
 }
 
@@ -218,6 +310,25 @@ pub trait MinimumPerturbation<B: AutodiffBackend, M: Model<B>> {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
     ) -> AttackOutcome;
+}
+
+impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M> + ?Sized>
+    MinimumPerturbation<B, M> for Box<A>
+{
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn settings(&self) -> serde_json::Value {
+        (**self).settings()
+    }
+    fn run_once(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+    ) -> AttackOutcome {
+        (**self).run_once(model, x, y)
+    }
 }
 
 impl<B: AutodiffBackend, M: Model<B>> MinimumPerturbation<B, M> for BoundaryConfig {
@@ -265,27 +376,61 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
         self.attack.settings()
     }
 
-    fn attack(
+    fn attack_after(
         &self,
         model: &M,
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
+        earlier: Option<&[AttackOutcome]>,
     ) -> Result<Vec<AttackOutcome>, String> {
+        let [n, c, h, w] = x.dims();
+        check_earlier(earlier, eps, n)?;
+        let len = c * h * w;
         let clean: Vec<f32> = x
             .clone()
             .into_data()
             .convert::<f32>()
             .to_vec()
             .expect("f32");
-        let once = self.attack.run_once(model, x, y);
-        let len = once.inputs.len() / once.examples.len().max(1);
+        // One run on the examples still standing at some ε after the earlier attacks.
+        let taken = |j: usize, i: usize| earlier.is_some_and(|e| !standing(&e[j].examples[i]));
+        let rows: Vec<usize> = (0..n)
+            .filter(|&i| (0..eps.len()).any(|j| !taken(j, i)))
+            .collect();
+        let mut once = AttackOutcome {
+            examples: vec![ExampleOutcome::clean(false); n],
+            inputs: clean.clone(),
+            shape: [n, c, h, w],
+        };
+        if !rows.is_empty() {
+            let sub = if rows.len() == n {
+                self.attack.run_once(model, x, y)
+            } else {
+                let index = Tensor::<Inner<B>, 1, Int>::from_data(
+                    TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]),
+                    &x.device(),
+                );
+                self.attack
+                    .run_once(model, x.select(0, index.clone()), y.select(0, index))
+            };
+            for (k, &i) in rows.iter().enumerate() {
+                once.examples[i] = sub.examples[k].clone();
+                once.inputs[i * len..(i + 1) * len]
+                    .copy_from_slice(&sub.inputs[k * len..(k + 1) * len]);
+            }
+        }
         Ok(eps
             .iter()
-            .map(|&e| {
+            .enumerate()
+            .map(|(j, &e)| {
                 let mut out = once.clone();
                 for (i, ex) in out.examples.iter_mut().enumerate() {
-                    if ex.adversarial && ex.distance(self.norm) > e * (1.0 + 1e-5) + 1e-7 {
+                    if let (true, Some(before)) = (taken(j, i), earlier) {
+                        *ex = carried(&before[j].examples[i]);
+                        out.inputs[i * len..(i + 1) * len]
+                            .copy_from_slice(&before[j].inputs[i * len..(i + 1) * len]);
+                    } else if ex.adversarial && ex.distance(self.norm) > e * (1.0 + 1e-5) + 1e-7 {
                         // Too far for this ε: the clean input stands, at distance 0.
                         ex.adversarial = false;
                         (ex.l0, ex.l2, ex.linf) = (0.0, 0.0, 0.0);
@@ -296,5 +441,70 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
                 out
             })
             .collect())
+    }
+}
+
+/// Attacks run one after another, as AutoAttack runs its ensemble: at each ε, each attack only
+/// on the examples every attack before it left robust. One call returns the joint outcome of
+/// every stage ([`Cascade::stages`]), the last being the cascade's result.
+pub struct Cascade<'a, B: AutodiffBackend, M: Model<B>> {
+    /// A short name for reports (`autoattack`, …).
+    pub name: &'static str,
+    /// The attacks, in the order they run.
+    pub attacks: Vec<Box<dyn Attack<B, M> + 'a>>,
+}
+
+impl<B: AutodiffBackend, M: Model<B>> Cascade<'_, B, M> {
+    /// Per attack, in order: the joint outcome of it and every attack before it, per ε (in the
+    /// order given). The cost fields count only what each attack itself spent.
+    pub fn stages(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: &[f32],
+    ) -> Result<Vec<Vec<AttackOutcome>>, String> {
+        let mut out: Vec<Vec<AttackOutcome>> = Vec::with_capacity(self.attacks.len());
+        for attack in &self.attacks {
+            let joint = attack
+                .attack_after(model, x.clone(), y.clone(), eps, out.last().map(Vec::as_slice))
+                .map_err(|e| format!("{}: {e}", attack.name()))?;
+            out.push(joint);
+        }
+        Ok(out)
+    }
+}
+
+impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for Cascade<'_, B, M> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::Value::Array(
+            self.attacks
+                .iter()
+                .map(|a| serde_json::json!({ "attack": a.name(), "settings": a.settings() }))
+                .collect(),
+        )
+    }
+
+    fn attack_after(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: &[f32],
+        earlier: Option<&[AttackOutcome]>,
+    ) -> Result<Vec<AttackOutcome>, String> {
+        let mut joint = earlier.map(<[AttackOutcome]>::to_vec);
+        for attack in &self.attacks {
+            joint = Some(
+                attack
+                    .attack_after(model, x.clone(), y.clone(), eps, joint.as_deref())
+                    .map_err(|e| format!("{}: {e}", attack.name()))?,
+            );
+        }
+        joint.ok_or_else(|| format!("the cascade {} has no attacks", self.name))
     }
 }

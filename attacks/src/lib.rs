@@ -65,7 +65,7 @@ mod square;
 pub use apgd::{
     checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss,
 };
-pub use attack::{Attack, MinimumNorm, MinimumPerturbation};
+pub use attack::{Attack, Cascade, FixedEpsilon, MinimumNorm, MinimumPerturbation};
 pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
 pub use decision::Oracle;

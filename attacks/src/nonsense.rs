@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Model;
 use crate::noise;
+use crate::pgd::Rows;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -74,46 +75,59 @@ impl NonsenseConfig {
         let mut rng = StdRng::seed_from_u64(self.seed);
         let mut x: Tensor<Inner<B>, 4> = noise::uniform([n, c, h, w], 0.0, 1.0, &mut rng, device);
         let mut velocity = Tensor::<Inner<B>, 4>::zeros([n, c, h, w], device);
-        let t: Vec<i64> = targets.iter().map(|&v| v as i64).collect();
-        let target = Tensor::<Inner<B>, 1, Int>::from_data(TensorData::new(t, [n]), device);
-        let tracked = Tensor::<B, 1, Int>::from_inner(target.clone()).reshape([n, 1]);
-        let objective = |logits: Tensor<B, 2>| {
-            log_softmax(logits, 1)
-                .gather(1, tracked.clone())
-                .reshape([n])
+        let target: Vec<i64> = targets.iter().map(|&v| v as i64).collect();
+        let labels = |rows: &[usize]| {
+            let t: Vec<i64> = rows.iter().map(|&i| target[i]).collect();
+            Tensor::<Inner<B>, 1, Int>::from_data(TensorData::new(t, [rows.len()]), device)
         };
-        let confidence = |logits: Tensor<Inner<B>, 2>| -> Vec<f32> {
+        let confidence = |logits: Tensor<Inner<B>, 2>, t: Tensor<Inner<B>, 1, Int>| -> Vec<f32> {
+            let m = t.dims()[0];
             softmax(logits, 1)
-                .gather(1, target.clone().reshape([n, 1]))
-                .reshape([n])
+                .gather(1, t.reshape([m, 1]))
+                .reshape([m])
                 .into_data()
                 .to_vec()
                 .expect("f32")
         };
-        let mut active = vec![true; n];
         let mut reached = vec![false; n];
         let mut iterations = vec![0usize; n];
+        // Only the searches still below the threshold are computed: a finished search leaves
+        // the batch, so that a few slow searches do not cost a whole batch each iteration.
+        let mut active: Vec<usize> = (0..n).collect();
         for _ in 0..self.max_iters {
-            let (g, logits) = model.loss_gradient(x.clone(), &objective, &mut rng);
-            let conf = confidence(logits);
-            for i in 0..n {
-                if active[i] && conf[i] >= self.threshold {
-                    active[i] = false;
-                    reached[i] = true;
-                }
+            let rows = Rows::<Inner<B>>::new(&active, n, device);
+            let t = labels(&active);
+            let tracked = Tensor::<B, 1, Int>::from_inner(t.clone()).reshape([active.len(), 1]);
+            let objective = |logits: Tensor<B, 2>| {
+                let m = logits.dims()[0];
+                log_softmax(logits, 1)
+                    .gather(1, tracked.clone())
+                    .reshape([m])
+            };
+            let (g, logits) = model.loss_gradient(rows.take(&x), &objective, &mut rng);
+            let conf = confidence(logits, t);
+            let mut still = vec![false; n];
+            for (&i, &p) in active.iter().zip(&conf) {
+                reached[i] = p >= self.threshold;
+                still[i] = !reached[i];
             }
-            if !active.contains(&true) {
+            active.retain(|&i| still[i]);
+            if active.is_empty() {
                 break;
             }
-            let m: Vec<f32> = active.iter().map(|&a| f32::from(u8::from(a))).collect();
+            // Rows that just reached the threshold keep their point: their gradient is masked.
+            let m: Vec<f32> = still.iter().map(|&a| f32::from(u8::from(a))).collect();
             let m = Tensor::<Inner<B>, 4>::from_data(TensorData::new(m, [n, 1, 1, 1]), device);
-            velocity = velocity * self.momentum + g * m.clone();
+            velocity = velocity * self.momentum + rows.put(g) * m.clone();
             x = (x + velocity.clone() * (m * self.lr)).clamp(0.0, 1.0);
-            for i in 0..n {
-                iterations[i] += usize::from(active[i]);
+            for &i in &active {
+                iterations[i] += 1;
             }
         }
-        let final_conf = confidence(model.recheck_logits(x.clone(), &mut rng));
+        let final_conf = confidence(
+            model.recheck_logits(x.clone(), &mut rng),
+            labels(&(0..n).collect::<Vec<_>>()),
+        );
         NonsenseOutcome {
             targets: targets.to_vec(),
             confidence: final_conf,

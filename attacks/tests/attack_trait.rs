@@ -8,7 +8,8 @@ mod common;
 use burn::tensor::{Int, Tensor, TensorData};
 use common::{cases, image, B, D};
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, LinearClassifier, MinimumNorm, Norm, PgdConfig,
+    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, LinearClassifier, MinimumNorm, Norm,
+    PgdConfig,
     Undefended,
 };
 
@@ -156,5 +157,83 @@ fn minimum_norm_attacks_answer_each_eps_by_their_distance() {
                 assert!(ex.l2 <= e * (1.0 + 1e-5));
             }
         }
+    }
+}
+
+#[test]
+fn a_cascade_attacks_only_what_the_attacks_before_it_left_standing() {
+    let b = batch();
+    let eps = [0.0, 0.01, 0.02, 0.04, 0.08, 0.3];
+    // A weak first attack (one short step from the clean input) breaks only the easy examples
+    // at the larger ε; APGD and then the boundary attack (minimum-norm, judged per ε) follow.
+    let weak = PgdConfig {
+        steps: 1,
+        rel_stepsize: 0.6,
+        random_start: false,
+        ..PgdConfig::pgd(Norm::Linf)
+    };
+    let cascade = Cascade::<B, M> {
+        name: "test",
+        attacks: vec![
+            Box::new(weak.clone()) as Box<dyn Attack<B, M>>,
+            Box::new(ApgdConfig::new(Norm::Linf, ApgdLoss::CrossEntropy)),
+            Box::new(MinimumNorm {
+                attack: BoundaryConfig {
+                    steps: 500,
+                    seed: 5,
+                    ..Default::default()
+                },
+                norm: Norm::Linf,
+            }),
+        ],
+    };
+    let stages = cascade
+        .stages(&b.model, image(&b.x), labels(8), &eps)
+        .expect("runs");
+    assert_eq!(stages.len(), 3);
+    let alone = Attack::<B, M>::attack(&weak, &b.model, image(&b.x), labels(8), &eps).unwrap();
+    let mut weak_broke = 0;
+    for (j, &e) in eps.iter().enumerate() {
+        for i in 0..8 {
+            let (first, second, third) = (
+                &stages[0][j].examples[i],
+                &stages[1][j].examples[i],
+                &stages[2][j].examples[i],
+            );
+            // The first stage is the attack on its own.
+            assert_eq!(first, &alone[j].examples[i]);
+            if first.clean_correct && first.adversarial {
+                weak_broke += 1;
+                // Carried into the later stages at no further cost (or an own break at a smaller ε,
+                // carried up).
+                for later in [second, third] {
+                    assert!(later.adversarial && later.linf <= e * (1.0 + 1e-5) + 1e-7);
+                    assert_eq!((later.gradient_evals, later.forward_evals), (0, 0));
+                }
+            } else if first.clean_correct && e > 0.0 && !(j > 0 && stages[1][j - 1].examples[i].adversarial) {
+                assert!(second.gradient_evals > 0, "APGD attacked the survivor: {second:?}");
+            }
+            // Joint outcomes only gain breaks from stage to stage.
+            assert!(!first.adversarial || second.adversarial);
+            assert!(!second.adversarial || third.adversarial);
+            // And the joint outcome is exact on a linear model.
+            if b.margin[i] > 0.0 {
+                let min = b.min_linf[i];
+                if e <= 0.98 * min {
+                    assert!(!third.adversarial, "ε {e} below the minimum {min}");
+                }
+                if e >= 1.02 * min {
+                    assert!(third.adversarial, "ε {e} ≥ 1.02 × minimum {min}");
+                }
+            }
+        }
+    }
+    assert!(weak_broke > 0, "the weak attack broke something to carry");
+    // `attack` on a cascade is its last stage.
+    let joint = cascade
+        .attack(&b.model, image(&b.x), labels(8), &eps)
+        .unwrap();
+    for j in 0..eps.len() {
+        assert_eq!(joint[j].examples, stages[2][j].examples);
     }
 }
