@@ -506,3 +506,52 @@ fn misclassified_inputs_are_not_attacked_costs_are_counted_and_a_seed_repeats() 
     assert_eq!(out.examples[0].gradient_evals, 9 * 10);
     assert_eq!(cfg.name(), "fab");
 }
+
+/// A linear model behind a little logit noise: stochastic, so candidates are judged on the
+/// mean of several passes. The noise is kept well below the margin FAB's overshoot leaves
+/// (about 0.5 % of the clean margin): the closest adversarial sits that near the boundary, and
+/// a louder noise would flip the single-pass re-check.
+struct Noisy(M);
+
+impl Model<B> for Noisy {
+    fn logits(&self, x: Tensor<I, 4>, rng: &mut StdRng) -> Tensor<I, 2> {
+        let z = Model::<B>::logits(&self.0, x, rng);
+        let noise = jem_attacks::noise::gaussian::<I, 2>(z.dims(), rng, &Default::default());
+        z + noise * 1e-5
+    }
+    fn loss_gradient(
+        &self,
+        x: Tensor<I, 4>,
+        loss: jem_attacks::LossFn<'_, B>,
+        rng: &mut StdRng,
+    ) -> (Tensor<I, 4>, Tensor<I, 2>) {
+        Model::<B>::loss_gradient(&self.0, x, loss, rng)
+    }
+    fn is_stochastic(&self) -> bool {
+        true
+    }
+    fn describe(&self) -> String {
+        "noisy linear".into()
+    }
+}
+
+#[test]
+fn a_stochastic_model_is_judged_on_several_passes_and_gradients_are_averaged() {
+    let c = &cases(1)[0];
+    let model = Noisy(linear(&c.w, &c.b));
+    let cfg = FabConfig {
+        iterations: 30,
+        eot: 3,
+        passes: 4,
+        ..FabConfig::new(Norm::Linf)
+    };
+    let out = cfg.run::<B, _>(&model, image(&c.x), label(c.y));
+    let e = &out.examples[0];
+    assert!(e.clean_correct && e.adversarial, "{e:?}");
+    // One target (two classes), 30 steps: 3 draws and 4 passes each, the clean pass and the
+    // re-check.
+    assert_eq!(e.gradient_evals, 30 * 3);
+    assert_eq!(e.forward_evals, 1 + 30 * 4 + 1);
+    let ratio = e.linf / c.min_linf;
+    assert!((0.99..1.02).contains(&ratio), "{e:?} vs {}", c.min_linf);
+}
