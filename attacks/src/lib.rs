@@ -36,6 +36,8 @@
 //! - Gradient attacks: [`ApgdConfig`] (APGD-CE, APGD-DLR, APGD-T; Croce & Hein 2020),
 //!   [`PgdConfig`] (PGD and FGSM / FGM; restarts, EOT, early stop), all under L∞ and L2 through
 //!   one [`Norm`] type; [`NonsenseConfig`] (targeted search from noise).
+//! - Minimum-perturbation, gradient-based: [`FabConfig`] (FAB and FAB-T, Croce & Hein 2020,
+//!   L∞ and L2), answering every ε at once through [`MinimumNorm`].
 //! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞). Decision-based:
 //!   [`BoundaryConfig`], [`PointwiseConfig`].
 //! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked;
@@ -50,6 +52,7 @@ mod boundary;
 mod classifier;
 mod decision;
 mod defence;
+mod fab;
 mod linear;
 mod loss;
 mod model;
@@ -70,6 +73,7 @@ pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier};
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
+pub use fab::{hyperplane_step_l2, hyperplane_step_linf, FabConfig};
 pub use linear::LinearClassifier;
 pub use loss::{targeted_dlr, AttackLoss};
 pub use model::{LossFn, Model, Undefended};
