@@ -74,6 +74,7 @@ impl SquareConfig {
         }
         let [n, c, h, w] = x.dims();
         let len = c * h * w;
+        let dims = Dims { c, h, w };
         let device = x.device();
         let mut rng = StdRng::seed_from_u64(self.seed);
         let labels = to_labels(y);
@@ -135,14 +136,7 @@ impl SquareConfig {
         let attacked: Vec<usize> = (0..n).filter(|&i| examples[i].clean_correct).collect();
         let mut delta: Vec<Vec<f32>> = vec![vec![0.0; len]; n];
         for &i in &attacked {
-            for ch in 0..c {
-                for col in 0..w {
-                    let v = if rng.random_bool(0.5) { eps } else { -eps };
-                    for row in 0..h {
-                        delta[i][ch * h * w + row * w + col] = v;
-                    }
-                }
-            }
+            delta[i] = linf_start(dims, eps, &mut rng);
         }
         let images: Vec<f32> = attacked.iter().flat_map(|&i| clip(i, &delta[i])).collect();
         let mut margin = vec![f32::INFINITY; n];
@@ -163,43 +157,14 @@ impl SquareConfig {
             if active.is_empty() {
                 break;
             }
-            let p = self.window_fraction(query);
-            let side = ((p * (h * w) as f32).sqrt().round() as usize).clamp(1, h.min(w) - 1);
-            let mut candidates: Vec<Vec<f32>> = Vec::with_capacity(active.len());
-            for &i in &active {
-                let (top, left) = (
-                    rng.random_range(0..=h - side),
-                    rng.random_range(0..=w - side),
-                );
-                let mut next = delta[i].clone();
-                // Redraw until the window changes the clipped image (else the query is wasted).
-                for _ in 0..100 {
-                    for ch in 0..c {
-                        let v = if rng.random_bool(0.5) { eps } else { -eps };
-                        for row in top..top + side {
-                            for col in left..left + side {
-                                next[ch * h * w + row * w + col] = v;
-                            }
-                        }
-                    }
-                    let changed = (0..c).any(|ch| {
-                        (top..top + side).any(|row| {
-                            (left..left + side).any(|col| {
-                                let d = ch * h * w + row * w + col;
-                                let x0 = clean[i * len + d];
-                                ((x0 + next[d]).clamp(0.0, 1.0)
-                                    - (x0 + delta[i][d]).clamp(0.0, 1.0))
-                                .abs()
-                                    > 1e-7
-                            })
-                        })
-                    });
-                    if changed {
-                        break;
-                    }
-                }
-                candidates.push(next);
-            }
+            let side = self.window_side(query, h, w);
+            let candidates: Vec<Vec<f32>> = active
+                .iter()
+                .map(|&i| {
+                    let x0 = &clean[i * len..(i + 1) * len];
+                    linf_candidate(&delta[i], x0, dims, side, eps, &mut rng)
+                })
+                .collect();
             let images: Vec<f32> = active
                 .iter()
                 .zip(&candidates)
@@ -235,6 +200,15 @@ impl SquareConfig {
         Ok(AttackOutcome::measure(x, returned, examples))
     }
 
+    /// The side of the square windows at `query` in an `h × w` image, from
+    /// [`SquareConfig::window_fraction`] p: round(√(p·h·w)), at least 1 and at most
+    /// min(h, w) − 1 (at most 1 for an image one pixel wide).
+    pub fn window_side(&self, query: usize, h: usize, w: usize) -> usize {
+        let p = self.window_fraction(query);
+        let side = (p * (h * w) as f32).sqrt().round() as usize;
+        side.clamp(1, (h.min(w) - 1).max(1))
+    }
+
     /// The fraction of the image a window covers at `query`: p_init, halved at 10, 50, 200,
     /// 500, 1000, 2000, 4000, 6000 and 8000 of 10 000 queries, rescaled to the budget.
     pub fn window_fraction(&self, query: usize) -> f32 {
@@ -245,4 +219,73 @@ impl SquareConfig {
             .count();
         self.p_init / (1u32 << halvings) as f32
     }
+}
+
+/// Channels, rows and columns of one image (`[C, H, W]`, row-major).
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    c: usize,
+    h: usize,
+    w: usize,
+}
+
+impl Dims {
+    /// Index of channel `ch`, row `row`, column `col`.
+    fn at(self, ch: usize, row: usize, col: usize) -> usize {
+        (ch * self.h + row) * self.w + col
+    }
+}
+
+/// The L∞ start: vertical stripes of ±ε, one sign per channel and column.
+fn linf_start(d: Dims, eps: f32, rng: &mut StdRng) -> Vec<f32> {
+    let mut delta = vec![0.0; d.c * d.h * d.w];
+    for ch in 0..d.c {
+        for col in 0..d.w {
+            let v = if rng.random_bool(0.5) { eps } else { -eps };
+            for row in 0..d.h {
+                delta[d.at(ch, row, col)] = v;
+            }
+        }
+    }
+    delta
+}
+
+/// The L∞ candidate: one random `side × side` window of `delta` set to ±ε, one sign per
+/// channel, redrawn (up to 100 times) until it changes the clipped image of `x0`, else the query
+/// would be wasted.
+fn linf_candidate(
+    delta: &[f32],
+    x0: &[f32],
+    d: Dims,
+    side: usize,
+    eps: f32,
+    rng: &mut StdRng,
+) -> Vec<f32> {
+    let (top, left) = (
+        rng.random_range(0..=d.h - side),
+        rng.random_range(0..=d.w - side),
+    );
+    let window = move |ch: usize| {
+        (top..top + side)
+            .flat_map(move |row| (left..left + side).map(move |col| d.at(ch, row, col)))
+    };
+    let mut next = delta.to_vec();
+    for _ in 0..100 {
+        for ch in 0..d.c {
+            let v = if rng.random_bool(0.5) { eps } else { -eps };
+            for k in window(ch) {
+                next[k] = v;
+            }
+        }
+        let changed = (0..d.c).any(|ch| {
+            window(ch).any(|k| {
+                ((x0[k] + next[k]).clamp(0.0, 1.0) - (x0[k] + delta[k]).clamp(0.0, 1.0)).abs()
+                    > 1e-7
+            })
+        });
+        if changed {
+            break;
+        }
+    }
+    next
 }
