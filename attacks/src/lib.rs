@@ -36,7 +36,7 @@
 //! - Gradient attacks: [`ApgdConfig`] (APGD-CE, APGD-DLR, APGD-T; Croce & Hein 2020),
 //!   [`PgdConfig`] (PGD and FGSM / FGM; restarts, EOT, early stop), all under L∞ and L2 through
 //!   one [`Norm`] type; [`NonsenseConfig`] (targeted search from noise).
-//! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞). Decision-based:
+//! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞ and L2). Decision-based:
 //!   [`BoundaryConfig`], [`PointwiseConfig`].
 //! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked;
 //!   with many chains for a stochastic model), L0 / L2 / L∞ distances in pixel units, gradient
