@@ -1,11 +1,14 @@
 //! The Square attack (score-based, no gradients) against a linear classifier, whose minimal L∞
-//! and L2 perturbations are known in closed form, and its window schedule against the published
-//! one.
+//! and L2 perturbations are known in closed form; its window schedule against the published
+//! one; and, on random inputs of many shapes, its promises: within ε, within [0, 1], repeatable.
 
-use jem_attacks::{LinearClassifier, Norm, SquareConfig, Undefended};
+use burn::tensor::{Int, Tensor, TensorData};
+use jem_attacks::{AttackOutcome, LinearClassifier, Norm, SquareConfig, Undefended};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 mod common;
-use common::{cases, image, label, Case, B, D};
+use common::{cases, image, label, Case, B, D, I};
 
 fn linear(c: &Case) -> Undefended<LinearClassifier<B>> {
     Undefended::new(LinearClassifier::<B>::new(
@@ -123,4 +126,86 @@ fn square_l2_fails_below_the_minimal_l2_perturbation_and_breaks_within_the_facto
         sorted[5] <= REACHED && sorted[2] <= 1.8,
         "reached factors {factors:?}"
     );
+}
+
+/// Random inputs of many shapes (1 × 1 to CIFAR's), random linear models, radii from 0 to far
+/// beyond the box: every returned input lies in [0, 1] and within ε of the clean one, inputs
+/// the model gets wrong come back untouched, and a second run with the same seed repeats the
+/// first exactly.
+#[test]
+fn square_stays_in_the_ball_and_the_box_and_repeats_with_its_seed() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let shapes = [
+        [3, 1, 1, 1],
+        [3, 2, 1, 4],
+        [4, 1, 2, 3],
+        [4, 1, 4, 4],
+        [3, 3, 5, 7],
+        [3, 2, 9, 6],
+        [2, 1, 28, 28],
+        [2, 3, 32, 32],
+    ];
+    for (trial, dims) in shapes.into_iter().enumerate() {
+        let [n, ch, h, w] = dims;
+        let len = ch * h * w;
+        let k = rng.random_range(2..6);
+        let weight: Vec<f32> = (0..k * len).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let bias: Vec<f32> = (0..k).map(|_| rng.random_range(-0.5..0.5)).collect();
+        // Some pixels at the edges of the box, where clipping bites.
+        let x: Vec<f32> = (0..n * len)
+            .map(|_| match rng.random_range(0..8) {
+                0 => 0.0,
+                1 => 1.0,
+                _ => rng.random_range(0.0..1.0),
+            })
+            .collect();
+        let y: Vec<i64> = (0..n).map(|_| rng.random_range(0..k as i64)).collect();
+        let model = Undefended::new(LinearClassifier::<B>::new(
+            weight,
+            bias,
+            k,
+            &Default::default(),
+        ));
+        for norm in [Norm::L2, Norm::Linf] {
+            for eps in [0.0, 0.03, 0.5, 4.0, 100.0] {
+                let mut cfg = SquareConfig::new(norm);
+                cfg.queries = 200;
+                cfg.seed = trial as u64;
+                let run = || -> AttackOutcome {
+                    let xs = Tensor::<I, 4>::from_data(
+                        TensorData::new(x.clone(), dims),
+                        &Default::default(),
+                    );
+                    let ys = Tensor::<I, 1, Int>::from_data(
+                        TensorData::new(y.clone(), [n]),
+                        &Default::default(),
+                    );
+                    cfg.run::<B, _>(&model, xs, ys, eps).unwrap()
+                };
+                let out = run();
+                let at = format!("{norm} {dims:?} ε = {eps}");
+                for (i, e) in out.examples.iter().enumerate() {
+                    let adv = &out.inputs[i * len..(i + 1) * len];
+                    let clean = &x[i * len..(i + 1) * len];
+                    assert!(adv.iter().all(|v| (0.0..=1.0).contains(v)), "{at}: box");
+                    let d: Vec<f64> = adv.iter().zip(clean).map(|(a, b)| (a - b) as f64).collect();
+                    let (l2, linf) = (
+                        d.iter().map(|v| v * v).sum::<f64>().sqrt(),
+                        d.iter().fold(0.0f64, |m, v| m.max(v.abs())),
+                    );
+                    let size = if norm == Norm::L2 { l2 } else { linf };
+                    assert!(size <= eps as f64 * 1.0001 + 1e-7, "{at}: {size} {e:?}");
+                    assert!(e.distance(norm) <= eps * 1.0001 + 1e-7, "{at}: {e:?}");
+                    if !e.clean_correct {
+                        assert!(adv == clean, "{at}: misclassified inputs are not attacked");
+                    }
+                }
+                let again = run();
+                assert!(
+                    again.inputs == out.inputs && again.examples == out.examples,
+                    "{at}: the same seed repeats"
+                );
+            }
+        }
+    }
 }
