@@ -38,7 +38,7 @@
 //!   one [`Norm`] type; [`NonsenseConfig`] (targeted search from noise).
 //! - Minimum-perturbation, gradient-based: [`FabConfig`] (FAB and FAB-T, Croce & Hein 2020,
 //!   L∞ and L2), answering every ε at once through [`MinimumNorm`].
-//! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞). Decision-based:
+//! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞ and L2). Decision-based:
 //!   [`BoundaryConfig`], [`PointwiseConfig`].
 //! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked;
 //!   with many chains for a stochastic model), L0 / L2 / L∞ distances in pixel units, gradient
