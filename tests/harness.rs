@@ -561,3 +561,64 @@ fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
         );
     }
 }
+
+/// `--attacks autoattack` runs AutoAttack's four attacks as a cascade, under L∞ and L2: each
+/// stage's row holds the joint outcome of it and the stages before (so it never rises above
+/// them), an example broken by a stage counts as broken in every later stage at no further
+/// cost, FAB-T's single run is paid once per example, and the worst case is the last stage.
+#[test]
+fn autoattack_runs_its_attacks_as_a_cascade_on_what_is_left_standing() {
+    for (norm, eps) in [("linf", "0,0.1,0.2"), ("l2", "0,1,2")] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = cli()
+            .args(["robust", "--norm", norm, "--models", "results/models/baseline"])
+            .args(["--attacks", "autoattack", "--steps", "0", "--eps", eps])
+            .args(["--n-examples", "8", "--apgd-iterations", "8"])
+            .args(["--fab-iterations", "8", "--square-queries", "60", "--out"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let rows = rows(dir.path());
+        let stages = ["apgd-ce", "apgd-t", "fab-t", "square"].map(|a| format!("autoattack/{a}"));
+        let mut reader = csv::Reader::from_path(dir.path().join("examples.csv")).unwrap();
+        let examples: Vec<jem_bench::harness::ExampleRow> =
+            reader.deserialize().map(|r| r.unwrap()).collect();
+        for e in eps.split(',').map(|e| e.parse::<f32>().unwrap()) {
+            let at = |attack: &str| {
+                rows.iter()
+                    .find(|r| r.attack == attack && r.eps == e)
+                    .unwrap_or_else(|| panic!("{norm}: no {attack} row at ε {e}"))
+                    .robust_accuracy
+            };
+            let joint: Vec<f64> = stages.iter().map(|s| at(s)).collect();
+            assert!(
+                joint.windows(2).all(|w| w[1] <= w[0]),
+                "{norm} ε {e}: {joint:?}"
+            );
+            assert_eq!(at("worst-case"), joint[3], "{norm} ε {e}");
+            for i in 0..8 {
+                let of = |s: &str| {
+                    examples
+                        .iter()
+                        .find(|x| x.attack == s && x.example == i && x.eps == Some(e))
+                        .unwrap()
+                };
+                for w in stages.windows(2) {
+                    let (before, after) = (of(&w[0]), of(&w[1]));
+                    if before.adversarial {
+                        assert!(after.adversarial, "{norm} ε {e} example {i}: {after:?}");
+                        assert_eq!((after.gradient_evals, after.forward_evals), (0, 0));
+                    }
+                }
+            }
+        }
+        for i in 0..8 {
+            let charged = examples
+                .iter()
+                .filter(|x| x.attack == stages[2] && x.example == i && x.gradient_evals > 0)
+                .count();
+            assert!(charged <= 1, "{norm}: FAB-T paid {charged} times for example {i}");
+        }
+    }
+}

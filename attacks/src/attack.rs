@@ -393,11 +393,15 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
             .convert::<f32>()
             .to_vec()
             .expect("f32");
-        // One run on the examples still standing at some ε after the earlier attacks.
+        // One run on the examples still standing at some ε > 0 after the earlier attacks (at
+        // ε = 0 nothing can be broken). Its cost is counted once per example, at the first ε
+        // that needed it.
         let taken = |j: usize, i: usize| earlier.is_some_and(|e| !standing(&e[j].examples[i]));
-        let rows: Vec<usize> = (0..n)
-            .filter(|&i| (0..eps.len()).any(|j| !taken(j, i)))
-            .collect();
+        let needed = |i: usize| match earlier {
+            Some(_) => (0..eps.len()).find(|&j| eps[j] > 0.0 && !taken(j, i)),
+            None => (!eps.is_empty()).then_some(0),
+        };
+        let rows: Vec<usize> = (0..n).filter(|&i| needed(i).is_some()).collect();
         let mut once = AttackOutcome {
             examples: vec![ExampleOutcome::clean(false); n],
             inputs: clean.clone(),
@@ -426,11 +430,17 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
             .map(|(j, &e)| {
                 let mut out = once.clone();
                 for (i, ex) in out.examples.iter_mut().enumerate() {
-                    if let (true, Some(before)) = (taken(j, i), earlier) {
+                    // Not run (broken at every ε > 0 before), or broken here before: the
+                    // earlier attacks' outcome stands.
+                    let earlier_stands = taken(j, i) || needed(i).is_none();
+                    if let (true, Some(before)) = (earlier_stands, earlier) {
                         *ex = carried(&before[j].examples[i]);
                         out.inputs[i * len..(i + 1) * len]
                             .copy_from_slice(&before[j].inputs[i * len..(i + 1) * len]);
-                    } else if ex.adversarial && ex.distance(self.norm) > e * (1.0 + 1e-5) + 1e-7 {
+                    } else if needed(i) != Some(j) {
+                        (ex.gradient_evals, ex.forward_evals) = (0, 0);
+                    }
+                    if ex.adversarial && ex.distance(self.norm) > e * (1.0 + 1e-5) + 1e-7 {
                         // Too far for this ε: the clean input stands, at distance 0.
                         ex.adversarial = false;
                         (ex.l0, ex.l2, ex.linf) = (0.0, 0.0, 0.0);

@@ -229,6 +229,17 @@ fn a_cascade_attacks_only_what_the_attacks_before_it_left_standing() {
         }
     }
     assert!(weak_broke > 0, "the weak attack broke something to carry");
+    for i in 0..8 {
+        // The minimum-norm stage runs once per example: its cost appears at one ε at most.
+        let charged = (0..eps.len())
+            .filter(|&j| stages[2][j].examples[i].forward_evals > 0)
+            .count();
+        assert!(charged <= 1, "example {i}: boundary cost counted at {charged} ε");
+        // Every stage agrees with the first on the clean pass (at ε = 0 too).
+        for stage in &stages {
+            assert_eq!(stage[0].examples[i].clean_correct, b.margin[i] > 0.0);
+        }
+    }
     // `attack` on a cascade is its last stage.
     let joint = cascade
         .attack(&b.model, image(&b.x), labels(8), &eps)

@@ -2,6 +2,8 @@
 //! fixed-ε attack runs ε in ascending order on the examples still unbroken (a break at ε is one
 //! at every larger ε); a minimum-perturbation attack runs once and answers every ε. Cells are
 //! listed in a fixed order, so that a re-run finds the same cells and skips the finished ones.
+//! A preset (`autoattack`, `autoattack-rand`) is one cell that runs its attacks as a cascade:
+//! each on the examples the ones before it left standing at each ε.
 
 use jem_attacks::GradMode;
 use serde::{Deserialize, Serialize};
@@ -22,18 +24,21 @@ pub enum AttackKind {
     ApgdDlr,
     /// APGD with the targeted DLR loss against each of the 9 most likely other classes.
     ApgdT,
-    /// The Square attack (Andriushchenko et al. 2020): score-based black box, L∞ only.
+    /// The Square attack (Andriushchenko et al. 2020): score-based black box.
     Square,
+    /// FAB-T (Croce & Hein 2020): minimum-norm, toward each of the 9 most likely other classes.
+    FabT,
     /// Decision-based boundary attack (Brendel et al. 2018): a minimum perturbation per image.
     Boundary,
     /// Pointwise attack (Schott et al. 2019): a minimum L0 / L2 perturbation per image.
     Pointwise,
-    /// Preset: AutoAttack's standard attacks available here: APGD-CE, APGD-T and Square (L∞).
+    /// Preset: AutoAttack's standard version: APGD-CE, APGD-T, FAB-T and Square, each on the
+    /// examples the ones before it left standing.
     #[value(name = "autoattack")]
     #[serde(rename = "autoattack")]
     AutoAttack,
-    /// Preset: AutoAttack's version for randomised defences: APGD-CE and APGD-DLR with EOT over
-    /// 20 draws (unless --eot says otherwise).
+    /// Preset: AutoAttack's version for randomised defences: APGD-CE, then APGD-DLR on what it
+    /// left standing, with EOT over 20 draws (unless --eot says otherwise).
     #[value(name = "autoattack-rand")]
     #[serde(rename = "autoattack-rand")]
     AutoAttackRand,
@@ -49,6 +54,7 @@ impl AttackKind {
             AttackKind::ApgdDlr => "apgd-dlr",
             AttackKind::ApgdT => "apgd-t",
             AttackKind::Square => "square",
+            AttackKind::FabT => "fab-t",
             AttackKind::Boundary => "boundary",
             AttackKind::Pointwise => "pointwise",
             AttackKind::AutoAttack => "autoattack",
@@ -56,31 +62,43 @@ impl AttackKind {
         }
     }
 
-    /// The attacks a preset stands for (itself for a single attack), for a norm: Square has no
-    /// L2 variant here, so L2 AutoAttack is APGD-CE and APGD-T.
-    pub fn expand(self, norm: jem_attacks::Norm) -> Vec<AttackKind> {
+    /// The attacks a preset runs, in order (itself for a single attack).
+    pub fn stages(self) -> Vec<AttackKind> {
         match self {
-            AttackKind::AutoAttack if norm == jem_attacks::Norm::Linf => {
-                vec![AttackKind::ApgdCe, AttackKind::ApgdT, AttackKind::Square]
-            }
-            AttackKind::AutoAttack => vec![AttackKind::ApgdCe, AttackKind::ApgdT],
+            AttackKind::AutoAttack => vec![
+                AttackKind::ApgdCe,
+                AttackKind::ApgdT,
+                AttackKind::FabT,
+                AttackKind::Square,
+            ],
             AttackKind::AutoAttackRand => vec![AttackKind::ApgdCe, AttackKind::ApgdDlr],
             single => vec![single],
         }
     }
 
-    /// Fixed-ε attacks run at each ε of the grid; decision-based ones find a minimum
-    /// perturbation that answers every ε.
-    pub fn fixed_eps(self) -> bool {
-        !matches!(self, AttackKind::Boundary | AttackKind::Pointwise)
+    /// A preset: several attacks in a cascade.
+    pub fn is_preset(self) -> bool {
+        self.stages() != [self]
     }
 
-    /// Attacks that follow the (defended) model's gradients, and so have a gradient mode.
-    pub fn uses_gradients(self) -> bool {
+    /// Fixed-ε attacks (and presets) run at each ε of the grid; minimum-perturbation ones run
+    /// once and answer every ε by their distance.
+    pub fn fixed_eps(self) -> bool {
         !matches!(
             self,
-            AttackKind::Boundary | AttackKind::Pointwise | AttackKind::Square
+            AttackKind::Boundary | AttackKind::Pointwise | AttackKind::FabT
         )
+    }
+
+    /// Attacks that follow the (defended) model's gradients, and so have a gradient mode (a
+    /// preset has one when any of its attacks does).
+    pub fn uses_gradients(self) -> bool {
+        self.stages().iter().any(|a| {
+            !matches!(
+                a,
+                AttackKind::Boundary | AttackKind::Pointwise | AttackKind::Square
+            )
+        })
     }
 }
 
@@ -119,7 +137,6 @@ impl Cell {
 }
 
 /// Every cell of a sweep, in order: models, then K, then attacks, then gradient modes.
-/// `attacks` are single attacks (presets expanded).
 pub fn list(
     models: &[String],
     attacks: &[AttackKind],

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use anyhow::Context;
 use jem_attacks::Norm;
 
 use super::outputs::{CellResult, ExampleRow, TidyRow};
@@ -112,22 +113,18 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
     let mut runs: BTreeMap<Group, AttackRun> = BTreeMap::new();
     let mut templates: BTreeMap<Group, &TidyRow> = BTreeMap::new();
     for r in results {
-        let Some(first) = r.rows.first() else {
-            continue;
-        };
-        let g = (
-            first.model.clone(),
-            first.k,
-            first.grad.clone(),
-            first.attack.clone(),
-        );
-        if !runs.contains_key(&g) {
-            order.push(g.clone());
-            templates.insert(g.clone(), first);
-        }
-        let run = runs.entry(g).or_insert(AttackRun { cells: Vec::new() });
-        // A cell's examples come ε by ε (once for a minimum-perturbation attack).
+        // A cell's examples come attack by attack (several for a preset's cascade), and within
+        // an attack ε by ε (once for a minimum-perturbation attack).
         for e in &r.examples {
+            let g = (e.model.clone(), e.k, e.grad.clone(), e.attack.clone());
+            if !runs.contains_key(&g) {
+                let template = r.rows.iter().find(|row| row.attack == e.attack).with_context(
+                    || format!("cell of {} K={}: no row for {}", e.model, e.k, e.attack),
+                )?;
+                order.push(g.clone());
+                templates.insert(g.clone(), template);
+            }
+            let run = runs.entry(g).or_insert(AttackRun { cells: Vec::new() });
             match run.cells.last_mut() {
                 Some((eps, rows)) if eps.map(f32::to_bits) == e.eps.map(f32::to_bits) => {
                     rows.push(e)
@@ -154,7 +151,7 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
             let clean = r
                 .examples
                 .iter()
-                .filter(|e| e.eps.is_none_or(|x| x == row.eps))
+                .filter(|e| e.attack == row.attack && e.eps.is_none_or(|x| x == row.eps))
                 .map(|e| e.clean_correct);
             out.push(with_rates(row.clone(), clean, robust.into_values()));
         }

@@ -13,8 +13,9 @@ use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, Attack, AttackOutcome, BoundaryConfig, Classifier, ExampleOutcome,
-    GradMode, MinimumPerturbation, Model, Norm, PgdConfig, PointwiseConfig, SquareConfig,
+    ApgdConfig, ApgdLoss, Attack, AttackOutcome, BoundaryConfig, Cascade, Classifier, FabConfig,
+    GradMode, MinimumNorm, MinimumPerturbation, Model, Norm, PgdConfig, PointwiseConfig,
+    SquareConfig,
 };
 use jem_datasets::ImageSet;
 use serde::{Deserialize, Serialize};
@@ -77,6 +78,9 @@ pub struct RobustArgs {
     /// Square-attack queries per example (AutoAttack: 5 000).
     #[arg(long, default_value_t = 5000)]
     pub square_queries: usize,
+    /// FAB-T iterations per target class (AutoAttack: 100).
+    #[arg(long, default_value_t = 100)]
+    pub fab_iterations: usize,
     /// Boundary-attack steps (foolbox's default is 25 000).
     #[arg(long, default_value_t = 1000)]
     pub boundary_steps: usize,
@@ -142,15 +146,24 @@ impl RobustArgs {
         (steps, rel)
     }
 
-    /// The single attacks of the sweep, presets expanded, each once, in the order given.
+    /// The attacks of the sweep (a preset is one, run as a cascade), each once, in the order
+    /// given.
     pub fn attack_list(&self) -> Vec<AttackKind> {
         let mut out = Vec::new();
-        for a in self.attacks.iter().flat_map(|a| a.expand(self.norm)) {
+        for &a in &self.attacks {
             if !out.contains(&a) {
                 out.push(a);
             }
         }
         out
+    }
+
+    /// Every single attack the sweep runs, presets opened up.
+    fn single_attacks(&self) -> Vec<AttackKind> {
+        self.attack_list()
+            .into_iter()
+            .flat_map(AttackKind::stages)
+            .collect()
     }
 
     /// EOT draws of the gradient attacks: `--eot`, else 20 with the `autoattack-rand` preset
@@ -194,6 +207,7 @@ impl RobustArgs {
             ("--eot", self.eot()),
             ("--apgd-iterations", self.apgd_iterations),
             ("--square-queries", self.square_queries),
+            ("--fab-iterations", self.fab_iterations),
             ("--restarts", self.restarts),
             ("--pgd-steps", self.pgd_steps),
             ("--boundary-steps", self.boundary_steps),
@@ -208,12 +222,6 @@ impl RobustArgs {
             anyhow::ensure!(
                 r.is_finite() && r > 0.0,
                 "--pgd-rel-stepsize: expected a finite number > 0, found {r}"
-            );
-        }
-        if self.norm == Norm::L2 && self.attacks.contains(&AttackKind::Square) {
-            anyhow::bail!(
-                "--attacks square: the Square attack is implemented for L∞ only (use --norm linf, \
-                 or leave it out; the autoattack preset drops it under L2)"
             );
         }
         let grid = self.eps_grid();
@@ -279,7 +287,7 @@ fn check_subject<N: Module<Train>>(args: &RobustArgs, subject: &Subject<N>) -> a
     let classes = data.num_classes();
     for (attack, needs) in [(AttackKind::ApgdDlr, 3), (AttackKind::ApgdT, 4)] {
         anyhow::ensure!(
-            !args.attack_list().contains(&attack) || classes >= needs,
+            !args.single_attacks().contains(&attack) || classes >= needs,
             "--attacks {}: its loss needs at least {needs} classes; {name} has {classes}",
             attack.name()
         );
@@ -315,41 +323,60 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
         )
     };
 
-    // Per ε (or once, for a minimum-perturbation attack): every example's outcome.
+    // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
+    // attack): every example's outcome.
     let all: Vec<usize> = (0..n).collect();
     let (x, y) = batch(&all);
-    let (outcomes, settings): (Vec<(Option<f32>, AttackOutcome)>, serde_json::Value) =
-        match configure(args, cell.attack)? {
-            Configured::PerEps(attack) => {
-                let mut grid = eps_grid.to_vec();
-                grid.sort_by(f32::total_cmp);
-                let per_eps = attack
-                    .attack(&defended, x, y, &grid)
-                    .map_err(|e| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name()))?;
-                let settings = attack.settings();
-                (grid.into_iter().map(Some).zip(per_eps).collect(), settings)
-            }
-            Configured::Minimum(attack) => (
-                vec![(None, attack.run_once(&defended, x, y))],
-                attack.settings(),
-            ),
-        };
+    let mut grid = eps_grid.to_vec();
+    grid.sort_by(f32::total_cmp);
+    let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
+    let stages: Vec<Stage> = match configure(args, cell.attack)? {
+        Configured::PerEps(attack) => {
+            let per_eps = attack.attack(&defended, x, y, &grid).map_err(failed)?;
+            vec![Stage {
+                kind: cell.attack,
+                name: cell.attack.name().into(),
+                settings: attack.settings(),
+                outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
+            }]
+        }
+        Configured::Minimum(attack) => vec![Stage {
+            kind: cell.attack,
+            name: cell.attack.name().into(),
+            settings: attack.settings(),
+            outcomes: vec![(None, attack.run_once(&defended, x, y))],
+        }],
+        Configured::Cascade(kinds, cascade) => {
+            let joint = cascade.stages(&defended, x, y, &grid).map_err(failed)?;
+            kinds
+                .iter()
+                .zip(&cascade.attacks)
+                .zip(joint)
+                .map(|((&kind, attack), per_eps)| Stage {
+                    kind,
+                    name: format!("{}/{}", cell.attack.name(), kind.name()),
+                    settings: attack.settings(),
+                    outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
+                })
+                .collect()
+        }
+    };
     if args.save_adversarials {
-        for (eps, out) in &outcomes {
+        // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
+        let last = stages.last().expect("every cell runs an attack");
+        for (eps, out) in &last.outcomes {
             save_adversarials(args, cell, *eps, &loaded, &all, out)?;
         }
     }
-    let outcomes: Vec<(Option<f32>, Vec<ExampleOutcome>)> =
-        outcomes.into_iter().map(|(e, o)| (e, o.examples)).collect();
 
     let probe = probe(&defended, &loaded, args.seed, &device);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
-    let row = |eps: f32, clean: usize, robust: usize| {
+    let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
         let (clean_lo, clean_hi) = wilson(clean, n);
         let (robust_lo, robust_hi) = wilson(robust, n);
         TidyRow {
             model: cell.model.clone(),
-            attack: cell.attack.name().into(),
+            attack: stage.name.clone(),
             norm: norm.name().into(),
             eps,
             k: cell.k,
@@ -361,12 +388,12 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             robust_accuracy: robust as f64 / n as f64,
             robust_lo,
             robust_hi,
-            eot: if cell.attack.uses_gradients() {
+            eot: if stage.kind.uses_gradients() {
                 args.eot()
             } else {
                 0
             },
-            restarts: args.restarts_of(cell.attack),
+            restarts: args.restarts_of(stage.kind),
             chains: if cell.k > 0 { args.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
                 args.defence.recheck_chains
@@ -374,7 +401,7 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
                 0
             },
             seed: args.seed,
-            attack_settings: settings.to_string(),
+            attack_settings: stage.settings.to_string(),
             defence: defence_settings.to_string(),
             stochastic: probe.stochastic,
             zero_gradients: probe.zero_gradients,
@@ -384,50 +411,42 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
         }
     };
     let mut rows = Vec::new();
-    for (eps, examples) in &outcomes {
-        let clean = examples.iter().filter(|e| e.clean_correct).count();
-        match eps {
-            Some(e) => {
-                let robust = examples
-                    .iter()
-                    .filter(|x| x.clean_correct && !x.adversarial)
-                    .count();
-                rows.push(row(*e, clean, robust));
-            }
-            None => {
-                for &e in eps_grid {
-                    let robust = examples.iter().filter(|x| x.robust_at(norm, e)).count();
-                    rows.push(row(e, clean, robust));
+    let mut examples = Vec::new();
+    for stage in &stages {
+        for (eps, outcome) in &stage.outcomes {
+            let ex = &outcome.examples;
+            let clean = ex.iter().filter(|e| e.clean_correct).count();
+            match eps {
+                Some(e) => {
+                    let robust = ex.iter().filter(|x| x.clean_correct && !x.adversarial).count();
+                    rows.push(row(stage, *e, clean, robust));
+                }
+                None => {
+                    for &e in eps_grid {
+                        let robust = ex.iter().filter(|x| x.robust_at(norm, e)).count();
+                        rows.push(row(stage, e, clean, robust));
+                    }
                 }
             }
+            examples.extend(ex.iter().zip(&loaded.indices).map(|(e, &i)| ExampleRow {
+                model: cell.model.clone(),
+                attack: stage.name.clone(),
+                norm: norm.name().into(),
+                eps: *eps,
+                k: cell.k,
+                grad: grad.clone(),
+                example: i,
+                label: loaded.data.labels[i],
+                clean_correct: e.clean_correct,
+                adversarial: e.adversarial,
+                l0: e.l0,
+                l2: e.l2,
+                linf: e.linf,
+                gradient_evals: e.gradient_evals,
+                forward_evals: e.forward_evals,
+            }));
         }
     }
-    let examples = outcomes
-        .iter()
-        .flat_map(|(eps, examples)| {
-            examples
-                .iter()
-                .zip(&loaded.indices)
-                .map(|(e, &i)| ExampleRow {
-                    model: cell.model.clone(),
-                    attack: cell.attack.name().into(),
-                    norm: norm.name().into(),
-                    eps: *eps,
-                    k: cell.k,
-                    grad: grad.clone(),
-                    example: i,
-                    label: loaded.data.labels[i],
-                    clean_correct: e.clean_correct,
-                    adversarial: e.adversarial,
-                    l0: e.l0,
-                    l2: e.l2,
-                    linf: e.linf,
-                    gradient_evals: e.gradient_evals,
-                    forward_evals: e.forward_evals,
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
     Ok(CellResult {
         cell: cell.clone(),
         seconds: started.elapsed().as_secs_f64(),
@@ -436,20 +455,54 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
     })
 }
 
-/// The attack a cell runs, configured from the sweep's flags.
-enum Configured<M> {
-    /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
-    /// broke.
-    PerEps(Box<dyn Attack<Train, M>>),
-    /// A minimum-perturbation attack: one run answers every ε.
-    Minimum(Box<dyn MinimumPerturbation<Train, M>>),
+/// One attack's outcomes in a cell: the cell's attack, or one stage of a preset's cascade
+/// (`autoattack/apgd-t`: the joint outcome of APGD-T and the attacks before it).
+struct Stage {
+    kind: AttackKind,
+    name: String,
+    settings: serde_json::Value,
+    /// Per ε of the grid, ascending; one entry with no ε for a minimum-perturbation attack.
+    outcomes: Vec<(Option<f32>, AttackOutcome)>,
 }
 
-fn configure<M: Model<Train>>(
+/// The attack a cell runs, configured from the sweep's flags.
+enum Configured<'a, M: Model<Train>> {
+    /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
+    /// broke.
+    PerEps(Box<dyn Attack<Train, M> + 'a>),
+    /// A minimum-perturbation attack: one run answers every ε.
+    Minimum(Box<dyn MinimumPerturbation<Train, M> + 'a>),
+    /// A preset: its attacks one after another, each at each ε on what the ones before left
+    /// standing.
+    Cascade(Vec<AttackKind>, Cascade<'a, Train, M>),
+}
+
+fn configure<'a, M: Model<Train> + 'a>(
     args: &RobustArgs,
     attack: AttackKind,
-) -> anyhow::Result<Configured<M>> {
+) -> anyhow::Result<Configured<'a, M>> {
     let norm = args.norm;
+    if attack.is_preset() {
+        let kinds = attack.stages();
+        let attacks = kinds
+            .iter()
+            .map(|&kind| {
+                Ok(match configure::<M>(args, kind)? {
+                    Configured::PerEps(a) => a,
+                    // Inside a cascade a minimum-norm attack answers each ε by its distance.
+                    Configured::Minimum(a) => Box::new(MinimumNorm { attack: a, norm }) as _,
+                    Configured::Cascade(..) => anyhow::bail!("presets do not nest"),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return Ok(Configured::Cascade(
+            kinds,
+            Cascade {
+                name: attack.name(),
+                attacks,
+            },
+        ));
+    }
     Ok(match attack {
         AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
             let mut cfg = match attack {
@@ -487,6 +540,13 @@ fn configure<M: Model<Train>>(
             cfg.seed = args.seed;
             Configured::PerEps(Box::new(cfg))
         }
+        AttackKind::FabT => {
+            let mut cfg = FabConfig::new(norm);
+            cfg.iterations = args.fab_iterations;
+            cfg.eot = args.eot();
+            cfg.seed = args.seed;
+            Configured::Minimum(Box::new(cfg))
+        }
         AttackKind::Boundary => Configured::Minimum(Box::new(BoundaryConfig {
             steps: args.boundary_steps,
             seed: args.seed,
@@ -497,7 +557,7 @@ fn configure<M: Model<Train>>(
             ..Default::default()
         })),
         AttackKind::AutoAttack | AttackKind::AutoAttackRand => {
-            anyhow::bail!("presets are expanded into their attacks before cells are listed")
+            unreachable!("presets are configured as cascades above")
         }
     })
 }
