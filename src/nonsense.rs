@@ -199,7 +199,11 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
             rows.push(Row {
                 model: name,
                 k,
-                grad: if k > 0 { args.grad.to_string() } else { "none".into() },
+                grad: if k > 0 {
+                    args.grad.to_string()
+                } else {
+                    "none".into()
+                },
                 searches: targets.len(),
                 reached_fraction: reached as f64 / targets.len() as f64,
                 median_confidence: median(&out.confidence)?,

@@ -571,7 +571,13 @@ fn autoattack_runs_its_attacks_as_a_cascade_on_what_is_left_standing() {
     for (norm, eps) in [("linf", "0,0.1,0.2"), ("l2", "0,1,2")] {
         let dir = tempfile::tempdir().unwrap();
         let o = cli()
-            .args(["robust", "--norm", norm, "--models", "results/models/baseline"])
+            .args([
+                "robust",
+                "--norm",
+                norm,
+                "--models",
+                "results/models/baseline",
+            ])
             .args(["--attacks", "autoattack", "--steps", "0", "--eps", eps])
             .args(["--n-examples", "8", "--apgd-iterations", "8"])
             .args(["--fab-iterations", "8", "--square-queries", "60", "--out"])
@@ -618,7 +624,10 @@ fn autoattack_runs_its_attacks_as_a_cascade_on_what_is_left_standing() {
                 .iter()
                 .filter(|x| x.attack == stages[2] && x.example == i && x.gradient_evals > 0)
                 .count();
-            assert!(charged <= 1, "{norm}: FAB-T paid {charged} times for example {i}");
+            assert!(
+                charged <= 1,
+                "{norm}: FAB-T paid {charged} times for example {i}"
+            );
         }
     }
 }

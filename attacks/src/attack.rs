@@ -477,7 +477,13 @@ impl<B: AutodiffBackend, M: Model<B>> Cascade<'_, B, M> {
         let mut out: Vec<Vec<AttackOutcome>> = Vec::with_capacity(self.attacks.len());
         for attack in &self.attacks {
             let joint = attack
-                .attack_after(model, x.clone(), y.clone(), eps, out.last().map(Vec::as_slice))
+                .attack_after(
+                    model,
+                    x.clone(),
+                    y.clone(),
+                    eps,
+                    out.last().map(Vec::as_slice),
+                )
                 .map_err(|e| format!("{}: {e}", attack.name()))?;
             out.push(joint);
         }

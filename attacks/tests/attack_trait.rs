@@ -9,8 +9,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use common::{cases, image, B, D};
 use jem_attacks::{
     ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, LinearClassifier, MinimumNorm, Norm,
-    PgdConfig,
-    Undefended,
+    PgdConfig, Undefended,
 };
 
 type M = Undefended<LinearClassifier<B>>;
@@ -210,8 +209,14 @@ fn a_cascade_attacks_only_what_the_attacks_before_it_left_standing() {
                     assert!(later.adversarial && later.linf <= e * (1.0 + 1e-5) + 1e-7);
                     assert_eq!((later.gradient_evals, later.forward_evals), (0, 0));
                 }
-            } else if first.clean_correct && e > 0.0 && !(j > 0 && stages[1][j - 1].examples[i].adversarial) {
-                assert!(second.gradient_evals > 0, "APGD attacked the survivor: {second:?}");
+            } else if first.clean_correct
+                && e > 0.0
+                && !(j > 0 && stages[1][j - 1].examples[i].adversarial)
+            {
+                assert!(
+                    second.gradient_evals > 0,
+                    "APGD attacked the survivor: {second:?}"
+                );
             }
             // Joint outcomes only gain breaks from stage to stage.
             assert!(!first.adversarial || second.adversarial);
@@ -234,7 +239,10 @@ fn a_cascade_attacks_only_what_the_attacks_before_it_left_standing() {
         let charged = (0..eps.len())
             .filter(|&j| stages[2][j].examples[i].forward_evals > 0)
             .count();
-        assert!(charged <= 1, "example {i}: boundary cost counted at {charged} ε");
+        assert!(
+            charged <= 1,
+            "example {i}: boundary cost counted at {charged} ε"
+        );
         // Every stage agrees with the first on the clean pass (at ε = 0 too).
         for stage in &stages {
             assert_eq!(stage[0].examples[i].clean_correct, b.margin[i] > 0.0);

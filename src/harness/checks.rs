@@ -183,10 +183,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     // are masked: the white-box attacks are not finding what exists).
     let mut compared = 0;
     let mut problems = Vec::new();
-    for r in rows
-        .iter()
-        .filter(|r| BLACK_BOX.contains(&base(&r.attack)))
-    {
+    for r in rows.iter().filter(|r| BLACK_BOX.contains(&base(&r.attack))) {
         let best_white = rows
             .iter()
             .filter(|p| {

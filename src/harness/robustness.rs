@@ -118,9 +118,13 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
         for e in &r.examples {
             let g = (e.model.clone(), e.k, e.grad.clone(), e.attack.clone());
             if !runs.contains_key(&g) {
-                let template = r.rows.iter().find(|row| row.attack == e.attack).with_context(
-                    || format!("cell of {} K={}: no row for {}", e.model, e.k, e.attack),
-                )?;
+                let template = r
+                    .rows
+                    .iter()
+                    .find(|row| row.attack == e.attack)
+                    .with_context(|| {
+                        format!("cell of {} K={}: no row for {}", e.model, e.k, e.attack)
+                    })?;
                 order.push(g.clone());
                 templates.insert(g.clone(), template);
             }

@@ -418,7 +418,10 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             let clean = ex.iter().filter(|e| e.clean_correct).count();
             match eps {
                 Some(e) => {
-                    let robust = ex.iter().filter(|x| x.clean_correct && !x.adversarial).count();
+                    let robust = ex
+                        .iter()
+                        .filter(|x| x.clean_correct && !x.adversarial)
+                        .count();
                     rows.push(row(stage, *e, clean, robust));
                 }
                 None => {
