@@ -952,7 +952,10 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     for cell in &mine {
         done.push(outputs::load_cell(&out, cell)?);
     }
-    let pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
+    // Longest first, so that the last cell running alone is a short one: cells with more SGLD
+    // steps cost more (a K = 1 cell about 5× its K = 0 twin). Outputs keep the plan's order.
+    let mut pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
+    pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
     let bar = ProgressBar::new(mine.len() as u64);
     bar.set_style(
         ProgressStyle::with_template(
