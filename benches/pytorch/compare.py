@@ -72,19 +72,19 @@ if not {"ours", "pytorch"} <= set(sides) or not set(sides) <= {"ours", "pytorch"
     sys.exit("--sides: expected ours,pytorch and optionally burn")
 
 
-def parse_op(spec):
+def parse_op(entry):
     """`pgd-step:k10:full` -> (op, k, grad, batch, flags common to both sides)."""
-    op, *rest = spec.split(":")
+    op, *rest = entry.split(":")
     if op != "pgd-step":
         if rest:
-            sys.exit(f"--ops {spec}: only pgd-step takes :kK[:mode]")
+            sys.exit(f"--ops {entry}: only pgd-step takes :kK[:mode]")
         return op, None, None, a.batch, ["--op", op, "--batch", str(a.batch)]
     if not rest or not rest[0].startswith("k") or not rest[0][1:].isdigit():
-        sys.exit(f"--ops {spec}: expected pgd-step:kK[:bpda|full]")
+        sys.exit(f"--ops {entry}: expected pgd-step:kK[:bpda|full]")
     k = int(rest[0][1:])
     grad = rest[1] if len(rest) > 1 else ("bpda" if k > 0 else None)
     if (k == 0) != (grad is None) or grad not in (None, "bpda", "full"):
-        sys.exit(f"--ops {spec}: K = 0 takes no mode, K > 0 takes bpda or full")
+        sys.exit(f"--ops {entry}: K = 0 takes no mode, K > 0 takes bpda or full")
     flags = ["--op", op, "--batch", str(a.pgd_batch), "--k", str(k), "--chains", str(a.chains)]
     if grad:
         flags += ["--grad", grad]
@@ -116,7 +116,7 @@ cpu = next(
     (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
     platform.processor(),
 )
-ops = [parse_op(s) for s in a.ops.split(",")]
+ops = [parse_op(e) for e in a.ops.split(",")]
 models = [tuple(int(v) for v in m.split("-")) for m in a.models.split(",")]
 started = time.monotonic()
 rows = []
