@@ -1,26 +1,34 @@
-//! `jem-bench bench`: times one hot operation of the suite on a Wide-ResNet — a forward pass,
-//! a training step (forward, backward, Adam), the input gradient d(Σ LSE)/dx that drives SGLD
-//! and the attacks, or one SGLD step — and prints one JSON line. `benches/pytorch/compare.py`
-//! runs it beside the same operation in PyTorch, one process per measurement (so that each
-//! side's peak memory is its own), and writes the comparison table.
+//! `jem-bench bench`: times one hot operation of the suite on a Wide-ResNet and prints one JSON
+//! line: a forward pass, a training step (forward, backward, Adam), the input gradient
+//! d(Σ LSE)/dx that drives SGLD and the attacks, one SGLD step, one whole JEM training iteration
+//! (20 SGLD steps on the persistent chains, then the JEM loss, backward and Adam), or one PGD
+//! gradient of the cross-entropy through the test-time SGLD defence (K steps in n chains,
+//! gradient by BPDA or through every step). The last two call the code that training and the
+//! attacks run (`JemObjective`, `Defended`), so that the benchmark times what the suite runs.
+//! `benches/pytorch/compare.py` runs it beside the same operation in PyTorch
+//! (`benches/pytorch/ops.py`), one process per measurement (so that each side's peak memory is
+//! its own), and writes the comparison table.
 //!
-//! Threads: the CPU backend computes on rayon's global pool, sized by `RAYON_NUM_THREADS`.
+//! Threads: the CPU backend computes on rayon's global pool, sized by `RAYON_NUM_THREADS`; the
+//! JEM iteration's SGLD shards (`--sgld-threads` of training) are given the same count.
 
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::{Distribution, Int, Tensor};
-use clap::Args;
-use jem_attacks::{noise, SgldConfig, SgldSampler, SgldTarget};
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
+use clap::{Args, ValueEnum};
+use jem_attacks::{noise, AttackLoss, GradMode, Model, SgldConfig, SgldSampler, SgldTarget};
+use jem_datasets::ImageSet;
 use jem_kernels::Convolution;
 use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::backend::{self, Inference, Train};
+use crate::defended::{DefenceArgs, Defended};
 use crate::energy::lse_input_gradient;
-use crate::model::{InputNormalization, WideResNetConfig};
-use crate::train::cross_entropy;
+use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
+use crate::train::{adam, clap_defaults, cross_entropy, descend, JemConfig, JemObjective};
+use crate::train::{Objective, Step};
 
 /// The operations timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -34,17 +42,66 @@ pub enum BenchOp {
     InputGradient,
     /// One SGLD step on the LogSumExp (the input gradient, then the noisy update).
     SgldStep,
+    /// One JEM training iteration (Algorithm 1 of Grathwohl et al. 2020) as `train --kind jem`
+    /// runs it with the official settings: `--batch` chains drawn from the replay buffer
+    /// (10 000 chains, 5 % restarted from noise), 20 SGLD steps on them (α = 1, σ = 0.01),
+    /// then CE(f(x), y) − (mean LSE f(x) − mean LSE f(x̂)) on data and samples in one forward
+    /// pass, backward to every parameter, one Adam step.
+    JemIteration,
+    /// One PGD gradient: d Σ CE / dx through the test-time SGLD defence, as the attacks take
+    /// it (`--k` steps in `--chains` chains, logits averaged, `--grad bpda|full`; K = 0: the
+    /// plain classifier).
+    PgdStep,
 }
 
 impl BenchOp {
-    /// Floating-point operations of one call, from the forward pass's F: a backward to the
-    /// input costs about F more, one to the weights too (so 2F and 3F, the usual convention).
-    fn flops(self, forward: u64) -> u64 {
-        match self {
-            BenchOp::Forward => forward,
-            BenchOp::InputGradient | BenchOp::SgldStep => 2 * forward,
-            BenchOp::TrainStep => 3 * forward,
-        }
+    /// The name on the command line (`train-step`, …).
+    fn name(self) -> String {
+        self.to_possible_value()
+            .expect("no operation is skipped")
+            .get_name()
+            .to_string()
+    }
+}
+
+/// Floating-point operations of one call, from F, the forward FLOPs of one batch of `--batch`
+/// images. A backward pass to the input costs about F more, one to the weights too: an input
+/// gradient is 2F, a training step 3F (the usual convention). What each row adds:
+/// - JEM iteration: η input gradients on the `batch` chains (η·2F), then a training step on
+///   data and samples in one batch of twice the size (3·2F): (2η + 6)F, 46F at η = 20. The
+///   replay buffer, the noise and Adam are not counted.
+/// - PGD step, K = 0: one input gradient of the cross-entropy, 2F. With K > 0 every chain
+///   copy of the batch costs F per forward pass, so n chains cost n·F:
+///   - `bpda`: K SGLD steps (2F each) and the gradient at x_K (2F): n·(2K + 2)F;
+///   - `full`: as `bpda`, plus, per step on the way back, the Hessian-vector product that
+///     `jem_attacks::SgldDefence` forms without double backward (burn has none): one forward
+///     pass over x ± hû and x together (3F) and one input gradient (2F), so n·(7K + 2)F.
+///     PyTorch's exact double backward costs about 2F per step back instead (a backward of
+///     the step's forward and backward passes), n·(4K + 2)F: ops.py reports that count for
+///     its side, so that each side's GFLOP/s is of the arithmetic it does.
+fn flops(args: &BenchArgs, forward: u64) -> u64 {
+    let n = args.chains as u64;
+    let k = args.k as u64;
+    match args.op {
+        BenchOp::Forward => forward,
+        BenchOp::InputGradient | BenchOp::SgldStep => 2 * forward,
+        BenchOp::TrainStep => 3 * forward,
+        BenchOp::JemIteration => (2 * JemConfig::default().sgld_steps as u64 + 6) * forward,
+        BenchOp::PgdStep if k == 0 => 2 * forward,
+        BenchOp::PgdStep => match args.grad {
+            GradMode::Bpda => n * (2 * k + 2) * forward,
+            GradMode::Full => n * (7 * k + 2) * forward,
+        },
+    }
+}
+
+/// The row's name in the comparison table: the operation, and for a PGD step its K and
+/// gradient mode (`pgd-step k10 full`; `pgd-step k0` has no mode).
+fn row(args: &BenchArgs) -> String {
+    match args.op {
+        BenchOp::PgdStep if args.k == 0 => "pgd-step k0".into(),
+        BenchOp::PgdStep => format!("pgd-step k{} {}", args.k, args.grad),
+        op => op.name(),
     }
 }
 
@@ -75,6 +132,20 @@ pub struct BenchArgs {
     /// uses) or burn's (`burn`), to measure one against the other.
     #[arg(long, value_enum, default_value_t = ConvolutionArg::Own)]
     pub convolution: ConvolutionArg,
+    /// Cut the warm-up (after at least 1 call) and the timed calls (after at least 3, or
+    /// `--reps` if fewer) short once this many seconds have passed in each: the slow rows then
+    /// take a bounded time. No limit by default.
+    #[arg(long)]
+    pub max_seconds: Option<f64>,
+    /// pgd-step: SGLD steps K of the defence in front of the classifier (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub k: usize,
+    /// pgd-step: how the gradient passes the K steps, `bpda` or `full` (ignored at K = 0).
+    #[arg(long, default_value = "bpda")]
+    pub grad: GradMode,
+    /// pgd-step: chains per image whose logits the defence averages (ignored at K = 0).
+    #[arg(long, default_value_t = 5)]
+    pub chains: usize,
 }
 
 /// `--convolution`.
@@ -88,34 +159,66 @@ pub enum ConvolutionArg {
 #[derive(Debug, Serialize)]
 struct Timing {
     op: BenchOp,
+    /// The table's row: `op`, with K and the gradient mode for a PGD step.
+    row: String,
     model: String,
     batch: usize,
     threads: usize,
     convolution: ConvolutionArg,
+    /// Timed calls made (fewer than `--reps` when `--max-seconds` ran out).
     reps: usize,
     median_ms: f64,
     min_ms: f64,
     gflop_per_call: f64,
     backend: String,
+    /// jem-iteration: SGLD steps η per iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sgld_steps: Option<usize>,
+    /// pgd-step: the defence's K.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    k: Option<usize>,
+    /// pgd-step with K > 0: gradient mode and chains per image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grad: Option<GradMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chains: Option<usize>,
 }
 
-/// Runs `call` `warmup + reps` times; the wall times of the last `reps`, in ms.
-fn time(warmup: usize, reps: usize, mut call: impl FnMut()) -> Vec<f64> {
-    for _ in 0..warmup {
+/// At least this many timed calls, whatever `--max-seconds` says, so that a median exists.
+const MIN_REPS: usize = 3;
+
+/// Runs `call` `warmup` times, then up to `reps` times; `max_seconds` cuts either part short
+/// once that long has passed in it (keeping at least 1 warm-up call and 3 timed ones). The
+/// wall times of the timed calls, in ms.
+fn time(warmup: usize, reps: usize, max_seconds: Option<f64>, mut call: impl FnMut()) -> Vec<f64> {
+    let within = |since: Instant| max_seconds.is_none_or(|s| since.elapsed().as_secs_f64() < s);
+    let started = Instant::now();
+    for i in 0..warmup {
+        // One call fills the allocation pools and caches; a slow row needs no more.
+        if i >= 1 && !within(started) {
+            break;
+        }
         call();
     }
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            call();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect()
+    let started = Instant::now();
+    let mut times = Vec::with_capacity(reps);
+    while times.len() < reps && (times.len() < MIN_REPS || within(started)) {
+        let t = Instant::now();
+        call();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch >= 1, "--batch: expected at least 1, found 0");
     anyhow::ensure!(args.reps >= 1, "--reps: expected at least 1, found 0");
+    if let Some(s) = args.max_seconds {
+        anyhow::ensure!(
+            s.is_finite() && s >= 0.0,
+            "--max-seconds: expected a finite number >= 0, found {s}"
+        );
+    }
     jem_kernels::set_convolution(match args.convolution {
         ConvolutionArg::Own => Convolution::Own,
         ConvolutionArg::Burn => Convolution::Burn,
@@ -128,10 +231,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut model = Some(cfg.init_seeded::<Train>(0, &device)?);
     let x = Tensor::<Train, 4>::random(shape, Distribution::Uniform(0.0, 1.0), &device);
     let xi: Tensor<Inference, 4> = x.clone().inner();
+    let (warmup, reps, limit) = (args.warmup, args.reps, args.max_seconds);
     let times = match args.op {
         BenchOp::Forward => {
             let m = model.take().expect("model").valid();
-            time(args.warmup, args.reps, || {
+            time(warmup, reps, limit, || {
                 m.forward(xi.clone()).into_data();
             })
         }
@@ -141,12 +245,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 Distribution::Uniform(0.0, 10.0),
                 &device,
             );
-            let mut optim = AdamConfig::new().init::<Train, _>();
-            time(args.warmup, args.reps, || {
+            let mut optim = adam().init::<Train, WideResNet<Train>>();
+            time(warmup, reps, limit, || {
                 let m = model.take().expect("model");
                 let loss = cross_entropy(m.forward(x.clone()), y.clone());
-                let grads = GradientsParams::from_grads(loss.backward(), &m);
-                let m = optim.step(1e-4, m, grads);
+                let m = descend(m, &mut optim, loss, 1e-4);
                 // Wait for the update (lazy backends would otherwise time nothing).
                 m.linear.weight.val().into_data();
                 model = Some(m);
@@ -154,7 +257,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         BenchOp::InputGradient => {
             let m = model.take().expect("model").no_grad();
-            time(args.warmup, args.reps, || {
+            time(warmup, reps, limit, || {
                 lse_input_gradient(&m, xi.clone()).into_data();
             })
         }
@@ -168,28 +271,115 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 clamp: false,
             });
             let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-            time(args.warmup, args.reps, || {
+            time(warmup, reps, limit, || {
                 let eps = noise::gaussian(shape, &mut rng, &device);
                 sampler
                     .step::<Train, _>(&m, xi.clone(), &SgldTarget::Marginal, eps)
                     .into_data();
             })
         }
+        BenchOp::JemIteration => {
+            // The official settings, with the SGLD shards on as many threads as the rest of
+            // the row (training's default, one per core, would ignore RAYON_NUM_THREADS).
+            let config = JemConfig {
+                sgld_threads: rayon_threads(),
+                ..JemConfig::default()
+            };
+            let mut objective = JemObjective::new(config, f64::INFINITY);
+            // The batch as a training set: `prepare` sizes the replay buffer from its shape.
+            let labels: Vec<u8> = (0..args.batch).map(|i| (i % 10) as u8).collect();
+            let data = ImageSet {
+                name: "bench".into(),
+                images: xi.to_data().to_vec().expect("f32 pixels"),
+                labels: labels.clone(),
+                channels: args.channels,
+                height: args.size,
+                width: args.size,
+                class_names: (0..10).map(|c| c.to_string()).collect(),
+            };
+            Objective::<Train>::prepare(&mut objective, &cfg, &data, 0)?;
+            let y = Tensor::<Train, 1, Int>::from_data(
+                TensorData::new(labels.iter().map(|&l| l as i64).collect(), [args.batch]),
+                &device,
+            );
+            let mut optim = adam().init::<Train, WideResNet<Train>>();
+            let mut iteration = 0;
+            time(warmup, reps, limit, || {
+                let m = model.take().expect("model");
+                // Each call a fresh draw of chains and noise, as successive iterations.
+                let step = Step {
+                    iteration,
+                    seed: iteration as u64,
+                };
+                let (loss, _) = objective.loss(&m, x.clone(), y.clone(), step);
+                let m = descend(m, &mut optim, loss, 1e-4);
+                m.linear.weight.val().into_data();
+                model = Some(m);
+                iteration += 1;
+            })
+        }
+        BenchOp::PgdStep => {
+            anyhow::ensure!(
+                args.k == 0 || args.chains >= 1,
+                "--chains: expected at least 1 for --k {}, found 0",
+                args.k
+            );
+            // The defence as `robust` builds it for a model trained with the official JEM
+            // settings (α = 1, σ = 0.01 on the network's scale), n chains, no initial noise.
+            let sgld = JemConfig::default()
+                .sampler(&cfg.input_normalization)
+                .config;
+            let defence = DefenceArgs {
+                chains: args.chains.max(1),
+                ..clap_defaults()
+            };
+            let m = model.take().expect("model");
+            let defended = Defended::new(m, Some(&sgld), args.k, args.grad, &defence)?;
+            let y = Tensor::<Train, 1, Int>::random(
+                [args.batch],
+                Distribution::Uniform(0.0, 10.0),
+                &device,
+            );
+            // The per-example loss PGD maximises (`--loss ce`), of the chain-averaged logits.
+            let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y.clone());
+            let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+            time(warmup, reps, limit, || {
+                defended
+                    .loss_gradient(xi.clone(), &loss, &mut rng)
+                    .0
+                    .into_data();
+            })
+        }
     };
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
+    // The median as Python's `statistics.median` takes it (ops.py's): the mean of the two
+    // middle times for an even count.
+    let mid = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 0 {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    };
     let forward = cfg.forward_flops(args.size, args.size)? * args.batch as u64;
+    let pgd = args.op == BenchOp::PgdStep;
+    let defended = pgd && args.k > 0;
     let timing = Timing {
         op: args.op,
+        row: row(&args),
         model: cfg.name(),
         batch: args.batch,
         threads: rayon_threads(),
         convolution: args.convolution,
-        reps: args.reps,
-        median_ms: sorted[sorted.len() / 2],
+        reps: times.len(),
+        median_ms: median,
         min_ms: sorted[0],
-        gflop_per_call: args.op.flops(forward) as f64 / 1e9,
+        gflop_per_call: flops(&args, forward) as f64 / 1e9,
         backend: backend::name(),
+        sgld_steps: (args.op == BenchOp::JemIteration).then(|| JemConfig::default().sgld_steps),
+        k: pgd.then_some(args.k),
+        grad: defended.then_some(args.grad),
+        chains: defended.then_some(args.chains),
     };
     println!("{}", serde_json::to_string(&timing)?);
     Ok(())

@@ -71,8 +71,9 @@ enum Command {
     /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
     #[command(allow_negative_numbers = true)]
     Merge(jem_bench::harness::MergeArgs),
-    /// Time one hot operation (forward, train step, input gradient, SGLD step) on a
-    /// Wide-ResNet; benches/pytorch/compare.py runs it beside PyTorch.
+    /// Time one hot operation (forward, train step, input gradient, SGLD step, JEM training
+    /// iteration, PGD step through the SGLD defence) on a Wide-ResNet;
+    /// benches/pytorch/compare.py runs it beside PyTorch.
     Bench(jem_bench::bench::BenchArgs),
 }
 

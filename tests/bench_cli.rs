@@ -1,39 +1,107 @@
 //! `jem-bench bench` prints one JSON line per operation, with the FLOP count of the forward pass
 //! that PyTorch's own count gives for the same network (benches/pytorch/ops.py hooks every
-//! convolution and the head: 1.889910784 GFLOP for WRN-10-1 on 64 MNIST images).
+//! convolution and the head: 1.889910784 GFLOP for WRN-10-1 and 12.654149632 for WRN-16-2 on 64
+//! MNIST images), times the factor each row's comment in src/bench.rs derives. Where a Python
+//! with torch is at hand (`JEM_BENCH_PYTHON`, else `python3`), ops.py runs every row too and
+//! must report the same row, model, batch and FLOPs; without torch that test says so and passes.
 
+use std::path::Path;
 use std::process::Command;
+
+/// PyTorch's forward FLOPs of one MNIST image (its hook count over 64 images / 64).
+const WRN_10_1: f64 = 1.889910784 / 64.0;
+const WRN_16_2: f64 = 12.654149632 / 64.0;
+
+/// `jem-bench bench ARGS` at one thread; its JSON line.
+fn bench(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+        .arg("bench")
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Every row with tiny settings: its flags and its FLOPs in units of one image's forward pass.
+/// (JEM iteration: 2·20 + 6 per chain; PGD: 2 at K = 0, n·(2K + 2) for BPDA, n·(7K + 2) for
+/// jem-bench's full gradient, n = 2 chains here.)
+fn rows() -> Vec<(Vec<&'static str>, &'static str, f64)> {
+    let tiny = ["--batch", "2", "--reps", "1", "--warmup", "0"];
+    let with = |extra: &[&'static str]| [&tiny[..], extra].concat();
+    vec![
+        (with(&["--op", "forward"]), "forward", 2.0),
+        (with(&["--op", "train-step"]), "train-step", 6.0),
+        (with(&["--op", "input-gradient"]), "input-gradient", 4.0),
+        (with(&["--op", "sgld-step"]), "sgld-step", 4.0),
+        (
+            with(&["--op", "jem-iteration"]),
+            "jem-iteration",
+            46.0 * 2.0,
+        ),
+        (with(&["--op", "pgd-step", "--k", "0"]), "pgd-step k0", 4.0),
+        (
+            with(&[
+                "--op", "pgd-step", "--k", "1", "--grad", "bpda", "--chains", "2",
+            ]),
+            "pgd-step k1 bpda",
+            2.0 * 4.0 * 2.0,
+        ),
+        (
+            with(&[
+                "--op", "pgd-step", "--k", "2", "--grad", "full", "--chains", "2",
+            ]),
+            "pgd-step k2 full",
+            2.0 * 16.0 * 2.0,
+        ),
+    ]
+}
 
 #[test]
 fn every_operation_reports_its_time_and_flops() {
-    for (op, factor) in [
-        ("forward", 1.0),
-        ("train-step", 3.0),
-        ("input-gradient", 2.0),
-        ("sgld-step", 2.0),
-    ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
-            .args([
-                "bench", "--op", op, "--batch", "4", "--reps", "1", "--warmup", "0",
-            ])
-            .env("RAYON_NUM_THREADS", "1")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+    for (args, row, factor) in rows() {
+        let v = bench(&args);
+        assert_eq!(v["row"], row);
+        assert_eq!(
+            v["op"],
+            args[args.iter().position(|&a| a == "--op").unwrap() + 1]
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["op"], op);
+        assert_eq!(v["model"], "WRN-10-1");
+        assert_eq!(v["batch"], 2);
         assert_eq!(v["threads"], 1);
-        let expected = factor * 1.889910784 * 4.0 / 64.0;
+        assert_eq!(v["reps"], 1);
+        let expected = factor * WRN_10_1;
         let gflop = v["gflop_per_call"].as_f64().unwrap();
         assert!(
             (gflop - expected).abs() < 1e-9,
-            "{op}: {gflop} GFLOP, expected {expected}"
+            "{row}: {gflop} GFLOP, expected {expected}"
         );
         assert!(v["median_ms"].as_f64().unwrap() > 0.0);
+        // The settings of the row, and only those.
+        let pgd = row.starts_with("pgd-step");
+        assert_eq!(v.get("k").is_some(), pgd, "{row}: {v}");
+        assert_eq!(
+            v.get("grad").is_some(),
+            pgd && row != "pgd-step k0",
+            "{row}: {v}"
+        );
+        assert_eq!(
+            v.get("chains").is_some(),
+            pgd && row != "pgd-step k0",
+            "{row}: {v}"
+        );
+        if v.get("chains").is_some() {
+            assert_eq!(v["chains"], 2);
+        }
+        assert_eq!(
+            v.get("sgld_steps").and_then(|s| s.as_u64()),
+            (row == "jem-iteration").then_some(20)
+        );
     }
     let bad = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
         .args(["bench", "--op", "forward", "--batch", "0"])
@@ -41,4 +109,106 @@ fn every_operation_reports_its_time_and_flops() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch"));
+}
+
+#[test]
+fn wrn_16_2_counts_as_pytorch_does() {
+    let v = bench(&[
+        "--op", "pgd-step", "--k", "0", "--depth", "16", "--width", "2", "--batch", "1", "--reps",
+        "1", "--warmup", "0",
+    ]);
+    assert_eq!(v["model"], "WRN-16-2");
+    let gflop = v["gflop_per_call"].as_f64().unwrap();
+    assert!((gflop - 2.0 * WRN_16_2).abs() < 1e-9, "{gflop}");
+}
+
+#[test]
+fn max_seconds_bounds_the_timed_calls() {
+    let v = bench(&[
+        "--op",
+        "forward",
+        "--batch",
+        "1",
+        "--reps",
+        "50",
+        "--warmup",
+        "5",
+        "--max-seconds",
+        "0",
+    ]);
+    assert_eq!(
+        v["reps"], 3,
+        "at least 3 timed calls, and no more once the time is out"
+    );
+}
+
+/// A Python that imports torch, if one is at hand.
+fn python_with_torch() -> Option<String> {
+    let python = std::env::var("JEM_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+#[test]
+fn pytorch_twin_reports_the_same_rows_and_flops() {
+    let Some(python) = python_with_torch() else {
+        eprintln!("skipped: no Python with torch (set JEM_BENCH_PYTHON to one)");
+        return;
+    };
+    let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pytorch/ops.py");
+    let mut rows = rows();
+    rows.push((
+        vec![
+            "--op", "forward", "--depth", "16", "--width", "2", "--batch", "2", "--reps", "1",
+            "--warmup", "0",
+        ],
+        "forward",
+        2.0,
+    ));
+    for (args, row, _) in rows {
+        let ours = bench(&args);
+        let out = Command::new(&python)
+            .arg(&ops)
+            .args(&args)
+            .args(["--threads", "1"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ops.py {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for key in [
+            "op",
+            "row",
+            "model",
+            "batch",
+            "threads",
+            "sgld_steps",
+            "k",
+            "grad",
+            "chains",
+        ] {
+            assert_eq!(ours.get(key), theirs.get(key), "{row}: {key}");
+        }
+        let (a, b) = (
+            ours["gflop_per_call"].as_f64().unwrap(),
+            theirs["gflop_per_call"].as_f64().unwrap(),
+        );
+        // Full gradients: jem-bench's Hessian-vector products cost 5F a step, PyTorch's double
+        // backward about 2F; the rest is the same (n·(7K + 2) against n·(4K + 2), K = 2 here).
+        let expected = if row.ends_with("full") {
+            a * 10.0 / 16.0
+        } else {
+            a
+        };
+        assert!(
+            (b - expected).abs() < 1e-9,
+            "{row}: PyTorch {b} GFLOP, expected {expected}"
+        );
+    }
 }

@@ -1,14 +1,38 @@
-"""jem-bench against PyTorch on this CPU, in one run: every operation of `jem-bench bench`
-(forward, train step, input gradient, SGLD step) at 1 and 2 threads, each side in its own process
-(its peak memory is its own), the sides interleaved round by round so that a noisy machine
-slows them alike. A third side is jem-bench with burn's own convolution (`--convolution burn`),
-so that the table shows what jem-kernels' convolutions changed. Writes results/perf/cpu.csv and
-results/perf/cpu.md.
+"""jem-bench against PyTorch on this CPU, in one run: every row of `jem-bench bench` on every
+model at every thread count, each side in its own process (its peak memory is its own), the
+sides interleaved round by round so that a noisy machine slows them alike. A third side is
+jem-bench with burn's own convolution (`--convolution burn`), so that the table shows what
+jem-kernels' convolutions changed. Writes results/perf/cpu.csv and results/perf/cpu.md.
 
   cargo build --release && python benches/pytorch/compare.py [--rounds 3] [--reps 20]
 
 Needs torch (and safetensors) in the Python that runs it; jem-bench's build and tests never do.
-Reported per side: the lowest of the rounds' medians (ms), GFLOP/s from it, peak RSS (MiB).
+
+Rows (`--ops`, comma-separated): forward, train-step, input-gradient, sgld-step, jem-iteration
+(all on `--batch` images), and pgd-step:kK[:bpda|full] (a PGD gradient through K SGLD steps of
+the defence in `--chains` chains, on `--pgd-batch` images; K = 0 takes no mode). Models
+(`--models`): DEPTH-WIDTH, e.g. 10-1,16-2. Each side times up to `--reps` calls after
+`--warmup` (each cut short once `--max-seconds` have passed in it, keeping at least 1 warm-up
+and 3 timed calls, so that the slow rows take a bounded time) and reports their median; a row keeps
+each side's lowest median over the rounds.
+
+Output, one line per model × row × thread count, in results/perf/cpu.csv:
+  row               the table's name: the op, with K and mode for PGD (`pgd-step k10 full`)
+  op, k, grad, chains   the operation and, for pgd-step, the defence (grad/chains empty at K = 0)
+  model             WRN-DEPTH-WIDTH
+  batch             images per call (chains per call for jem-iteration)
+  threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
+  ours_ms, pytorch_ms, burn_conv_ms   lowest median over the rounds (burn: empty if not run)
+  ratio, burn_conv_ratio              ours / PyTorch and burn conv / PyTorch (below 1: faster)
+  ours_gflop_per_call, pytorch_gflop_per_call   each side's FLOP count of the call, in units of
+                    the forward pass F (src/bench.rs derives them; they differ only for
+                    pgd-step full, where the two sides form the Hessian-vector products
+                    differently)
+  ours_gflops, pytorch_gflops         GFLOP/s: each side's own count over its own time
+  ours_peak_rss_mib, pytorch_peak_rss_mib   largest peak RSS over the rounds (wait4)
+  ours_reps, pytorch_reps             timed calls in that side's best round
+  ours_backend, pytorch_backend, cpu
+results/perf/cpu.md has the same rows as tables, one per model.
 """
 import argparse
 import csv
@@ -16,22 +40,55 @@ import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
+import time
 
 root = pathlib.Path(__file__).resolve().parents[2]
+ALL_OPS = ("forward,train-step,input-gradient,sgld-step,jem-iteration,"
+           "pgd-step:k0,pgd-step:k1:bpda,pgd-step:k1:full,pgd-step:k10:bpda,pgd-step:k10:full")
 p = argparse.ArgumentParser()
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--reps", type=int, default=20)
+p.add_argument("--warmup", type=int, default=3)
+p.add_argument("--max-seconds", type=float, default=10.0,
+               help="per process: stop timing after this many seconds (0: no limit)")
 p.add_argument("--batch", type=int, default=64)
+p.add_argument("--pgd-batch", type=int, default=16)
+p.add_argument("--chains", type=int, default=5)
 p.add_argument("--threads", default="1,2")
-p.add_argument("--ops", default="forward,train-step,input-gradient,sgld-step")
+p.add_argument("--models", default="10-1,16-2")
+p.add_argument("--ops", default=ALL_OPS)
+p.add_argument("--sides", default="ours,pytorch,burn",
+               help="which of ours, pytorch, burn to run (ours and pytorch are needed)")
 p.add_argument("--out", default=str(root / "results/perf"))
 a = p.parse_args()
 
-ours_bin = root / "target/release/jem-bench"
+# Where cargo put the release build (CARGO_TARGET_DIR, as cargo reads it, else target/).
+ours_bin = root / os.environ.get("CARGO_TARGET_DIR", "target") / "release/jem-bench"
 if not ours_bin.exists():
     sys.exit(f"{ours_bin} not found: run `cargo build --release` first")
+sides = a.sides.split(",")
+if not {"ours", "pytorch"} <= set(sides) or not set(sides) <= {"ours", "pytorch", "burn"}:
+    sys.exit("--sides: expected ours,pytorch and optionally burn")
+
+
+def parse_op(entry):
+    """`pgd-step:k10:full` -> (op, k, grad, batch, flags common to both sides)."""
+    op, *rest = entry.split(":")
+    if op != "pgd-step":
+        if rest:
+            sys.exit(f"--ops {entry}: only pgd-step takes :kK[:mode]")
+        return op, None, None, a.batch, ["--op", op, "--batch", str(a.batch)]
+    if not rest or not rest[0].startswith("k") or not rest[0][1:].isdigit():
+        sys.exit(f"--ops {entry}: expected pgd-step:kK[:bpda|full]")
+    k = int(rest[0][1:])
+    grad = rest[1] if len(rest) > 1 else ("bpda" if k > 0 else None)
+    if (k == 0) != (grad is None) or grad not in (None, "bpda", "full"):
+        sys.exit(f"--ops {entry}: K = 0 takes no mode, K > 0 takes bpda or full")
+    flags = ["--op", op, "--batch", str(a.pgd_batch), "--k", str(k), "--chains", str(a.chains)]
+    if grad:
+        flags += ["--grad", grad]
+    return op, k, grad, a.pgd_batch, flags
 
 
 def run(cmd, env):
@@ -59,43 +116,67 @@ cpu = next(
     (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
     platform.processor(),
 )
+ops = [parse_op(e) for e in a.ops.split(",")]
+models = [tuple(int(v) for v in m.split("-")) for m in a.models.split(",")]
+started = time.monotonic()
 rows = []
-for op in a.ops.split(","):
-    for threads in [int(t) for t in a.threads.split(",")]:
-        env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-        common = ["--op", op, "--batch", str(a.batch), "--reps", str(a.reps)]
-        ours_cmd = [str(ours_bin), "bench", *common]
-        burn_cmd = [*ours_cmd, "--convolution", "burn"]
-        torch_cmd = [sys.executable, str(root / "benches/pytorch/ops.py"), *common, "--threads", str(threads)]
-        best = {}
-        for _ in range(a.rounds):
-            for side, cmd in (("ours", ours_cmd), ("pytorch", torch_cmd), ("burn", burn_cmd)):
-                t, rss = run(cmd, env)
-                b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
-                b["ms"] = min(b["ms"], t["median_ms"])
-                b["rss"] = max(b["rss"], rss)
-        o, q, r = best["ours"], best["pytorch"], best["burn"]
-        gflop = o["t"]["gflop_per_call"]
-        row = {
-            "row": op,
-            "model": o["t"]["model"],
-            "batch": a.batch,
-            "threads": threads,
-            "ours_ms": round(o["ms"], 2),
-            "pytorch_ms": round(q["ms"], 2),
-            "ratio": round(o["ms"] / q["ms"], 3),
-            "burn_conv_ms": round(r["ms"], 2),
-            "burn_conv_ratio": round(r["ms"] / q["ms"], 3),
-            "ours_gflops": round(gflop / (o["ms"] / 1e3), 2),
-            "pytorch_gflops": round(q["t"]["gflop_per_call"] / (q["ms"] / 1e3), 2),
-            "ours_peak_rss_mib": round(o["rss"], 1),
-            "pytorch_peak_rss_mib": round(q["rss"], 1),
-            "ours_backend": o["t"]["backend"],
-            "pytorch_backend": q["t"]["backend"],
-            "cpu": cpu,
-        }
-        rows.append(row)
-        print(f"{op:15} threads {threads}: ours {row['ours_ms']:8.2f} ms, pytorch {row['pytorch_ms']:8.2f} ms, ratio {row['ratio']:.2f}", flush=True)
+for depth, width in models:
+    for op, k, grad, batch, op_flags in ops:
+        for threads in [int(t) for t in a.threads.split(",")]:
+            env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+            common = [*op_flags, "--depth", str(depth), "--width", str(width),
+                      "--reps", str(a.reps), "--warmup", str(a.warmup)]
+            if a.max_seconds > 0:
+                common += ["--max-seconds", str(a.max_seconds)]
+            cmds = {
+                "ours": [str(ours_bin), "bench", *common],
+                "burn": [str(ours_bin), "bench", *common, "--convolution", "burn"],
+                "pytorch": [sys.executable, str(root / "benches/pytorch/ops.py"), *common,
+                            "--threads", str(threads)],
+            }
+            best = {}
+            for _ in range(a.rounds):
+                for side in sides:
+                    t, rss = run(cmds[side], env)
+                    b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
+                    if t["median_ms"] < b["ms"]:
+                        b["ms"], b["t"] = t["median_ms"], t
+                    b["rss"] = max(b["rss"], rss)
+            o, q, r = best["ours"], best["pytorch"], best.get("burn")
+            # Both sides must have timed the same row of the same network on the same batch.
+            for key in ("row", "model", "batch"):
+                if o["t"][key] != q["t"][key]:
+                    sys.exit(f"{key}: jem-bench says {o['t'][key]}, ops.py {q['t'][key]}")
+            row = {
+                "row": o["t"]["row"],
+                "op": op,
+                "k": "" if k is None else k,
+                "grad": grad or "",
+                "chains": a.chains if k else "",
+                "model": o["t"]["model"],
+                "batch": batch,
+                "threads": threads,
+                "ours_ms": round(o["ms"], 2),
+                "pytorch_ms": round(q["ms"], 2),
+                "ratio": round(o["ms"] / q["ms"], 3),
+                "burn_conv_ms": round(r["ms"], 2) if r else "",
+                "burn_conv_ratio": round(r["ms"] / q["ms"], 3) if r else "",
+                "ours_gflop_per_call": o["t"]["gflop_per_call"],
+                "pytorch_gflop_per_call": q["t"]["gflop_per_call"],
+                "ours_gflops": round(o["t"]["gflop_per_call"] / (o["ms"] / 1e3), 2),
+                "pytorch_gflops": round(q["t"]["gflop_per_call"] / (q["ms"] / 1e3), 2),
+                "ours_peak_rss_mib": round(o["rss"], 1),
+                "pytorch_peak_rss_mib": round(q["rss"], 1),
+                "ours_reps": o["t"]["reps"],
+                "pytorch_reps": q["t"]["reps"],
+                "ours_backend": o["t"]["backend"],
+                "pytorch_backend": q["t"]["backend"],
+                "cpu": cpu,
+            }
+            rows.append(row)
+            print(f"{row['model']:9} {row['row']:18} threads {threads}: ours {row['ours_ms']:9.2f} ms, "
+                  f"pytorch {row['pytorch_ms']:9.2f} ms, ratio {row['ratio']:.2f} "
+                  f"[{(time.monotonic() - started) / 60:.0f} min]", flush=True)
 
 out = pathlib.Path(a.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -103,10 +184,30 @@ with open(out / "cpu.csv", "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=list(rows[0]))
     w.writeheader()
     w.writerows(rows)
+burn = "burn" in sides
 with open(out / "cpu.md", "w") as f:
-    f.write(f"CPU: {cpu}; {rows[0]['model']}, batch {a.batch}; lowest median of {a.rounds} interleaved rounds × {a.reps} calls; ratio = ours / PyTorch (below 1: faster); burn conv = jem-bench with burn's own convolution (`--convolution burn`), the state before jem-kernels.\n\n")
-    f.write("| row | threads | ours ms | PyTorch ms | ratio | burn conv ms | burn conv ratio | ours GFLOP/s | PyTorch GFLOP/s | ours peak MiB | PyTorch peak MiB |\n")
-    f.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
-    for r in rows:
-        f.write(f"| {r['row']} | {r['threads']} | {r['ours_ms']} | {r['pytorch_ms']} | {r['ratio']} | {r['burn_conv_ms']} | {r['burn_conv_ratio']} | {r['ours_gflops']} | {r['pytorch_gflops']} | {r['ours_peak_rss_mib']} | {r['pytorch_peak_rss_mib']} |\n")
-print(f"wrote {out / 'cpu.csv'} and {out / 'cpu.md'}")
+    limit = (f" (fewer once {a.max_seconds:g} s of timed calls had passed, at least {min(3, a.reps)})"
+             if a.max_seconds > 0 else "")
+    f.write(f"CPU: {cpu}; lowest median of {a.rounds} interleaved rounds × up to {a.reps} calls"
+            f"{limit}; batch {a.batch} "
+            f"(PGD rows: {a.pgd_batch} images × {a.chains} chains); ratio = ours / PyTorch (below 1: faster)")
+    if burn:
+        f.write("; burn conv = jem-bench with burn's own convolution (`--convolution burn`), the state before jem-kernels")
+    f.write(". GFLOP/s: each side's FLOP count (docs/performance.md) over its time; for `pgd-step … full` the "
+            "counts differ (jem-bench forms Hessian-vector products by a difference of logits, PyTorch by double backward).\n")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        f.write(f"\n## {model}\n\n")
+        head = ["row", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]
+        if burn:
+            head += ["burn conv ms", "burn conv ratio"]
+        head += ["ours GFLOP/s", "PyTorch GFLOP/s", "ours peak MiB", "PyTorch peak MiB"]
+        f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
+        for r in rows:
+            if r["model"] != model:
+                continue
+            cells = [r["row"], r["batch"], r["threads"], r["ours_ms"], r["pytorch_ms"], r["ratio"]]
+            if burn:
+                cells += [r["burn_conv_ms"], r["burn_conv_ratio"]]
+            cells += [r["ours_gflops"], r["pytorch_gflops"], r["ours_peak_rss_mib"], r["pytorch_peak_rss_mib"]]
+            f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
+print(f"wrote {out / 'cpu.csv'} and {out / 'cpu.md'} in {(time.monotonic() - started) / 60:.0f} min")

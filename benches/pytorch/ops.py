@@ -3,6 +3,24 @@
 prints one JSON line with the same fields. Run by compare.py; needs torch.
 
   python ops.py --op train-step --batch 64 --threads 1
+  python ops.py --op jem-iteration --depth 16 --width 2
+  python ops.py --op pgd-step --k 10 --grad full --chains 5 --batch 16
+
+Each operation computes what jem-bench's does (src/bench.rs says what that is); the two that
+are written out here rather than taken from a library:
+- jem-iteration: one iteration of the official JEM training (`train_wrn_ebm.py`'s sample_q and
+  loss, Grathwohl et al. 2020, Algorithm 1): `--batch` chains from a replay buffer of 10 000
+  (each restarted from U(-1, 1) with probability 0.05), 20 SGLD steps with gradients to the
+  input only, then CE(f(x), y) - (mean LSE f(x) - mean LSE f(x_q)) with data and samples in one
+  forward pass (as jem-bench; the official code runs them as separate passes), backward, Adam.
+- pgd-step: d sum CE / dx of the logits averaged over `--chains` chains of K SGLD steps started
+  at x. `bpda`: the steps run on detached tensors, the gradient is taken at x_K and summed over
+  the chains (the steps are the identity on the way back). `full`: every step's input gradient
+  is taken with create_graph=True and the gradient goes back through all K steps (exact
+  double backward; jem-bench forms the same Hessian-vector products from a finite difference of
+  the logits and one reverse pass, see src/bench.rs).
+SGLD runs on [0, 1] pixels as jem-bench's: x <- x + a s^2 grad + sigma s eps, s = 0.5 (the
+[-1, 1] network scale), a = 1, sigma = 0.01.
 """
 import argparse
 import json
@@ -18,7 +36,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests/fixt
 from wrn import WideResNet  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("--op", required=True, choices=["forward", "train-step", "input-gradient", "sgld-step"])
+OPS = ["forward", "train-step", "input-gradient", "sgld-step", "jem-iteration", "pgd-step"]
+p.add_argument("--op", required=True, choices=OPS)
 p.add_argument("--batch", type=int, default=64)
 p.add_argument("--depth", type=int, default=10)
 p.add_argument("--width", type=int, default=1)
@@ -27,7 +46,18 @@ p.add_argument("--size", type=int, default=28)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--reps", type=int, default=20)
 p.add_argument("--warmup", type=int, default=3)
+p.add_argument("--max-seconds", type=float, default=None,
+               help="cut the warm-up (at least 1 call) and the timed calls (at least 3) short "
+               "once this many seconds have passed in each")
+p.add_argument("--k", type=int, default=0, help="pgd-step: SGLD steps of the defence")
+p.add_argument("--grad", choices=["bpda", "full"], default="bpda", help="pgd-step, K > 0")
+p.add_argument("--chains", type=int, default=5, help="pgd-step, K > 0: chains per image")
 a = p.parse_args()
+
+SGLD_STEPS, SGLD_LR, SGLD_STD = 20, 1.0, 0.01  # the official JEM's, as jem-bench's defaults
+BUFFER_SIZE, REINIT_FREQ = 10_000, 0.05
+SCALE = 0.5  # pixels per network unit: [0, 1] pixels are [-1, 1] to the network
+DRIFT, SPREAD = SGLD_LR * SCALE * SCALE, SGLD_STD * SCALE
 
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -55,6 +85,30 @@ elif a.op == "train-step":
         F.cross_entropy(logits(x), y).backward()
         opt.step()
 
+elif a.op == "jem-iteration":
+    y = torch.arange(a.batch) % 10
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    # The buffer's chains start as U(-1, 1) on the network's scale: U(0, 1) pixels.
+    buffer = torch.rand(BUFFER_SIZE, a.channels, a.size, a.size)
+
+    def call():
+        slots = torch.randint(0, BUFFER_SIZE, (a.batch,))
+        xq = buffer[slots]
+        fresh = torch.rand(a.batch) < REINIT_FREQ
+        xq[fresh] = torch.rand(int(fresh.sum()), a.channels, a.size, a.size)
+        # sample_q: gradients to the chains only (autograd.grad skips the weights' gradients).
+        for _ in range(SGLD_STEPS):
+            xq = xq.detach().requires_grad_(True)
+            g = torch.autograd.grad(torch.logsumexp(logits(xq), 1).sum(), [xq])[0]
+            xq = xq.detach() + DRIFT * g + SPREAD * torch.randn_like(xq)
+        buffer[slots] = xq
+        out = logits(torch.cat([x, xq]))
+        lse = torch.logsumexp(out, 1)
+        loss = F.cross_entropy(out[: a.batch], y) - (lse[: a.batch].mean() - lse[a.batch:].mean())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
 else:
     for q in net.parameters():
         q.requires_grad_(False)
@@ -69,16 +123,64 @@ else:
         def call():
             input_gradient(x)
 
-    else:
+    elif a.op == "sgld-step":
         # One SGLD step on the [-1, 1] scale, as jem-bench's: α s² ∇ + σ s ε per pixel, s = 0.5.
         def call():
             g = input_gradient(x)
-            x + 1.0 * 0.25 * g + 0.01 * 0.5 * torch.randn_like(x)
+            x + DRIFT * g + SPREAD * torch.randn_like(x)
 
-for _ in range(a.warmup):
+    else:
+        y = torch.randint(0, 10, (a.batch,))
+        assert a.k == 0 or a.chains >= 1, "--chains: expected at least 1 for K > 0"
+
+        def ce_of_average(chain_logits):
+            # Chain-major rows (chain c of image i is row c*N + i), as jem-bench's defence.
+            avg = chain_logits.view(a.chains, a.batch, -1).mean(0)
+            return F.cross_entropy(avg, y, reduction="sum")
+
+        if a.k == 0:
+
+            def call():
+                xg = x.clone().requires_grad_(True)
+                torch.autograd.grad(F.cross_entropy(logits(xg), y, reduction="sum"), [xg])
+
+        elif a.grad == "bpda":
+
+            def call():
+                s = x.repeat(a.chains, 1, 1, 1)
+                # Each step starts from a detached state: nothing of the chain is kept for the
+                # way back.
+                for _ in range(a.k):
+                    s = s.detach().requires_grad_(True)
+                    g = torch.autograd.grad(torch.logsumexp(logits(s), 1).sum(), [s])[0]
+                    s = s.detach() + DRIFT * g + SPREAD * torch.randn_like(s)
+                s = s.detach().requires_grad_(True)
+                g = torch.autograd.grad(ce_of_average(logits(s)), [s])[0]
+                g.view(a.chains, a.batch, *x.shape[1:]).sum(0)
+
+        else:
+
+            def call():
+                xg = x.clone().requires_grad_(True)
+                s = xg.repeat(a.chains, 1, 1, 1)
+                for _ in range(a.k):
+                    g = torch.autograd.grad(torch.logsumexp(logits(s), 1).sum(), [s], create_graph=True)[0]
+                    s = s + DRIFT * g + SPREAD * torch.randn_like(s)
+                # repeat's backward sums the chains' gradients into x.
+                torch.autograd.grad(ce_of_average(logits(s)), [xg])
+
+# As jem-bench's: --max-seconds bounds the warm-up (at least 1 call) and the timed calls (at
+# least 3) alike.
+started = time.perf_counter()
+for i in range(a.warmup):
+    if i >= 1 and a.max_seconds is not None and time.perf_counter() - started >= a.max_seconds:
+        break
     call()
 times = []
-for _ in range(a.reps):
+started = time.perf_counter()
+while len(times) < a.reps and (
+    len(times) < 3 or a.max_seconds is None or time.perf_counter() - started < a.max_seconds
+):
     t = time.perf_counter()
     call()
     times.append((time.perf_counter() - t) * 1e3)
@@ -106,15 +208,43 @@ def forward_flops():
     return total[0] * a.batch
 
 
-factor = {"forward": 1, "train-step": 3, "input-gradient": 2, "sgld-step": 2}[a.op]
-print(json.dumps({
+def factor():
+    """FLOPs per call in units of F, the forward pass of one batch (jem-bench's convention:
+    src/bench.rs derives each)."""
+    fixed = {"forward": 1, "train-step": 3, "input-gradient": 2, "sgld-step": 2,
+             # 20 input gradients on the chains, a training step on data + samples (2 x 3F).
+             "jem-iteration": 2 * SGLD_STEPS + 6}
+    if a.op in fixed:
+        return fixed[a.op]
+    if a.k == 0:
+        return 2
+    if a.grad == "bpda":
+        return a.chains * (2 * a.k + 2)
+    # Exact double backward: going back through a step (its forward and input-gradient passes,
+    # 2F) costs about 2F more, so each step costs 4F in all, plus 2F for the final gradient.
+    return a.chains * (4 * a.k + 2)
+
+
+if a.op == "pgd-step":
+    row = f"pgd-step k{a.k}" + (f" {a.grad}" if a.k > 0 else "")
+else:
+    row = a.op
+result = {
     "op": a.op,
+    "row": row,
     "model": f"WRN-{a.depth}-{a.width}",
     "batch": a.batch,
     "threads": torch.get_num_threads(),
-    "reps": a.reps,
+    "reps": len(times),
     "median_ms": statistics.median(times),
     "min_ms": min(times),
-    "gflop_per_call": factor * forward_flops() / 1e9,
+    "gflop_per_call": factor() * forward_flops() / 1e9,
     "backend": f"pytorch-{torch.__version__}",
-}))
+}
+if a.op == "jem-iteration":
+    result["sgld_steps"] = SGLD_STEPS
+if a.op == "pgd-step":
+    result["k"] = a.k
+    if a.k > 0:
+        result.update(grad=a.grad, chains=a.chains)
+print(json.dumps(result))

@@ -51,6 +51,27 @@ const BATCH: u64 = 2;
 const OBJECTIVE: u64 = 3;
 const OBJECTIVE_INIT: u64 = 4;
 
+/// The optimiser of every training run: Adam with PyTorch's ε (the official JEM's).
+pub(crate) fn adam() -> AdamConfig {
+    AdamConfig::new().with_epsilon(1e-8)
+}
+
+/// The end of every training iteration: `loss` back to every parameter, then one step of
+/// `optim`. `jem-bench bench` times its training rows through this same function.
+pub(crate) fn descend<B, O>(
+    model: WideResNet<B>,
+    optim: &mut O,
+    loss: Tensor<B, 1>,
+    lr: f64,
+) -> WideResNet<B>
+where
+    B: FastConvAutodiff,
+    O: Optimizer<WideResNet<B>, B>,
+{
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    optim.step(lr, model, grads)
+}
+
 /// Loads the training and validation sets named by the config.
 pub fn load_data(cfg: &TrainConfig) -> anyhow::Result<(DataSource, ImageSet, ImageSet)> {
     let source = DataSource::parse(&cfg.data)?;
@@ -112,9 +133,7 @@ where
     let pixel_sigma = cfg.sigma_data * norm.std[0];
 
     let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;
-    let mut optim = AdamConfig::new()
-        .with_epsilon(1e-8)
-        .init::<B, WideResNet<B>>();
+    let mut optim = adam().init::<B, WideResNet<B>>();
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
             // A run may be extended: more epochs, and learning-rate decays at epochs it has not
@@ -301,8 +320,7 @@ where
                 bar.set_position(progress.global_iter as u64);
                 continue 'epochs;
             }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(lr, model, grads);
+            model = descend(model, &mut optim, loss, lr);
             progress.global_iter += 1;
             progress.batch_in_epoch += 1;
 
