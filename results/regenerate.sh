@@ -41,7 +41,7 @@ for part in ${parts[*]}; do
         ;;
     nonsense)
         rm -rf "$work/nonsense" # nonsense searches do not resume
-        "$bin" nonsense --steps 0,1 --out "$work/nonsense"
+        "$bin" nonsense --steps 0,1,10 --out "$work/nonsense"
         replace "$work/nonsense" results/nonsense
         ;;
     calibration)
