@@ -5,54 +5,12 @@
 
 mod common;
 
-use burn::tensor::{Int, Tensor, TensorData};
-use common::{cases, image, B, D};
+use common::{batch, image, labels, B, D};
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, LinearClassifier, MinimumNorm, Norm,
-    PgdConfig, Undefended,
+    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, MinimumNorm, Norm, PgdConfig,
 };
 
-type M = Undefended<LinearClassifier<B>>;
-
-/// Eight inputs for one binary linear model, and per input its margin (negative:
-/// misclassified) and minimal L∞ and L2 perturbations.
-struct Batch {
-    model: M,
-    x: Vec<f32>,
-    margin: Vec<f32>,
-    min_linf: Vec<f32>,
-    min_l2: Vec<f32>,
-}
-
-fn batch() -> Batch {
-    let c = &cases(1)[0];
-    let diff: Vec<f32> = (0..D).map(|d| c.w[d] - c.w[D + d]).collect();
-    let l1: f32 = diff.iter().map(|v| v.abs()).sum();
-    let l2: f32 = diff.iter().map(|v| v * v).sum::<f32>().sqrt();
-    // Moving the case's input by −t·sign(w₀ − w₁) lowers its margin by t‖w₀ − w₁‖₁.
-    let margin = vec![-0.1, 0.03, 0.07, 0.15, 0.25, 0.4, 0.6, 0.9];
-    let mut x = Vec::new();
-    for &m in &margin {
-        let t = (c.min_linf * l1 - m) / l1;
-        x.extend((0..D).map(|d| c.x[d] - t * diff[d].signum()));
-    }
-    Batch {
-        model: Undefended::new(LinearClassifier::<B>::new(
-            c.w.clone(),
-            c.b.clone(),
-            2,
-            &Default::default(),
-        )),
-        min_linf: margin.iter().map(|m| m / l1).collect(),
-        min_l2: margin.iter().map(|m| m / l2).collect(),
-        x,
-        margin,
-    }
-}
-
-fn labels(n: usize) -> Tensor<common::I, 1, Int> {
-    Tensor::from_data(TensorData::new(vec![0i64; n], [n]), &Default::default())
-}
+type M = common::Linear;
 
 #[test]
 fn fixed_eps_attacks_answer_every_eps_with_breaks_carried() {

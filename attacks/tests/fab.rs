@@ -6,8 +6,8 @@
 
 mod common;
 
-use burn::tensor::{Int, Tensor, TensorData};
-use common::{cases, image, label, B, D, I};
+use burn::tensor::Tensor;
+use common::{batch, cases, image, label, labels, B, D, I};
 use jem_attacks::{
     hyperplane_step_l2, hyperplane_step_linf, Attack, FabConfig, LinearClassifier, MinimumNorm,
     Model, Norm, Undefended,
@@ -15,7 +15,7 @@ use jem_attacks::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-type M = Undefended<LinearClassifier<B>>;
+type M = common::Linear;
 
 fn dot(w: &[f32], v: &[f32]) -> f64 {
     w.iter().zip(v).map(|(&a, &b)| a as f64 * b as f64).sum()
@@ -382,41 +382,6 @@ fn fab_finds_the_minimal_perturbation_of_ten_class_linear_models() {
             }
         }
     }
-}
-
-/// Eight inputs for one binary linear model, and per input its margin (negative:
-/// misclassified) and minimal L∞ and L2 perturbations.
-struct Batch {
-    model: M,
-    x: Vec<f32>,
-    margin: Vec<f32>,
-    min_linf: Vec<f32>,
-    min_l2: Vec<f32>,
-}
-
-fn batch() -> Batch {
-    let c = &cases(1)[0];
-    let diff: Vec<f32> = (0..D).map(|d| c.w[d] - c.w[D + d]).collect();
-    let l1: f32 = diff.iter().map(|v| v.abs()).sum();
-    let l2: f32 = diff.iter().map(|v| v * v).sum::<f32>().sqrt();
-    // Moving the case's input by −t·sign(w₀ − w₁) lowers its margin by t‖w₀ − w₁‖₁.
-    let margin = vec![-0.1, 0.03, 0.07, 0.15, 0.25, 0.4, 0.6, 0.9];
-    let mut x = Vec::new();
-    for &m in &margin {
-        let t = (c.min_linf * l1 - m) / l1;
-        x.extend((0..D).map(|d| c.x[d] - t * diff[d].signum()));
-    }
-    Batch {
-        model: linear(&c.w, &c.b),
-        min_linf: margin.iter().map(|m| m / l1).collect(),
-        min_l2: margin.iter().map(|m| m / l2).collect(),
-        x,
-        margin,
-    }
-}
-
-fn labels(n: usize) -> Tensor<I, 1, Int> {
-    Tensor::from_data(TensorData::new(vec![0i64; n], [n]), &Default::default())
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Int, Tensor, TensorData};
+use jem_attacks::{LinearClassifier, Undefended};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -56,4 +57,48 @@ pub fn cases(n: usize) -> Vec<Case> {
             }
         })
         .collect()
+}
+
+/// A linear classifier as an attack sees it.
+pub type Linear = Undefended<LinearClassifier<B>>;
+
+/// Eight inputs for one binary linear model, and per input its margin (negative:
+/// misclassified) and minimal L∞ and L2 perturbations.
+pub struct Batch {
+    pub model: Linear,
+    pub x: Vec<f32>,
+    pub margin: Vec<f32>,
+    pub min_linf: Vec<f32>,
+    pub min_l2: Vec<f32>,
+}
+
+pub fn batch() -> Batch {
+    let c = &cases(1)[0];
+    let diff: Vec<f32> = (0..D).map(|d| c.w[d] - c.w[D + d]).collect();
+    let l1: f32 = diff.iter().map(|v| v.abs()).sum();
+    let l2: f32 = diff.iter().map(|v| v * v).sum::<f32>().sqrt();
+    // Moving the case's input by −t·sign(w₀ − w₁) lowers its margin by t‖w₀ − w₁‖₁.
+    let margin = vec![-0.1, 0.03, 0.07, 0.15, 0.25, 0.4, 0.6, 0.9];
+    let mut x = Vec::new();
+    for &m in &margin {
+        let t = (c.min_linf * l1 - m) / l1;
+        x.extend((0..D).map(|d| c.x[d] - t * diff[d].signum()));
+    }
+    Batch {
+        model: Undefended::new(LinearClassifier::<B>::new(
+            c.w.clone(),
+            c.b.clone(),
+            2,
+            &Default::default(),
+        )),
+        min_linf: margin.iter().map(|m| m / l1).collect(),
+        min_l2: margin.iter().map(|m| m / l2).collect(),
+        x,
+        margin,
+    }
+}
+
+/// Label 0 for each of `n` inputs.
+pub fn labels(n: usize) -> Tensor<I, 1, Int> {
+    Tensor::from_data(TensorData::new(vec![0i64; n], [n]), &Default::default())
 }
