@@ -42,10 +42,11 @@ pub struct RobustArgs {
     /// trained models that exist under results/models/).
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<PathBuf>,
-    /// Attacks, comma-separated; presets `autoattack` and `autoattack-rand` stand for several.
-    /// The default, APGD-CE, is the strongest single attack that fits a 2-core CPU for three
-    /// models at K = 0 and 1 on 100 images in about ten minutes; add `apgd-t,square` (or use
-    /// `autoattack`) and `--eot` for a stronger, slower evaluation.
+    /// Attacks, comma-separated; presets `autoattack` (APGD-CE → APGD-T → FAB-T → Square) and
+    /// `autoattack-rand` (APGD-CE → APGD-DLR, EOT 20) run their attacks as a cascade, each on
+    /// what the ones before left standing. The default, APGD-CE, is the strongest attack that
+    /// fits a 2-core CPU for three models at K = 0 and 1 on 100 images in ten minutes (about
+    /// eight); use `autoattack` and `--eot` for a stronger, slower evaluation.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "apgd-ce")]
     pub attacks: Vec<AttackKind>,
     /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
