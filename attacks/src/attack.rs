@@ -85,6 +85,22 @@ fn check_earlier(earlier: Option<&[AttackOutcome]>, eps: &[f32], n: usize) -> Re
     }
 }
 
+/// The rows `rows` (ascending) of a batch and its labels: the batch itself when it is all of them.
+fn select_rows<B: AutodiffBackend>(
+    x: Tensor<Inner<B>, 4>,
+    y: Tensor<Inner<B>, 1, Int>,
+    rows: &[usize],
+) -> (Tensor<Inner<B>, 4>, Tensor<Inner<B>, 1, Int>) {
+    if rows.len() == x.dims()[0] {
+        return (x, y);
+    }
+    let index = Tensor::<Inner<B>, 1, Int>::from_data(
+        TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]),
+        &x.device(),
+    );
+    (x.select(0, index.clone()), y.select(0, index))
+}
+
 /// Runs `at` (an attack at one ε on a sub-batch) at each ε in ascending order on the examples
 /// not yet broken or misclassified, carrying each settled example's outcome and returned input
 /// to every larger ε (with no further cost). Examples that `earlier` attacks left not robust at
@@ -104,7 +120,6 @@ fn ascending<B: AutodiffBackend>(
     let n = shape[0];
     check_earlier(earlier, eps, n)?;
     let len: usize = shape[1..].iter().product();
-    let device = x.device();
     let mut order: Vec<usize> = (0..eps.len()).collect();
     order.sort_by(|&a, &b| eps[a].total_cmp(&eps[b]));
     let clean: Vec<f32> = x
@@ -137,18 +152,8 @@ fn ascending<B: AutodiffBackend>(
             inputs[i * len..(i + 1) * len].copy_from_slice(input);
         }
         if !rows.is_empty() {
-            let index = Tensor::<Inner<B>, 1, Int>::from_data(
-                TensorData::new(
-                    rows.iter().map(|&r| r as i64).collect::<Vec<_>>(),
-                    [rows.len()],
-                ),
-                &device,
-            );
-            let sub = at(
-                x.clone().select(0, index.clone()),
-                y.clone().select(0, index),
-                eps[j],
-            )?;
+            let (x_rows, y_rows) = select_rows::<B>(x.clone(), y.clone(), &rows);
+            let sub = at(x_rows, y_rows, eps[j])?;
             for (k, &i) in rows.iter().enumerate() {
                 let e = sub.examples[k].clone();
                 let input = sub.inputs[k * len..(k + 1) * len].to_vec();
@@ -397,27 +402,21 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
         // ε = 0 nothing can be broken). Its cost is counted once per example, at the first ε
         // that needed it.
         let taken = |j: usize, i: usize| earlier.is_some_and(|e| !standing(&e[j].examples[i]));
-        let needed = |i: usize| match earlier {
-            Some(_) => (0..eps.len()).find(|&j| eps[j] > 0.0 && !taken(j, i)),
-            None => (!eps.is_empty()).then_some(0),
-        };
-        let rows: Vec<usize> = (0..n).filter(|&i| needed(i).is_some()).collect();
+        let needed: Vec<Option<usize>> = (0..n)
+            .map(|i| match earlier {
+                Some(_) => (0..eps.len()).find(|&j| eps[j] > 0.0 && !taken(j, i)),
+                None => (!eps.is_empty()).then_some(0),
+            })
+            .collect();
+        let rows: Vec<usize> = (0..n).filter(|&i| needed[i].is_some()).collect();
         let mut once = AttackOutcome {
             examples: vec![ExampleOutcome::clean(false); n],
             inputs: clean.clone(),
             shape: [n, c, h, w],
         };
         if !rows.is_empty() {
-            let sub = if rows.len() == n {
-                self.attack.run_once(model, x, y)
-            } else {
-                let index = Tensor::<Inner<B>, 1, Int>::from_data(
-                    TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]),
-                    &x.device(),
-                );
-                self.attack
-                    .run_once(model, x.select(0, index.clone()), y.select(0, index))
-            };
+            let (x_rows, y_rows) = select_rows::<B>(x, y, &rows);
+            let sub = self.attack.run_once(model, x_rows, y_rows);
             for (k, &i) in rows.iter().enumerate() {
                 once.examples[i] = sub.examples[k].clone();
                 once.inputs[i * len..(i + 1) * len]
@@ -432,12 +431,12 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
                 for (i, ex) in out.examples.iter_mut().enumerate() {
                     // Not run (broken at every ε > 0 before), or broken here before: the
                     // earlier attacks' outcome stands.
-                    let earlier_stands = taken(j, i) || needed(i).is_none();
+                    let earlier_stands = taken(j, i) || needed[i].is_none();
                     if let (true, Some(before)) = (earlier_stands, earlier) {
                         *ex = carried(&before[j].examples[i]);
                         out.inputs[i * len..(i + 1) * len]
                             .copy_from_slice(&before[j].inputs[i * len..(i + 1) * len]);
-                    } else if needed(i) != Some(j) {
+                    } else if needed[i] != Some(j) {
                         (ex.gradient_evals, ex.forward_evals) = (0, 0);
                     }
                     if ex.adversarial && ex.distance(self.norm) > e * (1.0 + 1e-5) + 1e-7 {
@@ -474,16 +473,23 @@ impl<B: AutodiffBackend, M: Model<B>> Cascade<'_, B, M> {
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
     ) -> Result<Vec<Vec<AttackOutcome>>, String> {
+        self.stages_after(model, x, y, eps, None)
+    }
+
+    /// [`Cascade::stages`] after `earlier` attacks (see [`Attack::attack_after`]).
+    fn stages_after(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: &[f32],
+        earlier: Option<&[AttackOutcome]>,
+    ) -> Result<Vec<Vec<AttackOutcome>>, String> {
         let mut out: Vec<Vec<AttackOutcome>> = Vec::with_capacity(self.attacks.len());
         for attack in &self.attacks {
+            let before = out.last().map(Vec::as_slice).or(earlier);
             let joint = attack
-                .attack_after(
-                    model,
-                    x.clone(),
-                    y.clone(),
-                    eps,
-                    out.last().map(Vec::as_slice),
-                )
+                .attack_after(model, x.clone(), y.clone(), eps, before)
                 .map_err(|e| format!("{}: {e}", attack.name()))?;
             out.push(joint);
         }
@@ -513,14 +519,8 @@ impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for Cascade<'_, B, M> {
         eps: &[f32],
         earlier: Option<&[AttackOutcome]>,
     ) -> Result<Vec<AttackOutcome>, String> {
-        let mut joint = earlier.map(<[AttackOutcome]>::to_vec);
-        for attack in &self.attacks {
-            joint = Some(
-                attack
-                    .attack_after(model, x.clone(), y.clone(), eps, joint.as_deref())
-                    .map_err(|e| format!("{}: {e}", attack.name()))?,
-            );
-        }
-        joint.ok_or_else(|| format!("the cascade {} has no attacks", self.name))
+        self.stages_after(model, x, y, eps, earlier)?
+            .pop()
+            .ok_or_else(|| format!("the cascade {} has no attacks", self.name))
     }
 }
