@@ -81,15 +81,6 @@ impl AttackKind {
         self.stages() != [self]
     }
 
-    /// Fixed-ε attacks (and presets) run at each ε of the grid; minimum-perturbation ones run
-    /// once and answer every ε by their distance.
-    pub fn fixed_eps(self) -> bool {
-        !matches!(
-            self,
-            AttackKind::Boundary | AttackKind::Pointwise | AttackKind::FabT
-        )
-    }
-
     /// Attacks that follow the (defended) model's gradients, and so have a gradient mode (a
     /// preset has one when any of its attacks does).
     pub fn uses_gradients(self) -> bool {
