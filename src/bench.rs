@@ -19,7 +19,7 @@ use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use jem_attacks::{noise, AttackLoss, GradMode, Model, SgldConfig, SgldSampler, SgldTarget};
 use jem_datasets::ImageSet;
-use jem_kernels::Convolution;
+use jem_kernels::Implementation;
 use rand::SeedableRng;
 use serde::Serialize;
 
@@ -128,10 +128,10 @@ pub struct BenchArgs {
     /// Untimed calls first (allocation pools, caches).
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Whose convolution the CPU backend runs: jem-kernels' (`own`, what every other command
-    /// uses) or burn's (`burn`), to measure one against the other.
-    #[arg(long, value_enum, default_value_t = ConvolutionArg::Own)]
-    pub convolution: ConvolutionArg,
+    /// Whose convolutions and LeakyReLU the CPU backend runs: jem-kernels' (`own`, what every
+    /// other command uses) or burn's (`burn`), to measure one against the other.
+    #[arg(long, value_enum, default_value_t = KernelsArg::Own)]
+    pub kernels: KernelsArg,
     /// Cut the warm-up (after at least 1 call) and the timed calls (after at least 3, or
     /// `--reps` if fewer) short once this many seconds have passed in each: the slow rows then
     /// take a bounded time. No limit by default.
@@ -148,10 +148,10 @@ pub struct BenchArgs {
     pub chains: usize,
 }
 
-/// `--convolution`.
+/// `--kernels`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ConvolutionArg {
+pub enum KernelsArg {
     Own,
     Burn,
 }
@@ -164,7 +164,7 @@ struct Timing {
     model: String,
     batch: usize,
     threads: usize,
-    convolution: ConvolutionArg,
+    kernels: KernelsArg,
     /// Timed calls made (fewer than `--reps` when `--max-seconds` ran out).
     reps: usize,
     median_ms: f64,
@@ -219,9 +219,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "--max-seconds: expected a finite number >= 0, found {s}"
         );
     }
-    jem_kernels::set_convolution(match args.convolution {
-        ConvolutionArg::Own => Convolution::Own,
-        ConvolutionArg::Burn => Convolution::Burn,
+    jem_kernels::set_implementation(match args.kernels {
+        KernelsArg::Own => Implementation::Own,
+        KernelsArg::Burn => Implementation::Burn,
     });
     let device = backend::device();
     let cfg = WideResNetConfig::new(args.depth, args.width, args.channels, 10);
@@ -370,7 +370,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         model: cfg.name(),
         batch: args.batch,
         threads: rayon_threads(),
-        convolution: args.convolution,
+        kernels: args.kernels,
         reps: times.len(),
         median_ms: median,
         min_ms: sorted[0],

@@ -4,13 +4,13 @@
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 pub use jem_attacks::log_sum_exp;
-use jem_kernels::FastConvAutodiff;
+use jem_kernels::KernelsAutodiff;
 
 use crate::model::WideResNet;
 
 /// d(Σ_i LogSumExp f(x_i)) / dx for a batch, on the inference backend. Pass a model whose
 /// parameters do not require gradients (`no_grad`), so that only the input is tracked.
-pub fn lse_input_gradient<B: FastConvAutodiff>(
+pub fn lse_input_gradient<B: KernelsAutodiff>(
     model: &WideResNet<B>,
     x: Tensor<B::InnerBackend, 4>,
 ) -> Tensor<B::InnerBackend, 4>

@@ -5,7 +5,7 @@
 
 use burn::tensor::activation::log_softmax;
 use jem_datasets::ImageSet;
-use jem_kernels::FastConv;
+use jem_kernels::Kernels;
 use serde::Serialize;
 
 use crate::batches;
@@ -124,7 +124,7 @@ pub fn from_log_probs(log_probs: &[f32], labels: &[u8], classes: usize) -> Clean
 }
 
 /// Log-probabilities of the model on `set[indices]`, computed in batches.
-pub fn log_probs<B: FastConv>(
+pub fn log_probs<B: Kernels>(
     model: &WideResNet<B>,
     set: &ImageSet,
     indices: &[usize],
@@ -140,7 +140,7 @@ pub fn log_probs<B: FastConv>(
 }
 
 /// Accuracy, NLL and ECE of `model` on the whole of `set`.
-pub fn evaluate<B: FastConv>(
+pub fn evaluate<B: Kernels>(
     model: &WideResNet<B>,
     set: &ImageSet,
     batch_size: usize,

@@ -19,7 +19,7 @@ use jem_attacks::{
 };
 use jem_bench::model::Checkpoint;
 use jem_datasets::{DataSource, Split};
-use jem_kernels::FastConvAutodiff;
+use jem_kernels::KernelsAutodiff;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -56,7 +56,7 @@ fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> V
     t.into_data().convert::<f32>().to_vec().unwrap()
 }
 
-fn compute<B: FastConvAutodiff>() -> Computed {
+fn compute<B: KernelsAutodiff>() -> Computed {
     let device = Default::default();
     let (model, sidecar) = Checkpoint::at("results/models/baseline")
         .load::<B>(&device)

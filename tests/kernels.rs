@@ -1,4 +1,5 @@
-//! The embedded JEM network computed with jem-kernels' convolutions against burn's own: logits
+//! The embedded JEM network computed with jem-kernels (convolutions, LeakyReLU) against burn's own
+//! operations: logits
 //! and the input gradient of LogSumExp (what SGLD and every white-box attack follow), on real
 //! test digits.
 //!
@@ -10,7 +11,7 @@
 //! than burn's own answer moves under that ulp-sized change of input; a wrong kernel is off by
 //! the order of the gradient itself.
 //!
-//! One test in this file on purpose: the choice of convolution is process-wide.
+//! One test in this file on purpose: the choice of kernels is process-wide.
 
 use burn::tensor::Tensor;
 use jem_bench::backend::{self, Inference, Train};
@@ -18,7 +19,7 @@ use jem_bench::batches;
 use jem_bench::energy::lse_input_gradient;
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
-use jem_kernels::{set_convolution, Convolution};
+use jem_kernels::{set_implementation, Implementation};
 
 fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
@@ -30,7 +31,7 @@ fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-fn logits_and_input_gradients_match_burns_convolution() {
+fn logits_and_input_gradients_match_burns_operations() {
     let device = backend::device();
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/models/jem");
     let (model, _) = Checkpoint::at(path).load::<Train>(&device).unwrap();
@@ -40,17 +41,17 @@ fn logits_and_input_gradients_match_burns_convolution() {
     let inference = burn::module::AutodiffModule::valid(&model);
 
     let compute = |choice| {
-        set_convolution(choice);
+        set_implementation(choice);
         let logits = batches::to_vec(inference.forward(x.clone()));
         let gradient = batches::to_vec(lse_input_gradient(&model, x.clone()));
         (logits, gradient)
     };
-    let (logits_burn, gradient_burn) = compute(Convolution::Burn);
-    let (logits_own, gradient_own) = compute(Convolution::Own);
+    let (logits_burn, gradient_burn) = compute(Implementation::Burn);
+    let (logits_own, gradient_own) = compute(Implementation::Own);
 
-    set_convolution(Convolution::Burn);
+    set_implementation(Implementation::Burn);
     let nudged = batches::to_vec(lse_input_gradient(&model, x.clone() * 1.000001));
-    set_convolution(Convolution::Own);
+    set_implementation(Implementation::Own);
     let burn_moves = relative_difference(&nudged, &gradient_burn);
 
     let logits = relative_difference(&logits_own, &logits_burn);

@@ -1,8 +1,8 @@
 """jem-bench against PyTorch on this CPU, in one run: every row of `jem-bench bench` on every
 model at every thread count, each side in its own process (its peak memory is its own), the
 sides interleaved round by round so that a noisy machine slows them alike. A third side is
-jem-bench with burn's own convolution (`--convolution burn`), so that the table shows what
-jem-kernels' convolutions changed. Writes results/perf/cpu.csv and results/perf/cpu.md.
+jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`), so that the table shows
+what jem-kernels changed. Writes results/perf/cpu.csv and results/perf/cpu.md.
 
   cargo build --release && python benches/pytorch/compare.py [--rounds 3] [--reps 20]
 
@@ -22,8 +22,8 @@ Output, one line per model × row × thread count, in results/perf/cpu.csv:
   model             WRN-DEPTH-WIDTH
   batch             images per call (chains per call for jem-iteration)
   threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
-  ours_ms, pytorch_ms, burn_conv_ms   lowest median over the rounds (burn: empty if not run)
-  ratio, burn_conv_ratio              ours / PyTorch and burn conv / PyTorch (below 1: faster)
+  ours_ms, pytorch_ms, burn_ms   lowest median over the rounds (burn: empty if not run)
+  ratio, burn_ratio                   ours / PyTorch and burn ops / PyTorch (below 1: faster)
   ours_gflop_per_call, pytorch_gflop_per_call   each side's FLOP count of the call, in units of
                     the forward pass F (src/bench.rs derives them; they differ only for
                     pgd-step full, where the two sides form the Hessian-vector products
@@ -130,7 +130,7 @@ for depth, width in models:
                 common += ["--max-seconds", str(a.max_seconds)]
             cmds = {
                 "ours": [str(ours_bin), "bench", *common],
-                "burn": [str(ours_bin), "bench", *common, "--convolution", "burn"],
+                "burn": [str(ours_bin), "bench", *common, "--kernels", "burn"],
                 "pytorch": [sys.executable, str(root / "benches/pytorch/ops.py"), *common,
                             "--threads", str(threads)],
             }
@@ -159,8 +159,8 @@ for depth, width in models:
                 "ours_ms": round(o["ms"], 2),
                 "pytorch_ms": round(q["ms"], 2),
                 "ratio": round(o["ms"] / q["ms"], 3),
-                "burn_conv_ms": round(r["ms"], 2) if r else "",
-                "burn_conv_ratio": round(r["ms"] / q["ms"], 3) if r else "",
+                "burn_ms": round(r["ms"], 2) if r else "",
+                "burn_ratio": round(r["ms"] / q["ms"], 3) if r else "",
                 "ours_gflop_per_call": o["t"]["gflop_per_call"],
                 "pytorch_gflop_per_call": q["t"]["gflop_per_call"],
                 "ours_gflops": round(o["t"]["gflop_per_call"] / (o["ms"] / 1e3), 2),
@@ -192,14 +192,14 @@ with open(out / "cpu.md", "w") as f:
             f"{limit}; batch {a.batch} "
             f"(PGD rows: {a.pgd_batch} images × {a.chains} chains); ratio = ours / PyTorch (below 1: faster)")
     if burn:
-        f.write("; burn conv = jem-bench with burn's own convolution (`--convolution burn`), the state before jem-kernels")
+        f.write("; burn ops = jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`), the state before jem-kernels")
     f.write(". GFLOP/s: each side's FLOP count (docs/performance.md) over its time; for `pgd-step … full` the "
             "counts differ (jem-bench forms Hessian-vector products by a difference of logits, PyTorch by double backward).\n")
     for model in dict.fromkeys(r["model"] for r in rows):
         f.write(f"\n## {model}\n\n")
         head = ["row", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]
         if burn:
-            head += ["burn conv ms", "burn conv ratio"]
+            head += ["burn ops ms", "burn ops ratio"]
         head += ["ours GFLOP/s", "PyTorch GFLOP/s", "ours peak MiB", "PyTorch peak MiB"]
         f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         for r in rows:
@@ -207,7 +207,7 @@ with open(out / "cpu.md", "w") as f:
                 continue
             cells = [r["row"], r["batch"], r["threads"], r["ours_ms"], r["pytorch_ms"], r["ratio"]]
             if burn:
-                cells += [r["burn_conv_ms"], r["burn_conv_ratio"]]
+                cells += [r["burn_ms"], r["burn_ratio"]]
             cells += [r["ours_gflops"], r["pytorch_gflops"], r["ours_peak_rss_mib"], r["pytorch_peak_rss_mib"]]
             f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
 print(f"wrote {out / 'cpu.csv'} and {out / 'cpu.md'} in {(time.monotonic() - started) / 60:.0f} min")

@@ -11,7 +11,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
@@ -61,36 +61,37 @@ pub trait FastConv: Backend {
     }
 }
 
-/// Which convolution burn's CPU backend runs for [`FastConv`]: this crate's kernels (the
-/// default) or burn's own, e.g. to measure one against the other in the same process.
+/// Whose operations burn's CPU backend runs for [`FastConv`] and
+/// [`FastActivation`](crate::FastActivation): this crate's kernels (the default) or burn's own,
+/// e.g. to measure one against the other in the same process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Convolution {
+pub enum Implementation {
     /// This crate's kernels.
     Own,
-    /// burn's `conv2d` and its backward functions.
+    /// burn's `conv2d`, `leaky_relu` and their backward functions.
     Burn,
 }
 
-static BURN_CONVOLUTION: AtomicBool = AtomicBool::new(false);
+static BURN_OPS: AtomicBool = AtomicBool::new(false);
 
-/// Chooses, for the whole process, which convolution the CPU backend runs.
-pub fn set_convolution(choice: Convolution) {
-    BURN_CONVOLUTION.store(choice == Convolution::Burn, Ordering::Relaxed);
+/// Chooses, for the whole process, whose operations the CPU backend runs.
+pub fn set_implementation(choice: Implementation) {
+    BURN_OPS.store(choice == Implementation::Burn, Ordering::Relaxed);
 }
 
-/// The convolution the CPU backend runs now.
-pub fn convolution() -> Convolution {
-    if BURN_CONVOLUTION.load(Ordering::Relaxed) {
-        Convolution::Burn
+/// Whose operations the CPU backend runs now.
+pub fn implementation() -> Implementation {
+    if BURN_OPS.load(Ordering::Relaxed) {
+        Implementation::Burn
     } else {
-        Convolution::Own
+        Implementation::Own
     }
 }
 
 /// The geometry of a convolution the kernels handle: `f32`, one group, no dilation, and the
 /// own kernels chosen. `None` sends the call to burn's convolution.
 fn geometry(x: &FlexTensor, weight: &FlexTensor, options: &ConvOptions<2>) -> Option<ConvGeometry> {
-    let handled = convolution() == Convolution::Own
+    let handled = implementation() == Implementation::Own
         && x.dtype() == DType::F32
         && weight.dtype() == DType::F32
         && options.groups == 1
@@ -185,7 +186,7 @@ impl FastConv for Flex {
         output_grad: FlexTensor,
     ) -> FlexTensor {
         let shape = output_grad.shape();
-        let handled = convolution() == Convolution::Own
+        let handled = implementation() == Implementation::Own
             && output_grad.dtype() == DType::F32
             && shape.num_dims() == 4;
         if !handled {
@@ -303,15 +304,4 @@ impl<B: FastConv, C: CheckpointStrategy> FastConv for Autodiff<B, C> {
             }
         }
     }
-}
-
-/// An autodiff backend whose inner backend has the kernels too: what code that differentiates
-/// a model on one backend and evaluates it on the inner one (training, attacks) asks for.
-pub trait FastConvAutodiff: AutodiffBackend<InnerBackend: FastConv> + FastConv {}
-
-impl<B> FastConvAutodiff for B
-where
-    B: AutodiffBackend + FastConv,
-    B::InnerBackend: FastConv,
-{
 }

@@ -1,4 +1,4 @@
-//! CPU convolution kernels for Wide-ResNets, as a burn backend extension.
+//! CPU kernels for Wide-ResNets (convolutions and LeakyReLU), as a burn backend extension.
 //!
 //! burn's CPU backend (`flex`) computes a convolution's weight gradient through transposed
 //! copies and a convolution whose output is the kernel, and its input gradient through a
@@ -14,6 +14,9 @@
 //!
 //! Chunks of images run in parallel on rayon's pool; scratch buffers are reused per thread;
 //! the results are the same bits for any number of threads.
+//!
+//! LeakyReLU ([`leaky_relu`], trait [`FastActivation`]) is one pass over memory forward and one
+//! backward, on every core; burn's autodiff records it as a composition of eight passes.
 //!
 //! [`FastConv`] is the extension trait: implemented with these kernels for `Flex`, with a
 //! backward node for `Autodiff<B>` over any `B: FastConv`, and with burn's own convolution for
@@ -45,14 +48,34 @@
 
 #![warn(missing_docs)]
 
+mod activation;
 mod backend;
 mod conv;
 mod matmul;
 mod module;
 
-pub use backend::{convolution, set_convolution, Convolution, FastConv, FastConvAutodiff};
+pub use activation::{leaky_relu, FastActivation};
+pub use backend::{implementation, set_implementation, FastConv, Implementation};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
 pub use module::conv2d;
 
 /// The raw forward kernel on NCHW slices (see [`ConvGeometry`]).
 pub use conv::conv2d as conv2d_slices;
+
+use burn::tensor::backend::AutodiffBackend;
+
+/// A backend with every kernel of this crate: what a Wide-ResNet's forward pass asks for.
+pub trait Kernels: FastConv + FastActivation {}
+
+impl<B: FastConv + FastActivation> Kernels for B {}
+
+/// An autodiff backend whose inner backend has the kernels too: what code that differentiates
+/// a model on one backend and evaluates it on the inner one (training, attacks) asks for.
+pub trait KernelsAutodiff: AutodiffBackend<InnerBackend: Kernels> + Kernels {}
+
+impl<B> KernelsAutodiff for B
+where
+    B: AutodiffBackend + Kernels,
+    B::InnerBackend: Kernels,
+{
+}

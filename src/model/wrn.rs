@@ -15,10 +15,9 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
-use burn::tensor::activation::leaky_relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use jem_kernels::{conv2d, FastConv};
+use jem_kernels::{conv2d, leaky_relu, Kernels};
 use serde::{Deserialize, Serialize};
 
 /// Per-channel `(x − mean) / std` applied to [0, 1] pixels before the network.
@@ -248,7 +247,7 @@ impl WideResNetConfig {
 /// The activation before a convolution: BatchNorm with its running statistics (RobustBench),
 /// then (Leaky)ReLU. The statistics are used even under autodiff, where burn's `BatchNorm`
 /// would switch to batch statistics: an attacked or sampled model must not depend on its batch.
-fn activate<B: Backend>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>, leak: f64) -> Tensor<B, 4> {
+fn activate<B: Kernels>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>, leak: f64) -> Tensor<B, 4> {
     let x = match norm {
         Some(bn) => {
             let c = x.dims()[1];
@@ -277,7 +276,7 @@ pub struct WideBasic<B: Backend> {
     pub shortcut: Vec<Conv2d<B>>,
 }
 
-impl<B: FastConv> WideBasic<B> {
+impl<B: Kernels> WideBasic<B> {
     pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
         let pre = activate(x.clone(), &self.bn1, leak);
         let out = conv2d(&self.conv1, pre.clone());
@@ -312,7 +311,7 @@ impl<B: Backend> WideResNet<B> {
     }
 }
 
-impl<B: FastConv> WideResNet<B> {
+impl<B: Kernels> WideResNet<B> {
     /// Logits of a batch of [0, 1] images.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         let cfg = self.config();
@@ -338,7 +337,7 @@ impl<B: FastConv> WideResNet<B> {
 }
 
 /// Attacks and the SGLD sampler see a WRN through the attack library's interface.
-impl<B: FastConv> jem_attacks::Classifier<B> for WideResNet<B> {
+impl<B: Kernels> jem_attacks::Classifier<B> for WideResNet<B> {
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         self.forward(x)
     }

@@ -2,7 +2,7 @@
 //! with the attack library's [`PgdConfig`] against the current parameters, and the network
 //! minimises their cross-entropy (optionally mixed with the clean loss).
 
-use jem_kernels::FastConvAutodiff;
+use jem_kernels::KernelsAutodiff;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -95,7 +95,7 @@ impl AdversarialObjective {
     }
 }
 
-impl<B: FastConvAutodiff> Objective<B> for AdversarialObjective {
+impl<B: KernelsAutodiff> Objective<B> for AdversarialObjective {
     fn kind(&self) -> &'static str {
         "adv"
     }

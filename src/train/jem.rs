@@ -1,7 +1,7 @@
 //! The JEM objective (Grathwohl et al. 2020, Algorithm 1): cross-entropy for p(y|x)
 //! plus the contrastive p(x) term LSE f(x̂) − LSE f(x), with x̂ from persistent SGLD chains.
 
-use jem_kernels::FastConvAutodiff;
+use jem_kernels::KernelsAutodiff;
 use std::time::Instant;
 
 use burn::module::Module;
@@ -157,7 +157,7 @@ const COLUMNS: [&str; 6] = [
     "chain_shift",
 ];
 
-impl<B: FastConvAutodiff> Objective<B> for JemObjective {
+impl<B: KernelsAutodiff> Objective<B> for JemObjective {
     fn kind(&self) -> &'static str {
         "jem"
     }

@@ -4,7 +4,7 @@
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor};
-use jem_kernels::FastConvAutodiff;
+use jem_kernels::KernelsAutodiff;
 
 use jem_datasets::ImageSet;
 
@@ -100,7 +100,7 @@ pub fn accuracy<B: Backend>(logits: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> f64 {
 /// The plain classifier: cross-entropy on p(y|x).
 pub struct ClassifierObjective;
 
-impl<B: FastConvAutodiff> Objective<B> for ClassifierObjective {
+impl<B: KernelsAutodiff> Objective<B> for ClassifierObjective {
     fn kind(&self) -> &'static str {
         "baseline"
     }

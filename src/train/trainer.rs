@@ -2,7 +2,7 @@
 //! Adam with warm-up and step decay, per-iteration and per-epoch CSV logs, validation with a
 //! best-on-validation checkpoint, and a resumable state that a re-run of the same command picks up.
 
-use jem_kernels::FastConvAutodiff;
+use jem_kernels::KernelsAutodiff;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -65,7 +65,7 @@ pub(crate) fn descend<B, O>(
     lr: f64,
 ) -> WideResNet<B>
 where
-    B: FastConvAutodiff,
+    B: KernelsAutodiff,
     O: Optimizer<WideResNet<B>, B>,
 {
     let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -108,7 +108,7 @@ pub fn train<B, O>(
     device: &B::Device,
 ) -> anyhow::Result<TrainOutcome>
 where
-    B: FastConvAutodiff,
+    B: KernelsAutodiff,
     O: Objective<B>,
 {
     cfg.validate()?;
