@@ -1,7 +1,11 @@
 //! `jem-bench sample`: draws class-conditional samples from a JEM by SGLD on `f(x)[y]`, starting
 //! from JEM's uniform noise, from each class's Gaussian fitted to the training images (JEM++) or
 //! from a training run's replay buffer, and writes a PNG grid (one row per class) with a JSON
-//! record of the settings and of how the model classifies them.
+//! record of the settings, of how the model classifies them and of how they look to an
+//! independent judge ([`quality`]).
+
+mod frechet;
+pub mod quality;
 
 use std::path::PathBuf;
 
@@ -53,6 +57,17 @@ pub struct SampleArgs {
     /// The PNG to write; a JSON record goes next to it.
     #[arg(long, default_value = "samples.png")]
     pub out: PathBuf,
+    /// The classifier that judges the samples (its probability of each sample's class, and its
+    /// penultimate features for the Fréchet distance to the test images); `none` skips both.
+    /// The default is the embedded baseline, trained without any generative term.
+    #[arg(long, default_value = "results/models/baseline")]
+    pub judge: String,
+    /// The judge's probability of the intended class that counts a sample as that class.
+    #[arg(long, default_value_t = 0.9)]
+    pub judge_threshold: f64,
+    /// Test images (the first N) that the samples' Fréchet distance is measured against.
+    #[arg(long, default_value_t = 10_000)]
+    pub reference_images: usize,
 }
 
 #[derive(Serialize)]
@@ -63,6 +78,9 @@ struct ClassReport {
     mean_confidence: f64,
     /// Fraction of samples classified as the class.
     classified_as_class: f64,
+    /// Fraction the judge gives the class with p ≥ the threshold (absent with `--judge none`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    judge_confident: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -73,6 +91,9 @@ struct SampleRecord<'a> {
     sgld: SgldConfig,
     start: String,
     classes: Vec<ClassReport>,
+    /// The judge's verdict (absent with `--judge none`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quality: Option<quality::Quality>,
 }
 
 pub fn run(args: SampleArgs) -> anyhow::Result<()> {
@@ -110,6 +131,31 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--model {}", args.model.display()))?;
     let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
     let names = source.class_names();
+    let judge = if args.judge == "none" {
+        None
+    } else {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&args.judge_threshold),
+            "--judge-threshold: expected a probability in [0, 1], found {}",
+            args.judge_threshold
+        );
+        anyhow::ensure!(
+            args.reference_images >= 2,
+            "--reference-images: expected at least 2, found {}",
+            args.reference_images
+        );
+        anyhow::ensure!(
+            classes.len() * args.per_class >= 2,
+            "--judge: a Fréchet distance needs at least 2 samples; raise --per-class or pass \
+             --judge none"
+        );
+        Some(quality::Judge::load(
+            &args.judge,
+            &sidecar.training.data,
+            [c, h, w],
+            arch.num_classes,
+        )?)
+    };
     let norm = &arch.input_normalization;
     let sampler = SgldSampler::new(SgldConfig {
         steps: args.steps,
@@ -174,7 +220,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .to_vec()
         .expect("f32");
     let k = arch.num_classes;
-    let reports: Vec<ClassReport> = classes
+    let mut reports: Vec<ClassReport> = classes
         .iter()
         .enumerate()
         .map(|(row, &class)| {
@@ -196,11 +242,34 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
                     .unwrap_or_else(|| class.to_string()),
                 mean_confidence: conf / args.per_class as f64,
                 classified_as_class: hits / args.per_class as f64,
+                judge_confident: None,
             }
         })
         .collect();
 
     let pixels: Vec<f32> = samples.into_data().to_vec().expect("f32");
+    let quality = match &judge {
+        None => None,
+        Some(judge) => {
+            let intended: Vec<usize> = classes
+                .iter()
+                .flat_map(|&k| std::iter::repeat_n(k, args.per_class))
+                .collect();
+            let q = judge.assess(
+                &pixels,
+                &intended,
+                &classes,
+                [c, h, w],
+                &source,
+                args.reference_images,
+                args.judge_threshold,
+            )?;
+            for (r, &f) in reports.iter_mut().zip(&q.confident_fraction_per_class) {
+                r.judge_confident = Some(f);
+            }
+            Some(q)
+        }
+    };
     let batch = ImageBatch {
         pixels: &pixels,
         channels: c,
@@ -215,14 +284,30 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         sgld: sampler.config.clone(),
         start,
         classes: reports,
+        quality,
     };
     let json = args.out.with_extension("json");
     crate::model::write_atomic(&json, serde_json::to_string_pretty(&record)?.as_bytes())?;
-    println!("class  name        p(y|x) mean  classified as class");
+    println!("class  name        p(y|x) mean  classified as class  judge p >= threshold");
     for r in &record.classes {
+        let judged = r.judge_confident.map_or("-".into(), |f| format!("{f:.2}"));
         println!(
-            "{:>5}  {:<10}  {:>11.3}  {:>19.2}",
+            "{:>5}  {:<10}  {:>11.3}  {:>19.2}  {judged:>20}",
             r.class, r.name, r.mean_confidence, r.classified_as_class
+        );
+    }
+    if let Some(q) = &record.quality {
+        println!(
+            "judge {}: {:.1} % of {} samples at p >= {}; Fréchet distance to {} in its \
+             {}-dim features {:.3} (as many training images: {:.3})",
+            q.judge,
+            100.0 * q.confident_fraction,
+            q.samples,
+            q.threshold,
+            q.reference,
+            q.feature_dim,
+            q.frechet_distance,
+            q.frechet_distance_train_images
         );
     }
     println!("wrote {} and {}", args.out.display(), json.display());

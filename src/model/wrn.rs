@@ -314,6 +314,12 @@ impl<B: Backend> WideResNet<B> {
 impl<B: Kernels> WideResNet<B> {
     /// Logits of a batch of [0, 1] images.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        self.linear.forward(self.features(x))
+    }
+
+    /// The penultimate layer: the globally pooled activations the linear head reads
+    /// (`[batch, channels]`), e.g. the feature space of a Fréchet distance between image sets.
+    pub fn features(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         let cfg = self.config();
         let norm = &cfg.input_normalization;
         let c = norm.mean.len();
@@ -331,8 +337,7 @@ impl<B: Kernels> WideResNet<B> {
         let out = activate(out, &self.bn1, cfg.leak);
         let [n, ch, _, _] = out.dims();
         // Global average pool (the official code's avg_pool2d(out, 8) on 8×8 maps).
-        let pooled = out.mean_dim(3).mean_dim(2).reshape([n, ch]);
-        self.linear.forward(pooled)
+        out.mean_dim(3).mean_dim(2).reshape([n, ch])
     }
 }
 

@@ -1,0 +1,159 @@
+//! How much a JEM's samples look like its data, as two numbers judged by an independent
+//! classifier (by default the embedded baseline, trained without any generative term):
+//!
+//! - the fraction of class-conditional samples that the judge assigns to their intended class
+//!   with probability at least a threshold (0.9);
+//! - the Fréchet distance between the samples and the test images in the judge's penultimate
+//!   layer (an MNIST analogue of FID, Heusel et al. 2017), beside the same distance for as many
+//!   training images: the value a perfect sampler would reach with that many samples, since the
+//!   distance is biased upwards for small sets.
+
+use anyhow::Context;
+use burn::tensor::activation::softmax;
+use burn::tensor::Tensor;
+use jem_datasets::{DataSource, ImageSet, Split};
+use serde::Serialize;
+
+use super::frechet::{frechet_distance, Moments};
+use crate::backend::{self, Inference};
+use crate::batches;
+use crate::model::{Checkpoint, WideResNet};
+
+/// Images per forward pass of the judge.
+const BATCH: usize = 256;
+
+/// The judge's verdict on a set of class-conditional samples.
+#[derive(Debug, Serialize)]
+pub struct Quality {
+    /// The judging classifier's checkpoint.
+    pub judge: String,
+    /// The probability a sample's intended class must reach.
+    pub threshold: f64,
+    /// Samples judged.
+    pub samples: usize,
+    /// Fraction of the samples that the judge gives their intended class with p ≥ threshold.
+    pub confident_fraction: f64,
+    /// The same, per class (in the order of the sampled classes).
+    pub confident_fraction_per_class: Vec<f64>,
+    /// Fréchet distance between the samples and the reference test images in the judge's
+    /// penultimate-layer features.
+    pub frechet_distance: f64,
+    /// The Fréchet distance between as many training images as there are samples and the same
+    /// reference: the floor for this number of samples.
+    pub frechet_distance_train_images: f64,
+    /// The reference: `name`, first N images.
+    pub reference: String,
+    /// Dimension of the feature space.
+    pub feature_dim: usize,
+}
+
+/// A classifier checkpoint that judges samples of images shaped `[c, h, w]` with `classes`
+/// classes, checked against the sampled model's data set before anything is computed.
+pub struct Judge {
+    path: String,
+    model: WideResNet<Inference>,
+}
+
+impl Judge {
+    pub fn load(path: &str, data: &str, shape: [usize; 3], classes: usize) -> anyhow::Result<Self> {
+        let ckpt = Checkpoint::at(path);
+        ckpt.ensure_exists().with_context(|| format!("--judge {path}"))?;
+        let (model, sidecar) = ckpt
+            .load::<Inference>(&backend::device())
+            .with_context(|| format!("--judge {path}"))?;
+        let judge_shape = sidecar.image_shape().with_context(|| format!("--judge {path}"))?;
+        let judge_classes = sidecar.architecture.num_classes;
+        anyhow::ensure!(
+            judge_shape == shape && judge_classes == classes,
+            "--judge {path}: it takes {judge_shape:?} images ({}) with {judge_classes} classes; \
+             the sampled model takes {shape:?} images ({data}) with {classes} classes: pass \
+             --judge a classifier trained on the model's data set, or --judge none",
+            sidecar.training.data
+        );
+        Ok(Self {
+            path: path.to_string(),
+            model,
+        })
+    }
+
+    /// Penultimate features (`n × dim`) and class probabilities (`n × classes`) of `n` images.
+    fn read(&self, pixels: &[f32], shape: [usize; 3]) -> (Vec<f32>, Vec<f32>, usize) {
+        let per_image = shape.iter().product::<usize>();
+        let device = backend::device();
+        let (mut features, mut probs, mut dim) = (Vec::new(), Vec::new(), 0);
+        for chunk in pixels.chunks(BATCH * per_image) {
+            let n = chunk.len() / per_image;
+            let [c, h, w] = shape;
+            let x = Tensor::<Inference, 4>::from_data(
+                burn::tensor::TensorData::new(chunk.to_vec(), [n, c, h, w]),
+                &device,
+            );
+            let f = self.model.features(x);
+            dim = f.dims()[1];
+            probs.extend(batches::to_vec(softmax(self.model.linear.forward(f.clone()), 1)));
+            features.extend(batches::to_vec(f));
+        }
+        (features, probs, dim)
+    }
+
+    /// Judges `samples` (`labels[i]` is sample i's intended class; `classes` the sampled classes
+    /// in report order) against the first `reference_images` test images of `source`.
+    pub fn assess(
+        &self,
+        samples: &[f32],
+        labels: &[usize],
+        classes: &[usize],
+        shape: [usize; 3],
+        source: &DataSource,
+        reference_images: usize,
+        threshold: f64,
+    ) -> anyhow::Result<Quality> {
+        let n = labels.len();
+        let (features, probs, dim) = self.read(samples, shape);
+        let k = probs.len() / n;
+        let confident: Vec<bool> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, &y)| probs[i * k + y] as f64 >= threshold)
+            .collect();
+        let fraction = |of: &dyn Fn(usize) -> bool| {
+            let (hits, total) = (0..n)
+                .filter(|&i| of(i))
+                .fold((0, 0), |(h, t), i| (h + usize::from(confident[i]), t + 1));
+            hits as f64 / total.max(1) as f64
+        };
+        let per_class = classes
+            .iter()
+            .map(|&c| fraction(&|i| labels[i] == c))
+            .collect();
+
+        let test = source.load(Split::Test)?;
+        let train = source.load(Split::Train)?;
+        let reference = first(&test, reference_images);
+        let (reference_features, _, _) = self.read(&reference, shape);
+        let (train_features, _, _) = self.read(&first(&train, n), shape);
+        let moments = |rows: &[f32], what: &str| {
+            Moments::of(rows, dim).with_context(|| format!("the judge's features of {what}"))
+        };
+        let reference_moments = moments(&reference_features, "the reference images")?;
+        let sample_moments = moments(&features, "the samples (sample at least 2)")?;
+        let train_moments = moments(&train_features, "the training images")?;
+        let used = reference.len() / test.image_len();
+        Ok(Quality {
+            judge: self.path.clone(),
+            threshold,
+            samples: n,
+            confident_fraction: fraction(&|_| true),
+            confident_fraction_per_class: per_class,
+            frechet_distance: frechet_distance(&sample_moments, &reference_moments),
+            frechet_distance_train_images: frechet_distance(&train_moments, &reference_moments),
+            reference: format!("{}, first {used} images", test.name),
+            feature_dim: dim,
+        })
+    }
+}
+
+/// The pixels of the first `n` images of a set (all of them if it has fewer).
+fn first(set: &ImageSet, n: usize) -> Vec<f32> {
+    set.images[..n.min(set.len()) * set.image_len()].to_vec()
+}
