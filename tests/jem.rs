@@ -375,6 +375,9 @@ fn class_gaussian_starts_are_read_as_their_class() {
         from_class_gaussian: gaussian,
         seed: 3,
         out: dir.path().join(name),
+        judge: "none".into(),
+        judge_threshold: 0.9,
+        reference_images: 10_000,
     };
     let read_as_class = |name: &str| -> (f64, String) {
         let json = std::fs::read_to_string(dir.path().join(name).with_extension("json")).unwrap();
