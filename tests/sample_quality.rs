@@ -28,7 +28,15 @@ fn test_digits_pass_and_noise_fails() {
     let labels: Vec<usize> = test.labels[..n].iter().map(|&l| l as usize).collect();
     let classes: Vec<usize> = (0..10).collect();
     let digits = judge()
-        .assess(&pixels, &labels, &classes, [1, 28, 28], &source, 10_000, 0.9)
+        .assess(
+            &pixels,
+            &labels,
+            &classes,
+            [1, 28, 28],
+            &source,
+            10_000,
+            0.9,
+        )
         .unwrap();
 
     // The fraction is the judge's own forward pass, counted independently.
@@ -64,7 +72,9 @@ fn test_digits_pass_and_noise_fails() {
         digits.frechet_distance
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let noise: Vec<f32> = (0..pixels.len()).map(|_| rng.random_range(0.0..1.0)).collect();
+    let noise: Vec<f32> = (0..pixels.len())
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
     let judged = judge()
         .assess(&noise, &labels, &classes, [1, 28, 28], &source, 10_000, 0.9)
         .unwrap();

@@ -74,7 +74,12 @@ impl Moments {
 pub fn frechet_distance(a: &Moments, b: &Moments) -> f64 {
     assert_eq!(a.dim, b.dim, "feature dimensions differ");
     let d = a.dim;
-    let mean_term: f64 = a.mean.iter().zip(&b.mean).map(|(x, y)| (x - y).powi(2)).sum();
+    let mean_term: f64 = a
+        .mean
+        .iter()
+        .zip(&b.mean)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum();
     let trace = |m: &[f64]| (0..d).map(|i| m[i * d + i]).sum::<f64>();
     let root_a = psd_sqrt(&a.covariance, d);
     let inner = matmul(&matmul(&root_a, &b.covariance, d), &root_a, d);
@@ -207,7 +212,11 @@ mod tests {
             let mut lambda = vec![0.0; d * d];
             (0..d).for_each(|i| lambda[i * d + i] = found[i]);
             let rebuilt = matmul(&matmul(&vectors, &lambda, d), &transpose(&vectors, d), d);
-            let err = rebuilt.iter().zip(&m).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            let err = rebuilt
+                .iter()
+                .zip(&m)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
             assert!(err < 1e-9, "d {d}: rebuilt off by {err}");
             found.sort_by(f64::total_cmp);
             for (f, v) in found.iter().zip(&values) {
@@ -232,8 +241,15 @@ mod tests {
         };
         let m1: Vec<f64> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
         let m2: Vec<f64> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let expected: f64 = m1.iter().zip(&m2).map(|(x, y)| (x - y).powi(2)).sum::<f64>()
-            + a.iter().zip(&b).map(|(x, y)| (x.sqrt() - y.sqrt()).powi(2)).sum::<f64>();
+        let expected: f64 = m1
+            .iter()
+            .zip(&m2)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            + a.iter()
+                .zip(&b)
+                .map(|(x, y)| (x.sqrt() - y.sqrt()).powi(2))
+                .sum::<f64>();
         let got = frechet_distance(&moments(m1.clone(), cov(&a)), &moments(m2.clone(), cov(&b)));
         assert!((got - expected).abs() < 1e-9, "{got} against {expected}");
         // Symmetric in its arguments, and 0 between a Gaussian and itself.
@@ -246,7 +262,10 @@ mod tests {
     #[test]
     fn distance_matches_the_closed_form_in_one_dimension_and_for_scaled_covariances() {
         // 1-D: (μ₁ − μ₂)² + (σ₁ − σ₂)².
-        let got = frechet_distance(&moments(vec![1.0], vec![4.0]), &moments(vec![-2.0], vec![9.0]));
+        let got = frechet_distance(
+            &moments(vec![1.0], vec![4.0]),
+            &moments(vec![-2.0], vec![9.0]),
+        );
         assert!((got - (9.0 + 1.0)).abs() < 1e-12, "{got}");
         // Σ₂ = c²Σ₁ with Σ₁ not diagonal: Tr(Σ₁ + c²Σ₁ − 2cΣ₁) = (1 − c)² Tr Σ₁.
         let s = vec![2.0, 0.5, 0.3, 0.5, 1.0, -0.2, 0.3, -0.2, 1.5];

@@ -57,11 +57,14 @@ pub struct Judge {
 impl Judge {
     pub fn load(path: &str, data: &str, shape: [usize; 3], classes: usize) -> anyhow::Result<Self> {
         let ckpt = Checkpoint::at(path);
-        ckpt.ensure_exists().with_context(|| format!("--judge {path}"))?;
+        ckpt.ensure_exists()
+            .with_context(|| format!("--judge {path}"))?;
         let (model, sidecar) = ckpt
             .load::<Inference>(&backend::device())
             .with_context(|| format!("--judge {path}"))?;
-        let judge_shape = sidecar.image_shape().with_context(|| format!("--judge {path}"))?;
+        let judge_shape = sidecar
+            .image_shape()
+            .with_context(|| format!("--judge {path}"))?;
         let judge_classes = sidecar.architecture.num_classes;
         anyhow::ensure!(
             judge_shape == shape && judge_classes == classes,
@@ -90,7 +93,10 @@ impl Judge {
             );
             let f = self.model.features(x);
             dim = f.dims()[1];
-            probs.extend(batches::to_vec(softmax(self.model.linear.forward(f.clone()), 1)));
+            probs.extend(batches::to_vec(softmax(
+                self.model.linear.forward(f.clone()),
+                1,
+            )));
             features.extend(batches::to_vec(f));
         }
         (features, probs, dim)
