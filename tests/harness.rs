@@ -631,3 +631,43 @@ fn autoattack_runs_its_attacks_as_a_cascade_on_what_is_left_standing() {
         }
     }
 }
+
+#[test]
+fn batches_count_every_example_once_and_one_batch_changes_nothing() {
+    let run = |c: &mut Command| {
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let whole = tempfile::tempdir().unwrap();
+    run(&mut sweep(whole.path()));
+    // One batch as large as the set: the same computation, the same seeds, the same rows.
+    let one = tempfile::tempdir().unwrap();
+    run(sweep(one.path()).args(["--batch-size", "6"]));
+    assert_eq!(rows(one.path()), rows(whole.path()));
+
+    // Batches of 4 and 2: every example counted once, clean results untouched, and FGSM at
+    // K = 0 (no randomness) the same example by example.
+    let split = tempfile::tempdir().unwrap();
+    run(sweep(split.path()).args(["--batch-size", "4"]));
+    let (a, b) = (rows(whole.path()), rows(split.path()));
+    assert_eq!(a.len(), b.len());
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!((&a.attack, a.k, a.eps, b.n), (&b.attack, b.k, b.eps, 6));
+        assert_eq!(a.clean_accuracy, b.clean_accuracy, "{} K={}", a.attack, a.k);
+        if a.eps == 0.0 || (a.attack == "fgsm" && a.k == 0) {
+            assert_eq!(
+                a.robust_accuracy, b.robust_accuracy,
+                "{} K={} ε={}",
+                a.attack, a.k, a.eps
+            );
+        }
+    }
+    let settings = std::fs::read_to_string(split.path().join("settings.json")).unwrap();
+    assert!(settings.contains("\"batch_size\": 4"), "{settings}");
+
+    let o = sweep(tempfile::tempdir().unwrap().path())
+        .args(["--batch-size", "0"])
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "--batch-size: expected at least 1");
+}

@@ -88,6 +88,12 @@ pub struct RobustArgs {
     /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
     #[arg(long, default_value_t = 100)]
     pub n_examples: usize,
+    /// Examples attacked at once (default: all of a cell's). Bounds memory for a large
+    /// --n-examples: a batch holds its images × chains activations. Batch j > 0 seeds its
+    /// attacks from (--seed, j), so the numbers depend on the batch size as on the seed.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
     /// Data set (default: the one each model was trained on).
     #[arg(long)]
     pub data: Option<String>,
@@ -205,6 +211,7 @@ impl RobustArgs {
         );
         for (flag, value) in [
             ("--n-examples", self.n_examples),
+            ("--batch-size", self.batch_size.unwrap_or(1)),
             ("--eot", self.eot()),
             ("--apgd-iterations", self.apgd_iterations),
             ("--square-queries", self.square_queries),
@@ -325,43 +332,28 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
     };
 
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
-    // attack): every example's outcome.
+    // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
-    let (x, y) = batch(&all);
     let mut grid = eps_grid.to_vec();
     grid.sort_by(f32::total_cmp);
-    let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
-    let stages: Vec<Stage> = match configure(args, cell.attack)? {
-        Configured::PerEps(attack) => {
-            let per_eps = attack.attack(&defended, x, y, &grid).map_err(failed)?;
-            vec![Stage {
-                kind: cell.attack,
-                name: cell.attack.name().into(),
-                settings: attack.settings(),
-                outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
-            }]
-        }
-        Configured::Minimum(attack) => vec![Stage {
-            kind: cell.attack,
-            name: cell.attack.name().into(),
-            settings: attack.settings(),
-            outcomes: vec![(None, attack.run_once(&defended, x, y))],
-        }],
-        Configured::Cascade(kinds, cascade) => {
-            let joint = cascade.stages(&defended, x, y, &grid).map_err(failed)?;
-            kinds
-                .iter()
-                .zip(&cascade.attacks)
-                .zip(joint)
-                .map(|((&kind, attack), per_eps)| Stage {
-                    kind,
-                    name: format!("{}/{}", cell.attack.name(), kind.name()),
-                    settings: attack.settings(),
-                    outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
-                })
+    let mut stages: Vec<Stage> = Vec::new();
+    for (j, rows) in all.chunks(args.batch_size.unwrap_or(n).max(1)).enumerate() {
+        let (x, y) = batch(rows);
+        let batch_args = RobustArgs {
+            seed: batch_seed(args.seed, j),
+            ..args.clone()
+        };
+        let part = attack_batch(&batch_args, cell, &defended, x, y, &grid)?;
+        stages = if stages.is_empty() {
+            part
+        } else {
+            stages
+                .into_iter()
+                .zip(part)
+                .map(|(s, p)| s.append(p))
                 .collect()
-        }
-    };
+        };
+    }
     if args.save_adversarials {
         // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
         let last = stages.last().expect("every cell runs an attack");
@@ -457,6 +449,79 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
         rows,
         examples,
     })
+}
+
+/// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
+fn attack_batch<M: Model<Train>>(
+    args: &RobustArgs,
+    cell: &Cell,
+    defended: &M,
+    x: Tensor<Inference, 4>,
+    y: Tensor<Inference, 1, Int>,
+    grid: &[f32],
+) -> anyhow::Result<Vec<Stage>> {
+    let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
+    Ok(match configure(args, cell.attack)? {
+        Configured::PerEps(attack) => {
+            let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
+            vec![Stage {
+                kind: cell.attack,
+                name: cell.attack.name().into(),
+                settings: attack.settings(),
+                outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
+            }]
+        }
+        Configured::Minimum(attack) => vec![Stage {
+            kind: cell.attack,
+            name: cell.attack.name().into(),
+            settings: attack.settings(),
+            outcomes: vec![(None, attack.run_once(defended, x, y))],
+        }],
+        Configured::Cascade(kinds, cascade) => {
+            let joint = cascade.stages(defended, x, y, grid).map_err(failed)?;
+            kinds
+                .iter()
+                .zip(&cascade.attacks)
+                .zip(joint)
+                .map(|((&kind, attack), per_eps)| Stage {
+                    kind,
+                    name: format!("{}/{}", cell.attack.name(), kind.name()),
+                    settings: attack.settings(),
+                    outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
+                })
+                .collect()
+        }
+    })
+}
+
+/// The attacks' seed for batch `j`: the sweep's own for the first batch (so one batch gives
+/// the numbers of an unbatched run), a SplitMix64 mix of (seed, j) for the others.
+fn batch_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Stage {
+    /// This stage's outcomes followed by the next batch's.
+    fn append(self, next: Stage) -> Stage {
+        let outcomes = self
+            .outcomes
+            .into_iter()
+            .zip(next.outcomes)
+            .map(|((eps, mut a), (_, b))| {
+                a.examples.extend(b.examples);
+                a.inputs.extend(b.inputs);
+                a.shape[0] += b.shape[0];
+                (eps, a)
+            })
+            .collect();
+        Stage { outcomes, ..self }
+    }
 }
 
 /// One attack's outcomes in a cell: the cell's attack, or one stage of a preset's cascade
