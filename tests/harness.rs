@@ -48,6 +48,13 @@ fn assert_fails_with(o: &std::process::Output, what: &str) {
     assert!(!o.status.success() && err.contains(what), "{err}");
 }
 
+/// Runs a command that must succeed.
+#[track_caller]
+fn run(c: &mut Command) {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn rows(out: &Path) -> Vec<TidyRow> {
     read_tidy(&out.join("robust.csv")).unwrap()
 }
@@ -167,10 +174,6 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
 
 #[test]
 fn shards_merged_equal_the_whole_sweep() {
-    let run = |c: &mut Command| {
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    };
     let whole = tempfile::tempdir().unwrap();
     run(&mut sweep(whole.path()));
     let shards: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -634,10 +637,6 @@ fn autoattack_runs_its_attacks_as_a_cascade_on_what_is_left_standing() {
 
 #[test]
 fn batches_count_every_example_once_and_one_batch_changes_nothing() {
-    let run = |c: &mut Command| {
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    };
     let whole = tempfile::tempdir().unwrap();
     run(&mut sweep(whole.path()));
     // One batch as large as the set: the same computation, the same seeds, the same rows.

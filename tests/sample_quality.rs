@@ -2,6 +2,7 @@
 //! uniform noise, checked against the judge's own forward pass and against each other, and
 //! the command's flags and bad input.
 
+use std::path::Path;
 use std::process::Command;
 
 use burn::tensor::activation::softmax;
@@ -106,15 +107,19 @@ fn the_command_records_the_verdict_and_refuses_bad_judges_before_sampling() {
         "--reference-images",
         "500",
     ];
-    let o = cli()
-        .args(common)
-        .args(["--per-class", "3", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.with_extension("json")).unwrap()).unwrap();
+    // Runs `sample` with `extra` flags into `out` and returns its JSON record.
+    let record_of = |extra: &[&str], out: &Path| -> serde_json::Value {
+        let o = cli()
+            .args(common)
+            .args(extra)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&std::fs::read(out.with_extension("json")).unwrap()).unwrap()
+    };
+    let record = record_of(&["--per-class", "3"], &out);
     let q = &record["quality"];
     assert_eq!(q["judge"], BASELINE);
     assert_eq!(q["samples"], 30);
@@ -131,16 +136,10 @@ fn the_command_records_the_verdict_and_refuses_bad_judges_before_sampling() {
     assert!(q["frechet_distance"].as_f64().unwrap().is_finite());
 
     // --judge none: no verdict.
-    let none = dir.path().join("none.png");
-    let o = cli()
-        .args(common)
-        .args(["--per-class", "3", "--judge", "none", "--out"])
-        .arg(&none)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(none.with_extension("json")).unwrap()).unwrap();
+    let record = record_of(
+        &["--per-class", "3", "--judge", "none"],
+        &dir.path().join("none.png"),
+    );
     assert!(record.get("quality").is_none());
     assert!(record["classes"][0].get("judge_confident").is_none());
 
