@@ -74,6 +74,8 @@ fn map_f32(
 ) -> FlexTensor {
     let (a, b) = (a.to_contiguous(), b.map(FlexTensor::to_contiguous));
     let xs = a.as_slice::<f32>().expect("a contiguous f32 tensor");
+    // Zeroed, then written chunk by chunk: rayon's `collect_into_vec` skips the zeroing but its
+    // per-element writes do not vectorise, and measured slower (input gradient +4–9 %).
     let mut out = vec![0f32; xs.len()];
     match &b {
         Some(b) => {
