@@ -314,39 +314,93 @@ fn im2col_by_phases(x: &[f32], images: usize, g: &ConvGeometry, col: &mut [f32])
     }
 }
 
+/// Where a plane of rows `w` wide, shifted by (dy, dx), overlaps an output of `out_len`
+/// elements with the same row width: the shared geometry of [`shifted_copy`] and
+/// [`shifted_add`].
+struct Shift {
+    /// Output rows `first..last` read rows inside the plane.
+    first: usize,
+    last: usize,
+    /// Output indices `lo..hi` map to `plane[i + shift]` inside the plane: rows `first..last`
+    /// trimmed at the ends, where the trimmed entries lie in border columns.
+    lo: usize,
+    hi: usize,
+    shift: isize,
+    /// Columns at the left and right of each row whose source column lies outside the plane.
+    left: usize,
+    right: usize,
+}
+
+impl Shift {
+    fn new(plane_len: usize, out_len: usize, w: usize, dy: isize, dx: isize) -> Self {
+        let (h, ho) = (plane_len / w, out_len / w);
+        let first = ((-dy).max(0) as usize).min(ho);
+        let last = ((h as isize - dy).max(0) as usize).clamp(first, ho);
+        let shift = dy * w as isize + dx;
+        let lo = ((first * w) as isize).max(-shift).min((last * w) as isize) as usize;
+        let hi = ((last * w) as isize)
+            .min(plane_len as isize - shift)
+            .max(lo as isize) as usize;
+        let (left, right) = if dx < 0 {
+            ((-dx as usize).min(w), 0)
+        } else {
+            (0, (dx as usize).min(w))
+        };
+        Shift {
+            first,
+            last,
+            lo,
+            hi,
+            shift,
+            left,
+            right,
+        }
+    }
+
+    /// The plane's indices that output indices `lo..hi` map to (empty when they are).
+    fn source(&self) -> std::ops::Range<usize> {
+        if self.hi == self.lo {
+            // `lo + shift` may be negative then.
+            return 0..0;
+        }
+        let start = (self.lo as isize + self.shift) as usize;
+        start..start + (self.hi - self.lo)
+    }
+
+    /// Zeroes, in every row of `first..last` of `out`, the columns whose source lies outside.
+    fn zero_border_columns(&self, out: &mut [f32], w: usize) {
+        for row in out[self.first * w..self.last * w].chunks_exact_mut(w) {
+            row[..self.left].fill(0.0);
+            row[w - self.right..].fill(0.0);
+        }
+    }
+}
+
 /// `dst[y][x] = plane[y + dy][x + dx]`, zero where that falls outside the plane; `dst` and
 /// `plane` are row-major with rows `w` wide. One copy of the whole overlap instead of one per
 /// row, then zeros written where the shift crossed the left or right border.
 fn shifted_copy(dst: &mut [f32], plane: &[f32], w: usize, dy: isize, dx: isize) {
-    let (h, ho) = (plane.len() / w, dst.len() / w);
-    // Rows whose source row lies inside the plane.
-    let first = ((-dy).max(0) as usize).min(ho);
-    let last = ((h as isize - dy).max(0) as usize).clamp(first, ho);
-    dst[..first * w].fill(0.0);
-    dst[last * w..].fill(0.0);
-    let shift = dy * w as isize + dx;
-    // dst[i] = plane[i + shift] for i in first·w..last·w, trimmed to indices inside the plane;
-    // the trimmed ends fall in border columns, zeroed below.
-    let lo = ((first * w) as isize).max(-shift).min((last * w) as isize) as usize;
-    let hi = ((last * w) as isize)
-        .min(plane.len() as isize - shift)
-        .max(lo as isize) as usize;
-    dst[first * w..lo].fill(0.0);
-    dst[hi..last * w].fill(0.0);
-    if hi > lo {
-        let start = (lo as isize + shift) as usize;
-        dst[lo..hi].copy_from_slice(&plane[start..start + (hi - lo)]);
-    }
-    // Columns whose source column lies outside the plane.
-    let (left, right) = if dx < 0 {
-        (-dx as usize, 0)
-    } else {
-        (0, dx as usize)
-    };
-    for row in dst[first * w..last * w].chunks_exact_mut(w) {
-        row[..left.min(w)].fill(0.0);
-        row[w - right.min(w)..].fill(0.0);
-    }
+    let s = Shift::new(plane.len(), dst.len(), w, dy, dx);
+    dst[..s.first * w].fill(0.0);
+    dst[s.last * w..].fill(0.0);
+    dst[s.first * w..s.lo].fill(0.0);
+    dst[s.hi..s.last * w].fill(0.0);
+    dst[s.lo..s.hi].copy_from_slice(&plane[s.source()]);
+    s.zero_border_columns(dst, w);
+}
+
+/// The adjoint of [`shifted_copy`]: `plane[y + dy][x + dx] += src[y][x]` wherever that falls
+/// inside the plane. Like the copy, one pass over the whole overlap: `src`'s entries whose
+/// column falls outside are zeroed first (`src` is scratch), so what the flat pass adds across
+/// a row's end is zero.
+fn shifted_add(plane: &mut [f32], src: &mut [f32], w: usize, dy: isize, dx: isize) {
+    let s = Shift::new(plane.len(), src.len(), w, dy, dx);
+    s.zero_border_columns(src, w);
+    let targets = &mut plane[s.source()];
+    targets
+        .iter_mut()
+        .zip(&src[s.lo..s.hi])
+        .for_each(|(t, v)| *t += v);
 }
 
 /// The adjoint of [`im2col`]: adds each column entry back onto the input pixel it was read
@@ -415,38 +469,6 @@ fn col2im_by_phases(col: &mut [f32], images: usize, g: &ConvGeometry, x: &mut [f
                 }
             }
         }
-    }
-}
-
-/// The adjoint of [`shifted_copy`]: `plane[y + dy][x + dx] += src[y][x]` wherever that falls
-/// inside the plane. Like the copy, one pass over the whole overlap: `src`'s entries whose
-/// column falls outside are zeroed first (`src` is scratch), so what the flat pass adds across
-/// a row's end is zero.
-fn shifted_add(plane: &mut [f32], src: &mut [f32], w: usize, dy: isize, dx: isize) {
-    let (h, ho) = (plane.len() / w, src.len() / w);
-    let first = ((-dy).max(0) as usize).min(ho);
-    let last = ((h as isize - dy).max(0) as usize).clamp(first, ho);
-    let (left, right) = if dx < 0 {
-        (-dx as usize, 0)
-    } else {
-        (0, dx as usize)
-    };
-    for row in src[first * w..last * w].chunks_exact_mut(w) {
-        row[..left.min(w)].fill(0.0);
-        row[w - right.min(w)..].fill(0.0);
-    }
-    let shift = dy * w as isize + dx;
-    let lo = ((first * w) as isize).max(-shift).min((last * w) as isize) as usize;
-    let hi = ((last * w) as isize)
-        .min(plane.len() as isize - shift)
-        .max(lo as isize) as usize;
-    if hi > lo {
-        let start = (lo as isize + shift) as usize;
-        let targets = &mut plane[start..start + (hi - lo)];
-        targets
-            .iter_mut()
-            .zip(&src[lo..hi])
-            .for_each(|(t, s)| *t += s);
     }
 }
 
