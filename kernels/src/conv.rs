@@ -275,6 +275,21 @@ fn phases_cover(g: &ConvGeometry) -> bool {
     phase_and_shift(g.kernel[1] - 1, g.padding[1]).1 <= 0
 }
 
+/// Each tap of the kernel at stride 2 as (its row within a channel's block of the im2col
+/// matrix, the phase plane it reads, the shift (dy, dx) within that plane): what
+/// [`im2col_by_phases`] and its adjoint [`col2im_by_phases`] walk, computed once per call.
+fn phase_taps(g: &ConvGeometry) -> Vec<(usize, usize, isize, isize)> {
+    let mut taps = Vec::with_capacity(g.kernel[0] * g.kernel[1]);
+    for ki in 0..g.kernel[0] {
+        let (ry, dy) = phase_and_shift(ki, g.padding[0]);
+        for kj in 0..g.kernel[1] {
+            let (rx, dx) = phase_and_shift(kj, g.padding[1]);
+            taps.push((ki * g.kernel[1] + kj, 2 * ry + rx, dy, dx));
+        }
+    }
+    taps
+}
+
 /// [`im2col`] at stride 2 without a gather per output row (rows of 7 or 14 pixels leave most
 /// of a vectorised gather in its scalar tail). Each input plane is split once into its four
 /// phase planes — even or odd rows × even or odd columns, `ceil(h / 2)` rows of `wo` columns,
@@ -286,6 +301,7 @@ fn im2col_by_phases(x: &[f32], images: usize, g: &ConvGeometry, col: &mut [f32])
     let columns = images * ho * wo;
     let rows = h.div_ceil(2);
     let mut phases = vec![0.0f32; 4 * rows * wo];
+    let taps = phase_taps(g);
     for c in 0..g.in_channels {
         for image in 0..images {
             let plane = &x[(image * g.in_channels + c) * g.in_pixels()..][..g.in_pixels()];
@@ -300,15 +316,11 @@ fn im2col_by_phases(x: &[f32], images: usize, g: &ConvGeometry, col: &mut [f32])
                     }
                 }
             }
-            for ki in 0..g.kernel[0] {
-                let (ry, dy) = phase_and_shift(ki, g.padding[0]);
-                for kj in 0..g.kernel[1] {
-                    let (rx, dx) = phase_and_shift(kj, g.padding[1]);
-                    let row_index = (c * g.kernel[0] + ki) * g.kernel[1] + kj;
-                    let dst = &mut col[row_index * columns + image * ho * wo..][..ho * wo];
-                    let phase = &phases[(2 * ry + rx) * rows * wo..][..rows * wo];
-                    shifted_copy(dst, phase, wo, dy, dx);
-                }
+            for &(tap, phase, dy, dx) in &taps {
+                let row_index = c * taps.len() + tap;
+                let dst = &mut col[row_index * columns + image * ho * wo..][..ho * wo];
+                let phase = &phases[phase * rows * wo..][..rows * wo];
+                shifted_copy(dst, phase, wo, dy, dx);
             }
         }
     }
@@ -445,18 +457,15 @@ fn col2im_by_phases(col: &mut [f32], images: usize, g: &ConvGeometry, x: &mut [f
     let columns = images * ho * wo;
     let rows = h.div_ceil(2);
     let mut phases = vec![0.0f32; 4 * rows * wo];
+    let taps = phase_taps(g);
     for c in 0..g.in_channels {
         for image in 0..images {
             phases.fill(0.0);
-            for ki in 0..g.kernel[0] {
-                let (ry, dy) = phase_and_shift(ki, g.padding[0]);
-                for kj in 0..g.kernel[1] {
-                    let (rx, dx) = phase_and_shift(kj, g.padding[1]);
-                    let row_index = (c * g.kernel[0] + ki) * g.kernel[1] + kj;
-                    let src = &mut col[row_index * columns + image * ho * wo..][..ho * wo];
-                    let phase = &mut phases[(2 * ry + rx) * rows * wo..][..rows * wo];
-                    shifted_add(phase, src, wo, dy, dx);
-                }
+            for &(tap, phase, dy, dx) in &taps {
+                let row_index = c * taps.len() + tap;
+                let src = &mut col[row_index * columns + image * ho * wo..][..ho * wo];
+                let phase = &mut phases[phase * rows * wo..][..rows * wo];
+                shifted_add(phase, src, wo, dy, dx);
             }
             let plane = &mut x[(image * g.in_channels + c) * g.in_pixels()..][..g.in_pixels()];
             for (index, phase) in phases.chunks_exact(rows * wo).enumerate() {
@@ -642,14 +651,11 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
             with_scratch(k * columns, co * columns, |col, grad_matrix| {
                 im2col(x, images, g, col);
                 let grad = as_matrix(grad, images, co, pixels, grad_matrix);
+                // Column-major: gemm then reads the large im2col matrix in place and packs
+                // only the output gradient (row-major, it transposed the product and packed
+                // im2col for every chunk: 10 % of a train step). Transposed back below.
                 matmul(
-                    MatMut {
-                        data: &mut partial,
-                        rows: co,
-                        cols: k,
-                        row_stride: 1,
-                        col_stride: co,
-                    },
+                    MatMut::column_major(&mut partial, co, k),
                     MatRef::row_major(grad, co, columns),
                     MatRef::row_major(col, k, columns).t(),
                     false,
@@ -658,7 +664,7 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
             partial
         })
         .collect();
-    let summed = sum_in_order(partials);
+    let summed = sum_in_order(partials); // [patch, out]
     let mut dw = vec![0.0f32; co * k];
     for o in 0..co {
         for i in 0..k {

@@ -66,6 +66,17 @@ impl<'a> MatMut<'a> {
             col_stride: 1,
         }
     }
+
+    /// A column-major `rows × cols` matrix (the row-major layout of its transpose).
+    pub fn column_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
+        Self {
+            data,
+            rows,
+            cols,
+            row_stride: 1,
+            col_stride: rows,
+        }
+    }
 }
 
 fn fits(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> bool {
