@@ -196,7 +196,7 @@ fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {
         }
     };
     println!(
-        "{} after {} iterations, {:.0} s; best checkpoint {} (val accuracy {})",
+        "{} after {} iterations, {:.0} s; best checkpoint {} (val accuracy {}{})",
         if outcome.finished {
             "finished"
         } else {
@@ -208,6 +208,11 @@ fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {
         outcome
             .best_val_accuracy
             .map_or("-".into(), |a| format!("{:.4}", a)),
+        outcome
+            .best_val_robust_accuracy
+            .map_or(String::new(), |a| format!(
+                ", under the training attack {a:.4}"
+            )),
     );
     if let Some(m) = outcome.test {
         println!(

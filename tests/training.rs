@@ -273,3 +273,106 @@ fn adversarial_training_steps_lower_the_adversarial_loss() {
         "adversarial loss {before} -> {after_adv} (clean training: {after_clean})"
     );
 }
+
+/// A short PGD fine-tune of the embedded baseline at ε = 0.1, validated under its own attack.
+fn small_adversarial_run(out: &Path, epochs: usize) -> TrainConfig {
+    TrainConfig {
+        kind: TrainKind::Adv,
+        train_subset: Some(128),
+        epochs,
+        decay_epochs: vec![],
+        lr: 1e-2,
+        init_from: Some("results/models/baseline".into()),
+        adv: AdvConfig {
+            eps: 0.1,
+            adv_steps: 3,
+            adv_rel_stepsize: 0.5,
+            adv_val_size: 100,
+            ..AdvConfig::default()
+        },
+        ..small_run(out)
+    }
+}
+
+#[test]
+fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored() {
+    let device = backend::device();
+    let objective = |cfg: &TrainConfig| AdversarialObjective::new(cfg.adv.clone());
+    let whole = tempfile::tempdir().unwrap();
+    let cfg = small_adversarial_run(whole.path(), 3);
+    let done = train::<Train, _>(&cfg, &mut objective(&cfg), &device).unwrap();
+    assert!(done.finished);
+
+    // The best flag marks exactly the epochs that beat every earlier one under attack, and the
+    // kept checkpoint is the most robust (not the most accurate) epoch. At this learning rate the
+    // two disagree (here: epoch 2 is the most accurate and not the most robust), which is what
+    // makes the rescoring below observable.
+    let text = std::fs::read_to_string(whole.path().join("epochs.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap();
+    let (robust_col, best_col) = (col("val_robust_accuracy"), col("best"));
+    let robust: Vec<f64> = rows[1..]
+        .iter()
+        .map(|r| r[robust_col].parse().unwrap())
+        .collect();
+    assert_eq!(robust.len(), 3);
+    let mut max = f64::NEG_INFINITY;
+    for (r, row) in robust.iter().zip(&rows[1..]) {
+        assert!((0.0..=1.0).contains(r), "{r}");
+        assert_eq!(row[best_col] == "true", *r > max, "{text}");
+        max = max.max(*r);
+    }
+    assert_eq!(done.best_val_robust_accuracy, Some(max));
+    let (_, sidecar) = Checkpoint::at(whole.path().join("model"))
+        .load::<Train>(&device)
+        .unwrap();
+    assert_eq!(sidecar.metrics["val_robust_accuracy"], max);
+
+    // A run from before robust selection (no robust column, no robust best in its progress) is
+    // extended: its best checkpoint is scored first, so it ends exactly as the whole run did.
+    let old = tempfile::tempdir().unwrap();
+    let two = small_adversarial_run(old.path(), 2);
+    train::<Train, _>(&two, &mut objective(&two), &device).unwrap();
+    let progress_path = old.path().join("state/progress.json");
+    let mut progress: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&progress_path).unwrap()).unwrap();
+    progress
+        .as_object_mut()
+        .unwrap()
+        .remove("best_val_robust_accuracy");
+    std::fs::write(&progress_path, progress.to_string()).unwrap();
+    let epochs_path = old.path().join("epochs.csv");
+    let without_robust: Vec<String> = std::fs::read_to_string(&epochs_path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut f: Vec<&str> = l.split(',').collect();
+            f.remove(robust_col);
+            f.join(",")
+        })
+        .collect();
+    std::fs::write(&epochs_path, without_robust.join("\n") + "\n").unwrap();
+
+    let extended =
+        train::<Train, _>(&cfg_out(&cfg, old.path()), &mut objective(&cfg), &device).unwrap();
+    assert_eq!(
+        extended.best_val_robust_accuracy,
+        done.best_val_robust_accuracy
+    );
+    assert_eq!(
+        common::best_logits(whole.path()),
+        common::best_logits(old.path())
+    );
+    let text = std::fs::read_to_string(&epochs_path).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows[0][robust_col], "val_robust_accuracy");
+    assert_eq!(rows[1][robust_col], "", "older rows gain an empty column");
+    assert_eq!(rows[3][robust_col].parse::<f64>().unwrap(), robust[2]);
+}
+
+fn cfg_out(cfg: &TrainConfig, out: &Path) -> TrainConfig {
+    TrainConfig {
+        out: out.to_path_buf(),
+        ..cfg.clone()
+    }
+}

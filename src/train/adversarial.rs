@@ -12,7 +12,9 @@ use jem_attacks::{AttackLoss, Norm, PgdConfig, Undefended};
 use serde::{Deserialize, Serialize};
 
 use super::objective::{accuracy, cross_entropy, Objective, Step, StepStats};
+use crate::batches;
 use crate::model::WideResNet;
+use jem_datasets::ImageSet;
 
 /// The training attack. Defaults are Madry et al.'s MNIST L∞ ones (ε = 0.3, 40 steps of 0.01,
 /// random start); fewer steps trade strength for time (1 step of 1.25 ε from a random start
@@ -41,7 +43,32 @@ pub struct AdvConfig {
     /// from the start can collapse to a constant prediction).
     #[arg(long, default_value_t = 0)]
     pub adv_eps_ramp_iters: usize,
+    /// Validation images (the first N of the held-out set) attacked at the end of each epoch
+    /// with the training attack at the full ε; the most robust epoch is kept as the best
+    /// checkpoint.
+    #[arg(long, default_value_t = DEFAULT_ADV_VAL_SIZE)]
+    // Left out of the settings while it keeps the default, so that runs started before it
+    // existed still resume with the same command.
+    #[serde(
+        default = "default_adv_val_size",
+        skip_serializing_if = "is_default_adv_val_size"
+    )]
+    pub adv_val_size: usize,
 }
+
+const DEFAULT_ADV_VAL_SIZE: usize = 1000;
+
+fn default_adv_val_size() -> usize {
+    DEFAULT_ADV_VAL_SIZE
+}
+
+fn is_default_adv_val_size(n: &usize) -> bool {
+    *n == DEFAULT_ADV_VAL_SIZE
+}
+
+/// Seed of the validation attack: one fixed random start for every epoch, so epochs are compared
+/// on the same attack.
+const VALIDATION_SEED: u64 = 0x7661_6c69_6461_7465;
 
 impl AdvConfig {
     /// The attack of one training step.
@@ -76,6 +103,11 @@ impl AdvConfig {
             self.eps
         );
         anyhow::ensure!(self.adv_steps > 0, "--adv-steps must be at least 1");
+        anyhow::ensure!(
+            self.adv_val_size > 0,
+            "--adv-val-size must be at least 1: the best epoch is chosen by robust validation \
+             accuracy"
+        );
         anyhow::ensure!(
             (0.0..=1.0).contains(&self.adv_clean_weight),
             "--adv-clean-weight must lie in [0, 1], not {}",
@@ -158,5 +190,37 @@ impl<B: KernelsAutodiff> Objective<B> for AdversarialObjective {
             extra: vec![adv_ce, adv_acc, eps as f64, attack_seconds],
         };
         (loss, stats)
+    }
+
+    fn selects_on_robustness(&self) -> bool {
+        true
+    }
+
+    fn robust_accuracy(
+        &self,
+        model: &WideResNet<B>,
+        val: &ImageSet,
+        device: &B::Device,
+    ) -> anyhow::Result<Option<f64>> {
+        let n = self.config.adv_val_size.min(val.len());
+        anyhow::ensure!(n > 0, "no validation images to attack (--val-size 0)");
+        let attack = self.config.attack(VALIDATION_SEED);
+        let attacked = Undefended::new(model.clone());
+        let inference = model.valid();
+        let indices: Vec<usize> = (0..n).collect();
+        let mut correct = 0usize;
+        // Batches of 250 bound memory; the seed is per batch, the same in every epoch.
+        for (b, chunk) in indices.chunks(250).enumerate() {
+            let x = batches::images::<B::InnerBackend>(val, chunk, device);
+            let y = batches::labels::<B::InnerBackend>(val, chunk, device);
+            let x_adv = PgdConfig {
+                seed: attack.seed.wrapping_add(b as u64),
+                ..attack.clone()
+            }
+            .perturb::<B, _>(&attacked, x, y.clone(), self.config.eps);
+            let predicted = inference.forward(x_adv).argmax(1).flatten::<1>(0, 1);
+            correct += predicted.equal(y).int().sum().into_scalar().elem::<i64>() as usize;
+        }
+        Ok(Some(correct as f64 / n as f64))
     }
 }

@@ -14,7 +14,9 @@ pub struct CsvLog {
 
 impl CsvLog {
     /// Opens `path` for appending with `header`; keeps existing rows whose first column (the
-    /// step counter) is below `keep_below`, and refuses a file with another header.
+    /// step counter) is below `keep_below`. A log whose header lacks some of `header`'s columns
+    /// but keeps the others in order (written before those columns existed) gains them, empty in
+    /// its old rows; a log with any other header is refused.
     pub fn open(path: &Path, header: &[&str], keep_below: u64) -> anyhow::Result<Self> {
         let header_line = header.join(",");
         let mut kept = vec![header_line.clone()];
@@ -23,21 +25,32 @@ impl CsvLog {
                 .with_context(|| format!("cannot read log {}", path.display()))?;
             let mut lines = BufReader::new(f).lines();
             let first = lines.next().transpose()?.unwrap_or_default();
-            anyhow::ensure!(
-                first == header_line,
-                "{}: the log's header `{first}` differs from this run's `{header_line}`; \
-                 use another --out folder",
-                path.display()
-            );
+            let old: Vec<&str> = first.split(',').collect();
+            let positions = column_positions(&old, header).with_context(|| {
+                format!(
+                    "{}: the log's header `{first}` differs from this run's `{header_line}`; \
+                     use another --out folder",
+                    path.display()
+                )
+            })?;
             for line in lines {
                 let line = line?;
-                let step: u64 = line
-                    .split(',')
-                    .next()
+                let fields: Vec<&str> = line.split(',').collect();
+                let step: u64 = fields
+                    .first()
                     .and_then(|s| s.parse().ok())
                     .with_context(|| format!("{}: bad row `{line}`", path.display()))?;
+                anyhow::ensure!(
+                    fields.len() == old.len(),
+                    "{}: row `{line}` has {} fields, its header {}",
+                    path.display(),
+                    fields.len(),
+                    old.len()
+                );
                 if step < keep_below {
-                    kept.push(line);
+                    let mut row = vec![""; header.len()];
+                    positions.iter().zip(&fields).for_each(|(&p, f)| row[p] = f);
+                    kept.push(row.join(","));
                 }
             }
         }
@@ -58,5 +71,63 @@ impl CsvLog {
         writeln!(self.file, "{}", values.join(","))
             .and_then(|_| self.file.flush())
             .with_context(|| format!("cannot write to {}", self.path.display()))
+    }
+}
+
+/// Where each of `old`'s columns stands in `new`, when `old` is `new` with some columns left out
+/// (order kept, the first column present); `None` otherwise.
+fn column_positions(old: &[&str], new: &[&str]) -> Option<Vec<usize>> {
+    if old.first() != new.first() {
+        return None;
+    }
+    let mut positions = Vec::with_capacity(old.len());
+    let mut next = 0;
+    for name in old {
+        let p = next + new[next..].iter().position(|n| n == name)?;
+        positions.push(p);
+        next = p + 1;
+    }
+    Some(positions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_log_gains_the_new_columns_empty_and_an_alien_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("epochs.csv");
+        std::fs::write(
+            &path,
+            "epoch,acc,best\n0,0.5,true\n1,0.6,false\n2,0.7,true\n",
+        )
+        .unwrap();
+        let mut log = CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 2).unwrap();
+        log.row(&["2".into(), "0.8".into(), "0.4".into(), "true".into()])
+            .unwrap();
+        drop(log);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "epoch,acc,robust,best\n0,0.5,,true\n1,0.6,,false\n2,0.8,0.4,true\n"
+        );
+        // Reopened with the same header: nothing changes but the dropped tail.
+        CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 3).unwrap();
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .ends_with("2,0.8,0.4,true\n"));
+        // Columns reordered, renamed or dropped: refused, and the file is left as it was.
+        for header in [
+            &["epoch", "best", "acc"][..],
+            &["epoch", "accuracy", "best"],
+            &["epoch", "best"],
+            &["iteration", "epoch", "acc", "best"],
+        ] {
+            let err = CsvLog::open(&path, header, 3).err().expect("refused");
+            assert!(err.to_string().contains("use another --out"), "{err}");
+        }
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("epoch,acc,robust,best\n"));
     }
 }

@@ -79,6 +79,24 @@ pub trait Objective<B: AutodiffBackend> {
     fn restore(&mut self, _bytes: &[u8], _what: &str) -> anyhow::Result<()> {
         Ok(())
     }
+
+    /// Whether the best checkpoint is chosen by [`Objective::robust_accuracy`] instead of clean
+    /// validation accuracy.
+    fn selects_on_robustness(&self) -> bool {
+        false
+    }
+
+    /// Accuracy on `val` under the objective's own attack, for objectives that select on it.
+    /// Adversarial training overfits robustly long before it overfits clean (Rice et al. 2020,
+    /// "Overfitting in adversarially robust deep learning"): its best epoch is the most robust.
+    fn robust_accuracy(
+        &self,
+        _model: &WideResNet<B>,
+        _val: &ImageSet,
+        _device: &B::Device,
+    ) -> anyhow::Result<Option<f64>> {
+        Ok(None)
+    }
 }
 
 /// Mean cross-entropy `−log softmax(logits)[y]`.

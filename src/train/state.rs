@@ -26,7 +26,12 @@ pub struct Progress {
     pub epoch: usize,
     /// Batches of `epoch` already done.
     pub batch_in_epoch: usize,
+    /// Clean validation accuracy of the best checkpoint.
     pub best_val_accuracy: Option<f64>,
+    /// Robust validation accuracy of the best checkpoint, for objectives that select on it
+    /// (absent from runs started before it was measured).
+    #[serde(default)]
+    pub best_val_robust_accuracy: Option<f64>,
     pub wall_seconds: f64,
     /// The run's settings as JSON; a resume with other settings is refused.
     pub settings: serde_json::Value,
@@ -50,6 +55,7 @@ impl Default for Progress {
             epoch: 0,
             batch_in_epoch: 0,
             best_val_accuracy: None,
+            best_val_robust_accuracy: None,
             wall_seconds: 0.0,
             settings: serde_json::Value::Null,
             lr_scale: 1.0,

@@ -31,6 +31,9 @@ pub struct TrainOutcome {
     pub iterations: usize,
     pub finished: bool,
     pub best_val_accuracy: Option<f64>,
+    /// For objectives that select on it (adversarial training): the best checkpoint's accuracy
+    /// under the training attack on the validation images.
+    pub best_val_robust_accuracy: Option<f64>,
     pub test: Option<CleanMetrics>,
     pub wall_seconds: f64,
 }
@@ -206,22 +209,40 @@ where
         &header,
         progress.global_iter as u64 + 1,
     )?;
+    let robust = objective.selects_on_robustness();
+    let mut epoch_header = vec![
+        "epoch",
+        "iteration",
+        "lr",
+        "val_accuracy",
+        "val_nll",
+        "val_ece",
+    ];
+    if robust {
+        epoch_header.push("val_robust_accuracy");
+    }
+    epoch_header.extend(["best", "wall_seconds"]);
     let mut epoch_log = CsvLog::open(
         &cfg.out.join("epochs.csv"),
-        &[
-            "epoch",
-            "iteration",
-            "lr",
-            "val_accuracy",
-            "val_nll",
-            "val_ece",
-            "best",
-            "wall_seconds",
-        ],
+        &epoch_header,
         progress.epoch as u64,
     )?;
 
     let best = Checkpoint::at(cfg.out.join("model"));
+    if robust && progress.best_val_robust_accuracy.is_none() && best.exists() {
+        // A run from before robust selection: score its best checkpoint by the new criterion,
+        // so that later epochs are compared with it rather than replacing it unseen.
+        let (kept, _) = best.load::<B>(device)?;
+        let r = objective
+            .robust_accuracy(&kept, &val, device)?
+            .context("the objective selects on robustness but measured none")?;
+        eprintln!(
+            "best checkpoint {}: robust validation accuracy {r:.4} (scored now; it was chosen on \
+             clean accuracy)",
+            best.weights.display()
+        );
+        progress.best_val_robust_accuracy = Some(r);
+    }
     let batches_per_epoch = train.len().div_ceil(cfg.batch_size);
     let total_iters = batches_per_epoch * cfg.epochs;
     let stop_at = cfg.max_iters.unwrap_or(usize::MAX).min(total_iters);
@@ -365,9 +386,18 @@ where
         // End of epoch: validate, keep the best, save the state.
         let inference = model.valid();
         let m = metrics::evaluate(&inference, &val, 500, device);
-        let is_best = progress.best_val_accuracy.is_none_or(|b| m.accuracy > b);
+        let r = if robust {
+            objective.robust_accuracy(&model, &val, device)?
+        } else {
+            None
+        };
+        let is_best = match r {
+            Some(r) => progress.best_val_robust_accuracy.is_none_or(|b| r > b),
+            None => progress.best_val_accuracy.is_none_or(|b| m.accuracy > b),
+        };
         if is_best {
             progress.best_val_accuracy = Some(m.accuracy);
+            progress.best_val_robust_accuracy = r;
             let mut sidecar = Sidecar::new(
                 arch.clone(),
                 record(
@@ -379,11 +409,14 @@ where
                 ),
             );
             sidecar.metrics.insert("val_accuracy".into(), m.accuracy);
+            if let Some(r) = r {
+                sidecar.metrics.insert("val_robust_accuracy".into(), r);
+            }
             sidecar.metrics.insert("epoch".into(), epoch as f64);
             best.save(&inference, &sidecar)?;
         }
         progress.wall_seconds = wall_before + started.elapsed().as_secs_f64();
-        epoch_log.row(&[
+        let mut row = vec![
             epoch.to_string(),
             progress.global_iter.to_string(),
             format!(
@@ -393,14 +426,16 @@ where
             format!("{:.5}", m.accuracy),
             format!("{:.5}", m.nll),
             format!("{:.5}", m.ece),
-            is_best.to_string(),
-            format!("{:.1}", progress.wall_seconds),
-        ])?;
+        ];
+        row.extend(r.map(|r| format!("{r:.5}")));
+        row.extend([is_best.to_string(), format!("{:.1}", progress.wall_seconds)]);
+        epoch_log.row(&row)?;
         bar.println(format!(
-            "epoch {epoch}: val accuracy {:.4}, nll {:.4}, ece {:.4}{}",
+            "epoch {epoch}: val accuracy {:.4}, nll {:.4}, ece {:.4}{}{}",
             m.accuracy,
             m.nll,
             m.ece,
+            r.map_or(String::new(), |r| format!(", robust {r:.4}")),
             if is_best { " (best)" } else { "" }
         ));
         progress.epoch += 1;
@@ -433,6 +468,7 @@ where
         iterations: progress.global_iter,
         finished,
         best_val_accuracy: progress.best_val_accuracy,
+        best_val_robust_accuracy: progress.best_val_robust_accuracy,
         test,
         wall_seconds: progress.wall_seconds,
     })
