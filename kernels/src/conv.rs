@@ -35,9 +35,16 @@ pub struct ConvGeometry {
     pub padding: [usize; 2],
 }
 
-/// Pixels (over all images of a chunk) per matrix product: enough columns for the gemm's
-/// micro-kernels to run at full width, few enough for the scratch to stay near the caches.
-const CHUNK_PIXELS: usize = 2048;
+/// Pixels (over all images of a chunk) per matrix product of the forward pass and the input
+/// gradient: few enough for the im2col matrix to stay in the core's L2 cache while the product
+/// reads it (and for 28×28 and 14×14 maps to go one image per chunk, so the product is written
+/// in NCHW directly), enough columns for gemm's micro-kernels to run at full width. Measured on
+/// WRN-16-2's input gradient at one thread: 256 pixels 8–10 % faster than 2048.
+const CHUNK_PIXELS: usize = 256;
+
+/// Pixels per chunk of the weight gradient, whose chunks each add a `[out, patch]` partial sum:
+/// fewer, larger chunks there.
+const WEIGHT_GRAD_CHUNK_PIXELS: usize = 2048;
 
 impl ConvGeometry {
     /// Output height.
@@ -82,8 +89,8 @@ impl ConvGeometry {
         self.in_channels * self.kernel[0] * self.kernel[1]
     }
 
-    fn images_per_chunk(&self) -> usize {
-        (CHUNK_PIXELS / self.out_pixels()).clamp(1, self.batch)
+    fn images_per_chunk(&self, pixels: usize) -> usize {
+        (pixels / self.out_pixels()).clamp(1, self.batch)
     }
 
     /// The convolution whose forward pass is this one's input gradient at stride 1: channels
@@ -381,9 +388,15 @@ impl Shift {
 
     /// Zeroes, in every row of `first..last` of `out`, the columns whose source lies outside.
     fn zero_border_columns(&self, out: &mut [f32], w: usize) {
+        // One column (3×3 kernels) is the common case: a store, not a call to memset per row.
+        let zero = |cells: &mut [f32]| match cells {
+            [] => {}
+            [one] => *one = 0.0,
+            many => many.fill(0.0),
+        };
         for row in out[self.first * w..self.last * w].chunks_exact_mut(w) {
-            row[..self.left].fill(0.0);
-            row[w - self.right..].fill(0.0);
+            zero(&mut row[..self.left]);
+            zero(&mut row[w - self.right..]);
         }
     }
 }
@@ -542,7 +555,7 @@ pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry)
     );
     assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
-    let chunk = g.images_per_chunk();
+    let chunk = g.images_per_chunk(CHUNK_PIXELS);
     let mut out = vec![0.0f32; g.batch * co * pixels];
     let x_chunks = x.par_chunks(chunk * g.in_channels * g.in_pixels());
     let weight = MatRef::row_major(weight, co, k);
@@ -587,7 +600,7 @@ pub fn conv2d_input_grad(grad: &[f32], weight: &[f32], g: &ConvGeometry) -> Vec<
         return conv2d(grad, &flip_transpose(weight, g), None, &transposed);
     }
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
-    let chunk = g.images_per_chunk();
+    let chunk = g.images_per_chunk(CHUNK_PIXELS);
     let mut dx = vec![0.0f32; g.batch * g.in_channels * g.in_pixels()];
     let weight_t = MatRef::row_major(weight, co, k).t();
     dx.par_chunks_mut(chunk * g.in_channels * g.in_pixels())
@@ -639,7 +652,7 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
         "gradient size"
     );
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
-    let chunk = g.images_per_chunk();
+    let chunk = g.images_per_chunk(WEIGHT_GRAD_CHUNK_PIXELS);
     // One partial sum per chunk, added in chunk order below: the same bits for any thread count.
     let partials: Vec<Vec<f32>> = x
         .par_chunks(chunk * g.in_channels * g.in_pixels())
