@@ -93,6 +93,15 @@ impl ConvGeometry {
         (pixels / self.out_pixels()).clamp(1, self.batch)
     }
 
+    /// Whether [`conv_by_kernel_rows`] computes this convolution: stride 1, output as large as
+    /// the input, a kernel taller than one row.
+    fn by_kernel_rows(&self) -> bool {
+        self.stride == [1, 1]
+            && self.kernel[0] > 1
+            && self.out_height() == self.height
+            && self.out_width() == self.width
+    }
+
     /// The convolution whose forward pass is this one's input gradient at stride 1: channels
     /// swapped, padding k − 1 − p, on the output's plane (weights flipped and transposed by
     /// [`flip_transpose`]). `None` where that padding would be negative or the stride is not 1.
@@ -544,6 +553,60 @@ fn images_first(matrix: &[f32], images: usize, channels: usize, pixels: usize, m
     }
 }
 
+/// `weight` (`[out, in, kh, kw]`) as `kh` row-major `[out, in · kw]` matrices, one per kernel
+/// row, for [`conv_by_kernel_rows`].
+fn weight_by_kernel_rows(weight: &[f32], g: &ConvGeometry) -> Vec<f32> {
+    let (ci, co, [kh, kw]) = (g.in_channels, g.out_channels, g.kernel);
+    let mut rows = vec![0.0f32; weight.len()];
+    for ki in 0..kh {
+        for o in 0..co {
+            for i in 0..ci {
+                let src = &weight[((o * ci + i) * kh + ki) * kw..][..kw];
+                rows[((ki * co + o) * ci + i) * kw..][..kw].copy_from_slice(src);
+            }
+        }
+    }
+    rows
+}
+
+/// One image's stride-1 "same" convolution without a full im2col matrix: each input plane is
+/// copied once per kernel column, shifted horizontally, into a buffer with `kh − 1` zero rows
+/// of margin; the rows of the kernel are then row offsets into that buffer, so the output is
+/// `kh` products of `[out, in · kw]` by `[in · kw, pixels]` views added up. A third of the
+/// copying of im2col for 3×3 kernels, and the output is written in NCHW by the products.
+fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &mut [f32]) {
+    let (ci, co, [kh, kw], w) = (g.in_channels, g.out_channels, g.kernel, g.width);
+    let pixels = g.in_pixels();
+    let top = g.padding[0] * w;
+    let row_len = pixels + (kh - 1) * w;
+    with_scratch(ci * kw * row_len, 0, |rows, _| {
+        for (r, row) in rows.chunks_exact_mut(row_len).enumerate() {
+            let (c, kj) = (r / kw, r % kw);
+            let dx = kj as isize - g.padding[1] as isize;
+            row[..top].fill(0.0);
+            row[top + pixels..].fill(0.0);
+            let plane = &x[c * pixels..][..pixels];
+            shifted_copy(&mut row[top..top + pixels], plane, w, 0, dx);
+        }
+        for ki in 0..kh {
+            // Output pixel p reads input row y + ki − padding, which sits at p + ki·w here.
+            let taps = MatRef {
+                data: &rows[ki * w..],
+                rows: ci * kw,
+                cols: pixels,
+                row_stride: row_len,
+                col_stride: 1,
+            };
+            let weight = MatRef::row_major(
+                &kernel_rows[ki * co * ci * kw..][..co * ci * kw],
+                co,
+                ci * kw,
+            );
+            matmul(MatMut::row_major(out, co, pixels), weight, taps, ki > 0);
+        }
+    });
+}
+
 /// The convolution of `x` (`[batch, in, h, w]`) with `weight` (`[out, in, kh, kw]`) plus
 /// `bias` (`[out]`): `[batch, out, ho, wo]`.
 pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry) -> Vec<f32> {
@@ -558,23 +621,28 @@ pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry)
     let chunk = g.images_per_chunk(CHUNK_PIXELS);
     let mut out = vec![0.0f32; g.batch * co * pixels];
     let x_chunks = x.par_chunks(chunk * g.in_channels * g.in_pixels());
+    let kernel_rows = g.by_kernel_rows().then(|| weight_by_kernel_rows(weight, g));
     let weight = MatRef::row_major(weight, co, k);
     out.par_chunks_mut(chunk * co * pixels)
         .zip(x_chunks)
         .for_each(|(out, x)| {
             let images = out.len() / (co * pixels);
             let columns = images * pixels;
-            with_scratch(k * columns, co * columns, |col, product| {
-                im2col(x, images, g, col);
-                let col = MatRef::row_major(col, k, columns);
-                if images == 1 {
-                    // One image: its [out, pixels] block of the output is the product itself.
-                    matmul(MatMut::row_major(out, co, columns), weight, col, false);
-                } else {
-                    matmul(MatMut::row_major(product, co, columns), weight, col, false);
-                    images_first(product, images, co, pixels, out);
-                }
-            });
+            if let (1, Some(kernel_rows)) = (images, &kernel_rows) {
+                conv_by_kernel_rows(x, kernel_rows, g, out);
+            } else {
+                with_scratch(k * columns, co * columns, |col, product| {
+                    im2col(x, images, g, col);
+                    let col = MatRef::row_major(col, k, columns);
+                    if images == 1 {
+                        // One image: its [out, pixels] block of the output is the product.
+                        matmul(MatMut::row_major(out, co, columns), weight, col, false);
+                    } else {
+                        matmul(MatMut::row_major(product, co, columns), weight, col, false);
+                        images_first(product, images, co, pixels, out);
+                    }
+                });
+            }
             if let Some(bias) = bias {
                 for (map, b) in out.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
                     map.iter_mut().for_each(|v| *v += b);
@@ -840,6 +908,58 @@ mod tests {
             covered > 20,
             "only {covered} geometries took the phase planes"
         );
+    }
+
+    #[test]
+    fn the_kernel_rows_path_equals_im2col_times_the_weight() {
+        // Integer data: every partial sum is exact, so any summation order gives the same bits.
+        let mut taken = 0;
+        for (h, w) in [(28, 28), (14, 14), (7, 7), (5, 6), (9, 4), (1, 1), (2, 3)] {
+            for (kernel, padding) in [([3, 3], [1, 1]), ([5, 5], [2, 2]), ([3, 1], [1, 0])] {
+                let g = ConvGeometry {
+                    batch: 1,
+                    in_channels: 3,
+                    height: h,
+                    width: w,
+                    out_channels: 5,
+                    kernel,
+                    stride: [1, 1],
+                    padding,
+                };
+                assert!(g.by_kernel_rows(), "{g:?}");
+                taken += 1;
+                let x: Vec<f32> = (0..3 * h * w).map(|v| (v % 7) as f32 - 3.0).collect();
+                let weight: Vec<f32> = (0..5 * g.patch()).map(|v| (v % 5) as f32 - 2.0).collect();
+                let mut col = vec![f32::NAN; g.patch() * g.out_pixels()];
+                im2col_by_rows(&x, 1, &g, &mut col);
+                let want: Vec<f32> = (0..5 * g.out_pixels())
+                    .map(|i| {
+                        let (o, p) = (i / g.out_pixels(), i % g.out_pixels());
+                        (0..g.patch())
+                            .map(|r| weight[o * g.patch() + r] * col[r * g.out_pixels() + p])
+                            .sum()
+                    })
+                    .collect();
+                let mut got = vec![f32::NAN; want.len()];
+                conv_by_kernel_rows(&x, &weight_by_kernel_rows(&weight, &g), &g, &mut got);
+                assert_eq!(got, want, "{h}×{w} kernel {kernel:?} padding {padding:?}");
+            }
+        }
+        assert_eq!(taken, 21);
+        // Strided, shrinking and one-row kernels keep im2col.
+        let g = |kernel, stride, padding| ConvGeometry {
+            batch: 1,
+            in_channels: 1,
+            height: 8,
+            width: 8,
+            out_channels: 1,
+            kernel,
+            stride,
+            padding,
+        };
+        assert!(!g([3, 3], [2, 2], [1, 1]).by_kernel_rows());
+        assert!(!g([3, 3], [1, 1], [0, 0]).by_kernel_rows());
+        assert!(!g([1, 1], [1, 1], [0, 0]).by_kernel_rows());
     }
 
     #[test]
