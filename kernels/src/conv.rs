@@ -102,6 +102,13 @@ impl ConvGeometry {
             && self.out_width() == self.width
     }
 
+    /// Whether the forward pass and the weight gradient go by kernel rows, image by image: where
+    /// [`ConvGeometry::by_kernel_rows`] holds and an image has enough pixels for one image's
+    /// products to keep gemm's micro-kernels at full width (28×28 and 14×14, not 7×7).
+    fn uses_kernel_rows(&self) -> bool {
+        self.by_kernel_rows() && self.out_pixels() >= 128
+    }
+
     /// The convolution whose forward pass is this one's input gradient at stride 1: channels
     /// swapped, padding k − 1 − p, on the output's plane (weights flipped and transposed by
     /// [`flip_transpose`]). `None` where that padding would be negative or the stride is not 1.
@@ -569,40 +576,74 @@ fn weight_by_kernel_rows(weight: &[f32], g: &ConvGeometry) -> Vec<f32> {
     rows
 }
 
-/// One image's stride-1 "same" convolution without a full im2col matrix: each input plane is
-/// copied once per kernel column, shifted horizontally, into a buffer with `kh − 1` zero rows
-/// of margin; the rows of the kernel are then row offsets into that buffer, so the output is
-/// `kh` products of `[out, in · kw]` by `[in · kw, pixels]` views added up. A third of the
-/// copying of im2col for 3×3 kernels, and the output is written in NCHW by the products.
-fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &mut [f32]) {
-    let (ci, co, [kh, kw], w) = (g.in_channels, g.out_channels, g.kernel, g.width);
-    let pixels = g.in_pixels();
+/// Length of one row of [`fill_kernel_rows`]'s buffer: the plane and `kh − 1` rows of margin.
+fn kernel_row_len(g: &ConvGeometry) -> usize {
+    g.in_pixels() + (g.kernel[0] - 1) * g.width
+}
+
+/// Fills `rows` (`in · kw` rows of [`kernel_row_len`]) for one image `x`: row (c, kj) holds
+/// plane c shifted by kernel column kj, between `padding` zero rows above and the rest of the
+/// margin below. Kernel row ki of the convolution is then the view [`kernel_row_taps`].
+fn fill_kernel_rows(x: &[f32], g: &ConvGeometry, rows: &mut [f32]) {
+    let (kw, w, pixels) = (g.kernel[1], g.width, g.in_pixels());
     let top = g.padding[0] * w;
-    let row_len = pixels + (kh - 1) * w;
-    with_scratch(ci * kw * row_len, 0, |rows, _| {
-        for (r, row) in rows.chunks_exact_mut(row_len).enumerate() {
-            let (c, kj) = (r / kw, r % kw);
-            let dx = kj as isize - g.padding[1] as isize;
-            row[..top].fill(0.0);
-            row[top + pixels..].fill(0.0);
-            let plane = &x[c * pixels..][..pixels];
-            shifted_copy(&mut row[top..top + pixels], plane, w, 0, dx);
-        }
-        for ki in 0..kh {
-            // Output pixel p reads input row y + ki − padding, which sits at p + ki·w here.
-            let taps = MatRef {
-                data: &rows[ki * w..],
-                rows: ci * kw,
-                cols: pixels,
-                row_stride: row_len,
-                col_stride: 1,
-            };
+    for (r, row) in rows.chunks_exact_mut(kernel_row_len(g)).enumerate() {
+        let (c, kj) = (r / kw, r % kw);
+        row[..top].fill(0.0);
+        row[top + pixels..].fill(0.0);
+        let dx = kj as isize - g.padding[1] as isize;
+        shifted_copy(
+            &mut row[top..top + pixels],
+            &x[c * pixels..][..pixels],
+            w,
+            0,
+            dx,
+        );
+    }
+}
+
+/// The `[in · kw, pixels]` im2col rows of kernel row `ki`, as a view into the buffer of
+/// [`fill_kernel_rows`]: output pixel p reads input row y + ki − padding, at p + ki·w there.
+fn kernel_row_taps<'a>(rows: &'a [f32], ki: usize, g: &ConvGeometry) -> MatRef<'a> {
+    MatRef {
+        data: &rows[ki * g.width..],
+        rows: g.in_channels * g.kernel[1],
+        cols: g.in_pixels(),
+        row_stride: kernel_row_len(g),
+        col_stride: 1,
+    }
+}
+
+/// One image's stride-1 "same" convolution without a full im2col matrix: `kh` products of
+/// `[out, in · kw]` (`kernel_rows`, from [`weight_by_kernel_rows`]) by [`kernel_row_taps`]
+/// added up. A third of im2col's copying for 3×3 kernels, and the output is written in NCHW.
+fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &mut [f32]) {
+    let (co, patch_row) = (g.out_channels, g.in_channels * g.kernel[1]);
+    with_scratch(patch_row * kernel_row_len(g), 0, |rows, _| {
+        fill_kernel_rows(x, g, rows);
+        for ki in 0..g.kernel[0] {
             let weight = MatRef::row_major(
-                &kernel_rows[ki * co * ci * kw..][..co * ci * kw],
+                &kernel_rows[ki * co * patch_row..][..co * patch_row],
                 co,
-                ci * kw,
+                patch_row,
             );
-            matmul(MatMut::row_major(out, co, pixels), weight, taps, ki > 0);
+            let out = MatMut::row_major(out, co, g.in_pixels());
+            matmul(out, weight, kernel_row_taps(rows, ki, g), ki > 0);
+        }
+    });
+}
+
+/// One image's contribution to the weight gradient by kernel rows (the adjoint of
+/// [`conv_by_kernel_rows`]): adds `grad · taps(ki)ᵀ` to `partial`, `kh` column-major
+/// `[out, in · kw]` blocks (so gemm reads the taps in place and packs only `grad`).
+fn weight_grad_by_kernel_rows(x: &[f32], grad: &[f32], g: &ConvGeometry, partial: &mut [f32]) {
+    let (co, patch_row) = (g.out_channels, g.in_channels * g.kernel[1]);
+    with_scratch(patch_row * kernel_row_len(g), 0, |rows, _| {
+        fill_kernel_rows(x, g, rows);
+        let grad = MatRef::row_major(grad, co, g.in_pixels());
+        for (ki, block) in partial.chunks_exact_mut(co * patch_row).enumerate() {
+            let dst = MatMut::column_major(block, co, patch_row);
+            matmul(dst, grad, kernel_row_taps(rows, ki, g).t(), true);
         }
     });
 }
@@ -621,15 +662,20 @@ pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry)
     let chunk = g.images_per_chunk(CHUNK_PIXELS);
     let mut out = vec![0.0f32; g.batch * co * pixels];
     let x_chunks = x.par_chunks(chunk * g.in_channels * g.in_pixels());
-    let kernel_rows = g.by_kernel_rows().then(|| weight_by_kernel_rows(weight, g));
+    let kernel_rows = g
+        .uses_kernel_rows()
+        .then(|| weight_by_kernel_rows(weight, g));
     let weight = MatRef::row_major(weight, co, k);
     out.par_chunks_mut(chunk * co * pixels)
         .zip(x_chunks)
         .for_each(|(out, x)| {
             let images = out.len() / (co * pixels);
             let columns = images * pixels;
-            if let (1, Some(kernel_rows)) = (images, &kernel_rows) {
-                conv_by_kernel_rows(x, kernel_rows, g, out);
+            if let Some(kernel_rows) = &kernel_rows {
+                let x_images = x.chunks_exact(g.in_channels * g.in_pixels());
+                for (out, x) in out.chunks_exact_mut(co * pixels).zip(x_images) {
+                    conv_by_kernel_rows(x, kernel_rows, g, out);
+                }
             } else {
                 with_scratch(k * columns, co * columns, |col, product| {
                     im2col(x, images, g, col);
@@ -729,6 +775,13 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
             let images = grad.len() / (co * pixels);
             let columns = images * pixels;
             let mut partial = vec![0.0f32; co * k];
+            if g.uses_kernel_rows() {
+                let x_images = x.chunks_exact(g.in_channels * g.in_pixels());
+                for (x, grad) in x_images.zip(grad.chunks_exact(co * pixels)) {
+                    weight_grad_by_kernel_rows(x, grad, g, &mut partial);
+                }
+                return partial;
+            }
             with_scratch(k * columns, co * columns, |col, grad_matrix| {
                 im2col(x, images, g, col);
                 let grad = as_matrix(grad, images, co, pixels, grad_matrix);
@@ -745,11 +798,25 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
             partial
         })
         .collect();
-    let summed = sum_in_order(partials); // [patch, out]
+    let summed = sum_in_order(partials);
     let mut dw = vec![0.0f32; co * k];
-    for o in 0..co {
-        for i in 0..k {
-            dw[o * k + i] = summed[i * co + o];
+    if g.uses_kernel_rows() {
+        // [kh][in · kw][out] → [out][in][kh][kw]
+        let (ci, [kh, kw]) = (g.in_channels, g.kernel);
+        for ki in 0..kh {
+            for r in 0..ci * kw {
+                let (i, kj) = (r / kw, r % kw);
+                for o in 0..co {
+                    dw[((o * ci + i) * kh + ki) * kw + kj] = summed[(ki * ci * kw + r) * co + o];
+                }
+            }
+        }
+    } else {
+        // [patch][out] → [out][patch]
+        for o in 0..co {
+            for i in 0..k {
+                dw[o * k + i] = summed[i * co + o];
+            }
         }
     }
     dw
@@ -911,7 +978,7 @@ mod tests {
     }
 
     #[test]
-    fn the_kernel_rows_path_equals_im2col_times_the_weight() {
+    fn the_kernel_rows_paths_equal_the_products_with_im2col() {
         // Integer data: every partial sum is exact, so any summation order gives the same bits.
         let mut taken = 0;
         for (h, w) in [(28, 28), (14, 14), (7, 7), (5, 6), (9, 4), (1, 1), (2, 3)] {
@@ -943,6 +1010,27 @@ mod tests {
                 let mut got = vec![f32::NAN; want.len()];
                 conv_by_kernel_rows(&x, &weight_by_kernel_rows(&weight, &g), &g, &mut got);
                 assert_eq!(got, want, "{h}×{w} kernel {kernel:?} padding {padding:?}");
+
+                // The weight gradient: Σ_p grad[o, p] · col[r, p], blocks [kh][in · kw][out].
+                let grad: Vec<f32> = (0..5 * g.out_pixels())
+                    .map(|v| (v % 3) as f32 - 1.0)
+                    .collect();
+                let mut blocks = vec![0.0f32; 5 * g.patch()];
+                weight_grad_by_kernel_rows(&x, &grad, &g, &mut blocks);
+                let [kh, kw] = kernel;
+                for o in 0..5 {
+                    for r in 0..g.patch() {
+                        let want: f32 = (0..g.out_pixels())
+                            .map(|p| grad[o * g.out_pixels() + p] * col[r * g.out_pixels() + p])
+                            .sum();
+                        let (c, ki, kj) = patch_position(r, &g);
+                        let got = blocks[(ki * 3 * kw + c * kw + kj) * 5 + o];
+                        assert_eq!(
+                            got, want,
+                            "{h}×{w} kernel {kernel:?} dw[{o}, {r}] ({kh} rows)"
+                        );
+                    }
+                }
             }
         }
         assert_eq!(taken, 21);
