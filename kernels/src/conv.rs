@@ -11,6 +11,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use crate::fresh::par_fresh;
 use crate::matmul::{matmul, MatMut, MatRef};
 
 /// Shape of one convolution: an NCHW input, an `[out, in, kh, kw]` weight, symmetric zero
@@ -550,12 +551,20 @@ fn as_matrix<'a>(
     }
 }
 
-/// The inverse of [`channels_first`].
-fn images_first(matrix: &[f32], images: usize, channels: usize, pixels: usize, maps: &mut [f32]) {
+/// Adds a `channels × (images · pixels)` matrix onto NCHW maps: the inverse layout of
+/// [`channels_first`].
+fn images_first_add(
+    matrix: &[f32],
+    images: usize,
+    channels: usize,
+    pixels: usize,
+    maps: &mut [f32],
+) {
     for image in 0..images {
         for c in 0..channels {
-            maps[(image * channels + c) * pixels..][..pixels]
-                .copy_from_slice(&matrix[(c * images + image) * pixels..][..pixels]);
+            let src = &matrix[(c * images + image) * pixels..][..pixels];
+            let dst = &mut maps[(image * channels + c) * pixels..][..pixels];
+            dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
         }
     }
 }
@@ -616,7 +625,7 @@ fn kernel_row_taps<'a>(rows: &'a [f32], ki: usize, g: &ConvGeometry) -> MatRef<'
 
 /// One image's stride-1 "same" convolution without a full im2col matrix: `kh` products of
 /// `[out, in · kw]` (`kernel_rows`, from [`weight_by_kernel_rows`]) by [`kernel_row_taps`]
-/// added up. A third of im2col's copying for 3×3 kernels, and the output is written in NCHW.
+/// added onto `out` (which holds the bias). A third of im2col's copying for 3×3 kernels, and the output is written in NCHW.
 fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &mut [f32]) {
     let (co, patch_row) = (g.out_channels, g.in_channels * g.kernel[1]);
     with_scratch(patch_row * kernel_row_len(g), 0, |rows, _| {
@@ -628,7 +637,7 @@ fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &m
                 patch_row,
             );
             let out = MatMut::row_major(out, co, g.in_pixels());
-            matmul(out, weight, kernel_row_taps(rows, ki, g), ki > 0);
+            matmul(out, weight, kernel_row_taps(rows, ki, g), true);
         }
     });
 }
@@ -660,42 +669,42 @@ pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry)
     assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
     let chunk = g.images_per_chunk(CHUNK_PIXELS);
-    let mut out = vec![0.0f32; g.batch * co * pixels];
-    let x_chunks = x.par_chunks(chunk * g.in_channels * g.in_pixels());
     let kernel_rows = g
         .uses_kernel_rows()
         .then(|| weight_by_kernel_rows(weight, g));
     let weight = MatRef::row_major(weight, co, k);
-    out.par_chunks_mut(chunk * co * pixels)
-        .zip(x_chunks)
-        .for_each(|(out, x)| {
-            let images = out.len() / (co * pixels);
-            let columns = images * pixels;
-            if let Some(kernel_rows) = &kernel_rows {
-                let x_images = x.chunks_exact(g.in_channels * g.in_pixels());
-                for (out, x) in out.chunks_exact_mut(co * pixels).zip(x_images) {
-                    conv_by_kernel_rows(x, kernel_rows, g, out);
-                }
-            } else {
-                with_scratch(k * columns, co * columns, |col, product| {
-                    im2col(x, images, g, col);
-                    let col = MatRef::row_major(col, k, columns);
-                    if images == 1 {
-                        // One image: its [out, pixels] block of the output is the product.
-                        matmul(MatMut::row_major(out, co, columns), weight, col, false);
-                    } else {
-                        matmul(MatMut::row_major(product, co, columns), weight, col, false);
-                        images_first(product, images, co, pixels, out);
-                    }
-                });
+    let image_len = g.in_channels * g.in_pixels();
+    par_fresh(g.batch * co * pixels, chunk * co * pixels, |i, blank| {
+        let images = blank.len() / (co * pixels);
+        let columns = images * pixels;
+        let x = &x[i * chunk * image_len..][..images * image_len];
+        // The bias first, the products added onto it: no zeroing, no second pass for the bias.
+        let mut out = match bias {
+            Some(bias) => blank.fill_runs(pixels, bias.iter().copied().cycle()),
+            None => blank.fill_runs(pixels, std::iter::repeat(0.0)),
+        };
+        if let Some(kernel_rows) = &kernel_rows {
+            for (out, x) in out
+                .chunks_exact_mut(co * pixels)
+                .zip(x.chunks_exact(image_len))
+            {
+                conv_by_kernel_rows(x, kernel_rows, g, out);
             }
-            if let Some(bias) = bias {
-                for (map, b) in out.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
-                    map.iter_mut().for_each(|v| *v += b);
+        } else {
+            with_scratch(k * columns, co * columns, |col, product| {
+                im2col(x, images, g, col);
+                let col = MatRef::row_major(col, k, columns);
+                if images == 1 {
+                    // One image: its [out, pixels] block of the output is the product.
+                    matmul(MatMut::row_major(&mut out, co, columns), weight, col, true);
+                } else {
+                    matmul(MatMut::row_major(product, co, columns), weight, col, false);
+                    images_first_add(product, images, co, pixels, &mut out);
                 }
-            }
-        });
-    out
+            });
+        }
+        out
+    })
 }
 
 /// The gradient with respect to the input of [`conv2d`], given the output's gradient
@@ -1007,7 +1016,7 @@ mod tests {
                             .sum()
                     })
                     .collect();
-                let mut got = vec![f32::NAN; want.len()];
+                let mut got = vec![0.0; want.len()];
                 conv_by_kernel_rows(&x, &weight_by_kernel_rows(&weight, &g), &g, &mut got);
                 assert_eq!(got, want, "{h}×{w} kernel {kernel:?} padding {padding:?}");
 

@@ -51,6 +51,7 @@
 mod activation;
 mod backend;
 mod conv;
+mod fresh;
 mod matmul;
 mod module;
 
