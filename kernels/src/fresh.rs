@@ -27,7 +27,7 @@ impl<'a> Blank<'a> {
     /// for every run).
     pub fn fill_runs(self, run: usize, mut values: impl Iterator<Item = f32>) -> Written<'a> {
         assert!(
-            run > 0 && self.0.len() % run == 0,
+            run > 0 && self.0.len().is_multiple_of(run),
             "runs of {run} in {}",
             self.0.len()
         );
