@@ -353,8 +353,8 @@ fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored(
         .collect();
     std::fs::write(&epochs_path, without_robust.join("\n") + "\n").unwrap();
 
-    let extended =
-        train::<Train, _>(&cfg_out(&cfg, old.path()), &mut objective(&cfg), &device).unwrap();
+    let three = small_adversarial_run(old.path(), 3);
+    let extended = train::<Train, _>(&three, &mut objective(&three), &device).unwrap();
     assert_eq!(
         extended.best_val_robust_accuracy,
         done.best_val_robust_accuracy
@@ -368,11 +368,4 @@ fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored(
     assert_eq!(rows[0][robust_col], "val_robust_accuracy");
     assert_eq!(rows[1][robust_col], "", "older rows gain an empty column");
     assert_eq!(rows[3][robust_col].parse::<f64>().unwrap(), robust[2]);
-}
-
-fn cfg_out(cfg: &TrainConfig, out: &Path) -> TrainConfig {
-    TrainConfig {
-        out: out.to_path_buf(),
-        ..cfg.clone()
-    }
 }

@@ -625,7 +625,8 @@ fn kernel_row_taps<'a>(rows: &'a [f32], ki: usize, g: &ConvGeometry) -> MatRef<'
 
 /// One image's stride-1 "same" convolution without a full im2col matrix: `kh` products of
 /// `[out, in · kw]` (`kernel_rows`, from [`weight_by_kernel_rows`]) by [`kernel_row_taps`]
-/// added onto `out` (which holds the bias). A third of im2col's copying for 3×3 kernels, and the output is written in NCHW.
+/// added onto `out` (which holds the bias). A third of im2col's copying for 3×3 kernels, and
+/// the output is written in NCHW.
 fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &mut [f32]) {
     let (co, patch_row) = (g.out_channels, g.in_channels * g.kernel[1]);
     with_scratch(patch_row * kernel_row_len(g), 0, |rows, _| {

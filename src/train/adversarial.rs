@@ -201,14 +201,14 @@ impl<B: KernelsAutodiff> Objective<B> for AdversarialObjective {
         model: &WideResNet<B>,
         val: &ImageSet,
         device: &B::Device,
-    ) -> anyhow::Result<Option<f64>> {
+    ) -> anyhow::Result<f64> {
         let n = self.config.adv_val_size.min(val.len());
         anyhow::ensure!(n > 0, "no validation images to attack (--val-size 0)");
         let attack = self.config.attack(VALIDATION_SEED);
         let attacked = Undefended::new(model.clone());
         let inference = model.valid();
         let indices: Vec<usize> = (0..n).collect();
-        let mut correct = 0usize;
+        let mut correct = 0.0;
         // Batches of 250 bound memory; the seed is per batch, the same in every epoch.
         for (b, chunk) in indices.chunks(250).enumerate() {
             let x = batches::images::<B::InnerBackend>(val, chunk, device);
@@ -218,9 +218,8 @@ impl<B: KernelsAutodiff> Objective<B> for AdversarialObjective {
                 ..attack.clone()
             }
             .perturb::<B, _>(&attacked, x, y.clone(), self.config.eps);
-            let predicted = inference.forward(x_adv).argmax(1).flatten::<1>(0, 1);
-            correct += predicted.equal(y).int().sum().into_scalar().elem::<i64>() as usize;
+            correct += (accuracy(inference.forward(x_adv), y) * chunk.len() as f64).round();
         }
-        Ok(Some(correct as f64 / n as f64))
+        Ok(correct / n as f64)
     }
 }

@@ -86,16 +86,17 @@ pub trait Objective<B: AutodiffBackend> {
         false
     }
 
-    /// Accuracy on `val` under the objective's own attack, for objectives that select on it.
-    /// Adversarial training overfits robustly long before it overfits clean (Rice et al. 2020,
-    /// "Overfitting in adversarially robust deep learning"): its best epoch is the most robust.
+    /// Accuracy on `val` under the objective's own attack, asked only of objectives that
+    /// [select on it](Objective::selects_on_robustness). Adversarial training overfits robustly
+    /// long before it overfits clean (Rice et al. 2020, "Overfitting in adversarially robust
+    /// deep learning"): its best epoch is the most robust.
     fn robust_accuracy(
         &self,
         _model: &WideResNet<B>,
         _val: &ImageSet,
         _device: &B::Device,
-    ) -> anyhow::Result<Option<f64>> {
-        Ok(None)
+    ) -> anyhow::Result<f64> {
+        anyhow::bail!("`{}` training has no attack to validate under", self.kind())
     }
 }
 

@@ -233,9 +233,7 @@ where
         // A run from before robust selection: score its best checkpoint by the new criterion,
         // so that later epochs are compared with it rather than replacing it unseen.
         let (kept, _) = best.load::<B>(device)?;
-        let r = objective
-            .robust_accuracy(&kept, &val, device)?
-            .context("the objective selects on robustness but measured none")?;
+        let r = objective.robust_accuracy(&kept, &val, device)?;
         eprintln!(
             "best checkpoint {}: robust validation accuracy {r:.4} (scored now; it was chosen on \
              clean accuracy)",
@@ -386,11 +384,9 @@ where
         // End of epoch: validate, keep the best, save the state.
         let inference = model.valid();
         let m = metrics::evaluate(&inference, &val, 500, device);
-        let r = if robust {
-            objective.robust_accuracy(&model, &val, device)?
-        } else {
-            None
-        };
+        let r = robust
+            .then(|| objective.robust_accuracy(&model, &val, device))
+            .transpose()?;
         let is_best = match r {
             Some(r) => progress.best_val_robust_accuracy.is_none_or(|b| r > b),
             None => progress.best_val_accuracy.is_none_or(|b| m.accuracy > b),
