@@ -663,6 +663,13 @@ fn batches_count_every_example_once_and_one_batch_changes_nothing() {
     }
     let settings = std::fs::read_to_string(split.path().join("settings.json")).unwrap();
     assert!(settings.contains("\"batch_size\": 4"), "{settings}");
+    // Each batch was kept while its cell ran; a finished cell leaves only its own file.
+    let leftovers: Vec<_> = std::fs::read_dir(split.path().join("cells"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| !name.ends_with(".json"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 
     let o = sweep(tempfile::tempdir().unwrap().path())
         .args(["--batch-size", "0"])

@@ -62,7 +62,7 @@ impl ExampleOutcome {
 }
 
 /// An attack's result on a batch.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttackOutcome {
     /// One outcome per example, in batch order.
     pub examples: Vec<ExampleOutcome>,

@@ -1,6 +1,8 @@
 //! What a sweep writes. Each finished cell is one JSON file under `cells/`, written atomically:
-//! a killed sweep loses at most the cell in progress, and no row can be written twice. The
-//! tidy and per-example CSVs are rebuilt from the cell files after every cell.
+//! a killed sweep loses at most the cell in progress — at most its batch in progress when it
+//! runs in several `--batch-size` batches, each kept under `cells/<id>.batches/` until the
+//! cell is done — and no row can be written twice. The tidy and per-example CSVs are rebuilt
+//! from the cell files after every cell.
 
 use std::path::Path;
 
@@ -122,6 +124,57 @@ pub fn load_cell(out: &Path, cell: &Cell) -> anyhow::Result<Option<CellResult>> 
     Ok(Some(r))
 }
 
+/// Where the finished batches of an unfinished `cell` are kept: `cells/<id>.batches/`.
+pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
+    out.join("cells").join(format!("{}.batches", cell.id()))
+}
+
+/// Computes the `count` batches of a cell in order, keeping each one in `dir` (as `<j>.json`)
+/// the moment it is done and reading back, instead of computing again, those an interrupted
+/// run of the same sweep left there (the folder's settings, `--batch-size` and the seed among
+/// them, are checked before any cell runs, so a batch file is what `compute` would return).
+/// With `dir` absent nothing is kept. The folder is removed by [`remove_batches`] once the
+/// cell's own file is written.
+pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
+    dir: Option<&Path>,
+    count: usize,
+    mut compute: impl FnMut(usize) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<T>> {
+    let Some(dir) = dir else {
+        return (0..count).map(compute).collect();
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    (0..count)
+        .map(|j| {
+            let p = dir.join(format!("{j}.json"));
+            if p.exists() {
+                let text = std::fs::read_to_string(&p)
+                    .with_context(|| format!("cannot read {}", p.display()))?;
+                return serde_json::from_str(&text).with_context(|| {
+                    format!(
+                        "{}: not a finished batch of this cell (delete it to run the batch \
+                         again)",
+                        p.display()
+                    )
+                });
+            }
+            let batch = compute(j)?;
+            write_atomic(&p, serde_json::to_string(&batch)?.as_bytes())?;
+            Ok(batch)
+        })
+        .collect()
+}
+
+/// Removes the batch files of a cell whose own file is written (nothing if there are none).
+pub fn remove_batches(out: &Path, cell: &Cell) -> anyhow::Result<()> {
+    let dir = batches_dir(out, cell);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("cannot remove {}", dir.display()))?;
+    }
+    Ok(())
+}
+
 /// Writes `robust.csv` (per-attack rows with breaks carried across ε, then the per-example
 /// worst-case rows; see [`super::robustness`]) and `examples.csv` from the finished cells, in
 /// sweep order. Returns the tidy rows.
@@ -158,4 +211,52 @@ pub fn read_tidy(path: &Path) -> anyhow::Result<Vec<TidyRow>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batch j's result: a value that depends on j only, as a batch of a sweep depends on its
+    /// examples and seed only.
+    fn batch(j: usize) -> Vec<f64> {
+        vec![j as f64 * 1.5, (j as f64).sqrt()]
+    }
+
+    #[test]
+    fn an_interrupted_cell_resumes_at_its_first_unfinished_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("cell.batches");
+        let whole: Vec<Vec<f64>> = resumable_batches(None, 5, |j| Ok(batch(j))).unwrap();
+
+        // The first run dies in batch 3: batches 0–2 are on disk.
+        let mut computed = Vec::new();
+        let died = resumable_batches(Some(&kept), 5, |j| {
+            computed.push(j);
+            anyhow::ensure!(j < 3, "killed in batch {j}");
+            Ok(batch(j))
+        });
+        assert!(died.is_err());
+        assert_eq!(computed, [0, 1, 2, 3]);
+
+        // The same command again computes only batches 3 and 4, and ends where a run that
+        // was never interrupted ends.
+        computed.clear();
+        let resumed = resumable_batches(Some(&kept), 5, |j| {
+            computed.push(j);
+            Ok(batch(j))
+        })
+        .unwrap();
+        assert_eq!(computed, [3, 4]);
+        assert_eq!(resumed, whole);
+
+        // A damaged batch file is an error that names it, not a silent recomputation.
+        std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
+        let err = resumable_batches(Some(&kept), 5, |j| Ok(batch(j))).unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains("1.json") && message.contains("delete it"),
+            "{message}"
+        );
+    }
 }

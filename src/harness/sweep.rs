@@ -308,6 +308,7 @@ fn check_subject<N: Module<Train>>(args: &RobustArgs, subject: &Subject<N>) -> a
 }
 
 fn run_cell<N: Classifier<Train> + Module<Train>>(
+    out: &std::path::Path,
     args: &RobustArgs,
     subject: &Subject<N>,
     cell: &Cell,
@@ -336,20 +337,38 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
     let all: Vec<usize> = (0..n).collect();
     let mut grid = eps_grid.to_vec();
     grid.sort_by(f32::total_cmp);
-    let mut stages: Vec<Stage> = Vec::new();
-    for (j, rows) in all.chunks(args.batch_size.unwrap_or(n).max(1)).enumerate() {
-        let (x, y) = batch(rows);
+    let chunks: Vec<&[usize]> = all.chunks(args.batch_size.unwrap_or(n).max(1)).collect();
+    // Several batches: each is kept as it finishes, so a killed sweep resumes mid-cell (an
+    // AutoAttack cascade on 1 000 images runs for hours on two cores).
+    let keep = (chunks.len() > 1).then(|| outputs::batches_dir(out, cell));
+    let mut seconds_now = 0.0;
+    let parts = outputs::resumable_batches(keep.as_deref(), chunks.len(), |j| {
+        let batch_started = Instant::now();
+        let (x, y) = batch(chunks[j]);
         let batch_args = RobustArgs {
             seed: batch_seed(args.seed, j),
             ..args.clone()
         };
-        let part = attack_batch(&batch_args, cell, &defended, x, y, &grid)?;
+        let mut stages = attack_batch(&batch_args, cell, &defended, x, y, &grid)?;
+        if !args.save_adversarials {
+            // Only saved adversarials need the inputs; batch files stay small without them.
+            for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {
+                outcome.inputs = Vec::new();
+            }
+        }
+        let seconds = batch_started.elapsed().as_secs_f64();
+        seconds_now += seconds;
+        Ok(BatchResult { seconds, stages })
+    })?;
+    let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
+    let mut stages: Vec<Stage> = Vec::new();
+    for part in parts {
         stages = if stages.is_empty() {
-            part
+            part.stages
         } else {
             stages
                 .into_iter()
-                .zip(part)
+                .zip(part.stages)
                 .map(|(s, p)| s.append(p))
                 .collect()
         };
@@ -445,7 +464,8 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
     }
     Ok(CellResult {
         cell: cell.clone(),
-        seconds: started.elapsed().as_secs_f64(),
+        // Batches an earlier, interrupted run finished count with the time they took then.
+        seconds: started.elapsed().as_secs_f64() - seconds_now + batch_seconds,
         rows,
         examples,
     })
@@ -524,8 +544,16 @@ impl Stage {
     }
 }
 
+/// One batch of a cell: its stages and the seconds it took.
+#[derive(Serialize, Deserialize)]
+struct BatchResult {
+    seconds: f64,
+    stages: Vec<Stage>,
+}
+
 /// One attack's outcomes in a cell: the cell's attack, or one stage of a preset's cascade
 /// (`autoattack/apgd-t`: the joint outcome of APGD-T and the attacks before it).
+#[derive(Serialize, Deserialize)]
 struct Stage {
     kind: AttackKind,
     name: String,
@@ -1040,15 +1068,15 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     std::thread::scope(|scope| -> anyhow::Result<()> {
         for _ in 0..jobs {
             let tx = tx.clone();
-            let (next, failed, pending, mine, args, plan) =
-                (&next, &failed, &pending, &mine, &args, &plan);
+            let (next, failed, pending, mine, args, plan, out) =
+                (&next, &failed, &pending, &mine, &args, &plan, &out);
             scope.spawn(move || {
                 while !failed.load(Ordering::Relaxed) {
                     let Some(&i) = pending.get(next.fetch_add(1, Ordering::Relaxed)) else {
                         break;
                     };
                     let cell = mine[i];
-                    let result = run_cell(args, plan.subject(cell), cell, &plan.eps_grid);
+                    let result = run_cell(out, args, plan.subject(cell), cell, &plan.eps_grid);
                     if tx.send((i, result)).is_err() {
                         break;
                     }
@@ -1066,6 +1094,7 @@ fn execute<N: Classifier<Train> + Module<Train>>(
                 }
             };
             outputs::save_cell(&out, &r)?;
+            outputs::remove_batches(&out, &r.cell)?;
             if let Some(row) = r.rows.last() {
                 bar.set_message(format!(
                     "last: {} {} K={} ε={} robust {:.1} %",
