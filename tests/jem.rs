@@ -157,6 +157,33 @@ fn resumed_jem_run_continues_the_same_chains_and_log() {
 /// two; the gap threshold (10, against gaps below 0.2 in the sound epoch) is low enough to see
 /// it at once — and to see a slower drift at a lowered rate before the epoch ends, since the
 /// guard does not roll back across an epoch's end.
+#[test]
+fn resuming_without_the_replay_buffer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_jem(dir.path());
+    cfg.max_iters = Some(3);
+    assert_eq!(run(&cfg).unwrap().iterations, 3);
+    let progress: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("state/progress.json")).unwrap(),
+    )
+    .unwrap();
+    let name = format!("objective-{}.bin", progress["generation"]);
+    let buffer = dir.path().join("state").join(&name);
+    std::fs::remove_file(&buffer).unwrap();
+    let log_before = file(dir.path(), "log.csv");
+
+    let err = format!("{:#}", run(&small_jem(dir.path())).unwrap_err());
+    assert!(
+        err.contains(&name) && err.contains("missing"),
+        "error does not name the missing file: {err}"
+    );
+    assert_eq!(
+        file(dir.path(), "log.csv"),
+        log_before,
+        "the refused resume wrote to the log"
+    );
+}
+
 fn unstable(out: &Path) -> TrainConfig {
     let mut cfg = small_jem(out);
     cfg.epochs = 3;

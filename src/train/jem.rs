@@ -277,6 +277,10 @@ impl<B: KernelsAutodiff> Objective<B> for JemObjective {
         self.buffer().map(ReplayBuffer::to_bytes)
     }
 
+    fn keeps_state(&self) -> bool {
+        self.buffer().is_some()
+    }
+
     /// `buffer.png`: the first 100 chains, 10 per row, as they are now (the same picture as
     /// `sample --from-buffer RUN --steps 0`, without a model).
     fn snapshot(&self, run: &std::path::Path) -> anyhow::Result<()> {

@@ -69,6 +69,12 @@ pub trait Objective<B: AutodiffBackend> {
         None
     }
 
+    /// Whether [`Objective::state`] returns something, without serialising it: a resumed run
+    /// whose saved state lacks the file is refused rather than continued from fresh state.
+    fn keeps_state(&self) -> bool {
+        false
+    }
+
     /// Writes a picture of that state into the run folder whenever the trainer saves (JEM:
     /// `buffer.png`), so that a long run can be watched without stopping it.
     fn snapshot(&self, _run: &std::path::Path) -> anyhow::Result<()> {

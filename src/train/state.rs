@@ -170,15 +170,27 @@ impl StateDir {
     }
 
     /// The objective's saved state of the generation named in `progress`, with the file's
-    /// path for error messages; `None` when the objective keeps none.
+    /// path for error messages; `None` when the objective keeps none. A missing file is an
+    /// error when the objective keeps state (`required`): continuing a JEM with fresh chains
+    /// would silently be another run.
     pub fn objective_state(
         &self,
         progress: &Progress,
+        required: bool,
     ) -> anyhow::Result<Option<(Vec<u8>, String)>> {
         let p = self
             .dir
             .join(format!("objective-{}.bin", progress.generation));
         if !p.exists() {
+            anyhow::ensure!(
+                !required,
+                "{} is missing: the training state of generation {} (iteration {}) has no saved \
+                 objective state (a JEM's replay buffer), so the run cannot continue as the same \
+                 run; restore the file, or start a new run with another --out",
+                p.display(),
+                progress.generation,
+                progress.global_iter
+            );
             return Ok(None);
         }
         let bytes = std::fs::read(&p)

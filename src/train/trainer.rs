@@ -166,7 +166,7 @@ where
                 settings
             );
             (model, optim) = state.restore(model, optim, &p, device)?;
-            if let Some((bytes, what)) = state.objective_state(&p)? {
+            if let Some((bytes, what)) = state.objective_state(&p, objective.keeps_state())? {
                 objective.restore(&bytes, &what)?;
             }
             p.settings = settings.clone();
@@ -316,7 +316,9 @@ where
                 drop(loss);
                 let back = roll_back(cfg, &state, &progress, &symptom)?;
                 (model, optim) = state.restore(model, optim, &back, device)?;
-                if let Some((bytes, what)) = state.objective_state(&back)? {
+                if let Some((bytes, what)) =
+                    state.objective_state(&back, objective.keeps_state())?
+                {
                     objective.restore(&bytes, &what)?;
                 }
                 bar.println(format!(
