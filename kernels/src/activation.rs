@@ -49,7 +49,7 @@ pub trait FastActivation: Backend {
 }
 
 /// The gradient as burn's operations compose it: a comparison, a scaled copy, a masked select.
-fn composed_backward<B: Backend>(
+pub(crate) fn composed_backward<B: Backend>(
     x: FloatTensor<B>,
     grad: FloatTensor<B>,
     slope: f64,

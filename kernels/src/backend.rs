@@ -15,30 +15,36 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
+use crate::activation::composed_backward;
 use crate::conv::{self, ConvGeometry};
 
-/// A backend with a 2-D convolution for Wide-ResNets. Every method defaults to burn's own
-/// convolution, so a backend without kernels of its own implements it with an empty block.
+/// A backend with a 2-D convolution for Wide-ResNets, optionally with a LeakyReLU fused in
+/// front of it (`input_slope`: the convolution of LeakyReLU(`x`), a pre-activation block's
+/// order). Every method defaults to burn's own operations, so a backend without kernels of its
+/// own implements it with an empty block.
 pub trait FastConv: Backend {
-    /// The convolution of `x` (`[batch, in, h, w]`) with `weight` (`[out, in, kh, kw]`), plus
-    /// `bias` (`[out]`).
+    /// The convolution of `x` (`[batch, in, h, w]`), or of LeakyReLU(`x`) with slope
+    /// `input_slope`, with `weight` (`[out, in, kh, kw]`), plus `bias` (`[out]`).
     fn fast_conv2d(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        Self::conv2d(x, weight, bias, options)
+        Self::conv2d(activated::<Self>(x, input_slope), weight, bias, options)
     }
 
-    /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `x`.
+    /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `x` (through the
+    /// fused activation, if any).
     fn fast_conv2d_x_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        Self::conv2d_x_backward(x, weight, output_grad, options)
+        composed_x_backward::<Self>(x, weight, output_grad, options, input_slope)
     }
 
     /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `weight`.
@@ -47,8 +53,14 @@ pub trait FastConv: Backend {
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        Self::conv2d_weight_backward(x, weight, output_grad, options)
+        Self::conv2d_weight_backward(
+            activated::<Self>(x, input_slope),
+            weight,
+            output_grad,
+            options,
+        )
     }
 
     /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `bias`.
@@ -58,6 +70,30 @@ pub trait FastConv: Backend {
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         Self::conv2d_bias_backward(x, bias, output_grad)
+    }
+}
+
+/// `x`, or burn's LeakyReLU of it.
+fn activated<B: Backend>(x: FloatTensor<B>, slope: Option<f64>) -> FloatTensor<B> {
+    match slope {
+        Some(slope) => B::leaky_relu(x, slope.into()),
+        None => x,
+    }
+}
+
+/// The input gradient from burn's operations: the convolution's, then the activation's.
+fn composed_x_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    options: ConvOptions<2>,
+    slope: Option<f64>,
+) -> FloatTensor<B> {
+    let input = activated::<B>(x.clone(), slope);
+    let grad = B::conv2d_x_backward(input, weight, output_grad, options);
+    match slope {
+        Some(slope) => composed_backward::<B>(x, grad, slope),
+        None => grad,
     }
 }
 
@@ -134,13 +170,16 @@ impl FastConv for Flex {
         weight: FlexTensor,
         bias: Option<FlexTensor>,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FlexTensor {
         let bias_ok = bias.as_ref().is_none_or(|b| b.dtype() == DType::F32);
         let Some(g) = geometry(&x, &weight, &options).filter(|_| bias_ok) else {
-            return Flex::conv2d(x, weight, bias, options);
+            return Flex::conv2d(activated::<Flex>(x, input_slope), weight, bias, options);
         };
         let (x, weight, bias) = (values(&x), values(&weight), bias.as_ref().map(values));
-        let out = conv::conv2d(slice(&x), slice(&weight), bias.as_ref().map(slice), &g);
+        let slope = input_slope.map(|s| s as f32);
+        let bias = bias.as_ref().map(slice);
+        let out = conv::conv2d(slice(&x), slice(&weight), bias, &g, slope);
         tensor(
             out,
             [g.batch, g.out_channels, g.out_height(), g.out_width()],
@@ -152,13 +191,15 @@ impl FastConv for Flex {
         weight: FlexTensor,
         output_grad: FlexTensor,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FlexTensor {
         let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
         else {
-            return Flex::conv2d_x_backward(x, weight, output_grad, options);
+            return composed_x_backward::<Flex>(x, weight, output_grad, options, input_slope);
         };
-        let (weight, grad) = (values(&weight), values(&output_grad));
-        let dx = conv::conv2d_input_grad(slice(&grad), slice(&weight), &g);
+        let (x, weight, grad) = (values(&x), values(&weight), values(&output_grad));
+        let fused = input_slope.map(|s| (slice(&x), s as f32));
+        let dx = conv::conv2d_input_grad(slice(&grad), slice(&weight), &g, fused);
         tensor(dx, [g.batch, g.in_channels, g.height, g.width])
     }
 
@@ -167,13 +208,16 @@ impl FastConv for Flex {
         weight: FlexTensor,
         output_grad: FlexTensor,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FlexTensor {
         let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
         else {
-            return Flex::conv2d_weight_backward(x, weight, output_grad, options);
+            let input = activated::<Flex>(x, input_slope);
+            return Flex::conv2d_weight_backward(input, weight, output_grad, options);
         };
         let (x, grad) = (values(&x), values(&output_grad));
-        let dw = conv::conv2d_weight_grad(slice(&x), slice(&grad), &g);
+        let slope = input_slope.map(|s| s as f32);
+        let dw = conv::conv2d_weight_grad(slice(&x), slice(&grad), &g, slope);
         tensor(
             dw,
             [g.out_channels, g.in_channels, g.kernel[0], g.kernel[1]],
@@ -219,26 +263,28 @@ struct ConvWithBias;
 #[derive(Debug)]
 struct ConvNoBias;
 
-/// What the backward pass needs: the input, the weight, the bias (for its shape) and options.
+/// What the backward pass needs: the input (before the fused activation: the activated maps
+/// are never kept), the weight, the bias (for its shape), the options and the fused slope.
 type ConvState<B> = (
     FloatTensor<B>,
     FloatTensor<B>,
     Option<FloatTensor<B>>,
     ConvOptions<2>,
+    Option<f64>,
 );
 
 /// Registers the gradients of x and the weight (and the bias, when it has a node).
 fn conv_backward<B: FastConv, const N: usize>(ops: Ops<ConvState<B>, N>, grads: &mut Gradients) {
     let grad = grads.consume::<B>(&ops.node);
-    let (x, weight, bias, options) = ops.state;
+    let (x, weight, bias, options, slope) = ops.state;
     let parents = ops.parents;
     if let Some(node) = &parents[0] {
-        let dx =
-            B::fast_conv2d_x_backward(x.clone(), weight.clone(), grad.clone(), options.clone());
+        let (w, g) = (weight.clone(), grad.clone());
+        let dx = B::fast_conv2d_x_backward(x.clone(), w, g, options.clone(), slope);
         grads.register::<B>(node.id, dx);
     }
     if let Some(node) = &parents[1] {
-        let dw = B::fast_conv2d_weight_backward(x.clone(), weight, grad.clone(), options);
+        let dw = B::fast_conv2d_weight_backward(x.clone(), weight, grad.clone(), options, slope);
         grads.register::<B>(node.id, dw);
     }
     if let (Some(Some(node)), Some(bias)) = (parents.get(2), bias) {
@@ -268,6 +314,7 @@ impl<B: FastConv, C: CheckpointStrategy> FastConv for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         options: ConvOptions<2>,
+        input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
         let forward = |bias: Option<FloatTensor<B>>| {
             B::fast_conv2d(
@@ -275,6 +322,7 @@ impl<B: FastConv, C: CheckpointStrategy> FastConv for Autodiff<B, C> {
                 weight.primitive.clone(),
                 bias,
                 options.clone(),
+                input_slope,
             )
         };
         let state = || {
@@ -283,6 +331,7 @@ impl<B: FastConv, C: CheckpointStrategy> FastConv for Autodiff<B, C> {
                 weight.primitive.clone(),
                 bias.as_ref().map(|b| b.primitive.clone()),
                 options.clone(),
+                input_slope,
             )
         };
         match &bias {

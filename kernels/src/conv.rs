@@ -6,6 +6,11 @@
 //! gradients) are added in chunk order. So results are bit-identical whatever the thread count.
 //! Scratch matrices live in per-thread buffers that are reused across calls instead of being
 //! allocated and zeroed each time.
+//!
+//! A LeakyReLU in front of the convolution (a Wide-ResNet's pre-activation) can be fused:
+//! `input_slope` applies it to each chunk's input in a cache-sized buffer on the way into the
+//! products, and the input gradient is then multiplied by its derivative while still in cache.
+//! The activated maps are never written to memory, nor kept for the backward pass.
 
 use std::cell::RefCell;
 
@@ -149,6 +154,49 @@ fn with_scratch<R>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) ->
     })
 }
 
+/// LeakyReLU: `x` where `x ≥ 0`, else `slope · x` (burn's definition).
+fn leaky(x: f32, slope: f32) -> f32 {
+    if x >= 0.0 {
+        x
+    } else {
+        slope * x
+    }
+}
+
+thread_local! {
+    /// One chunk's activated input per thread (fused LeakyReLU), grown on demand.
+    static ACTIVATED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `x`, or, given a slope, on LeakyReLU(`x`) computed into this thread's buffer:
+/// a chunk's input is activated once, in cache, right before its products read it.
+fn with_activated<R>(x: &[f32], slope: Option<f32>, f: impl FnOnce(&[f32]) -> R) -> R {
+    let Some(slope) = slope else {
+        return f(x);
+    };
+    ACTIVATED.with(|cell| {
+        let mut buffer = cell.borrow_mut();
+        if buffer.len() < x.len() {
+            buffer.resize(x.len(), 0.0);
+        }
+        let activated = &mut buffer[..x.len()];
+        activated
+            .iter_mut()
+            .zip(x)
+            .for_each(|(a, &v)| *a = leaky(v, slope));
+        f(activated)
+    })
+}
+
+/// Multiplies `grad` by LeakyReLU's derivative at `x`: `slope` where `x < 0`, else 1.
+fn times_leaky_derivative(grad: &mut [f32], x: &[f32], slope: f32) {
+    // A multiply by a selected factor, not a conditional one: that vectorises (a branch on
+    // the sign of each element was scalar, and mispredicted on half of them).
+    grad.iter_mut()
+        .zip(x)
+        .for_each(|(g, &v)| *g *= if v < 0.0 { slope } else { 1.0 });
+}
+
 /// `dst[i] = src[i * stride + offset]`, zero where that index falls outside `src`.
 fn gather_row(dst: &mut [f32], src: &[f32], offset: isize, stride: usize) {
     let (lo, hi) = valid_range(dst.len(), src.len(), offset, stride);
@@ -279,7 +327,7 @@ fn im2col_by_shifts(x: &[f32], images: usize, g: &ConvGeometry, col: &mut [f32])
         let dx = kj as isize - g.padding[1] as isize;
         for (image, dst) in row.chunks_exact_mut(pixels).enumerate() {
             let plane = &x[(image * g.in_channels + c) * g.in_pixels()..][..g.in_pixels()];
-            shifted_copy(dst, plane, g.width, dy, dx);
+            shifted_copy(dst, plane, g.width, dy, dx, None);
         }
     }
 }
@@ -344,7 +392,7 @@ fn im2col_by_phases(x: &[f32], images: usize, g: &ConvGeometry, col: &mut [f32])
                 let row_index = c * taps.len() + tap;
                 let dst = &mut col[row_index * columns + image * ho * wo..][..ho * wo];
                 let phase = &phases[phase * rows * wo..][..rows * wo];
-                shifted_copy(dst, phase, wo, dy, dx);
+                shifted_copy(dst, phase, wo, dy, dx, None);
             }
         }
     }
@@ -420,14 +468,29 @@ impl Shift {
 
 /// `dst[y][x] = plane[y + dy][x + dx]`, zero where that falls outside the plane; `dst` and
 /// `plane` are row-major with rows `w` wide. One copy of the whole overlap instead of one per
-/// row, then zeros written where the shift crossed the left or right border.
-fn shifted_copy(dst: &mut [f32], plane: &[f32], w: usize, dy: isize, dx: isize) {
+/// row, then zeros written where the shift crossed the left or right border. With a `slope`,
+/// the copy is of LeakyReLU(plane), activated on the way (no pass of its own).
+fn shifted_copy(
+    dst: &mut [f32],
+    plane: &[f32],
+    w: usize,
+    dy: isize,
+    dx: isize,
+    slope: Option<f32>,
+) {
     let s = Shift::new(plane.len(), dst.len(), w, dy, dx);
     dst[..s.first * w].fill(0.0);
     dst[s.last * w..].fill(0.0);
     dst[s.first * w..s.lo].fill(0.0);
     dst[s.hi..s.last * w].fill(0.0);
-    dst[s.lo..s.hi].copy_from_slice(&plane[s.source()]);
+    let (overlap, source) = (&mut dst[s.lo..s.hi], &plane[s.source()]);
+    match slope {
+        None => overlap.copy_from_slice(source),
+        Some(slope) => overlap
+            .iter_mut()
+            .zip(source)
+            .for_each(|(d, &v)| *d = leaky(v, slope)),
+    }
     s.zero_border_columns(dst, w);
 }
 
@@ -592,8 +655,9 @@ fn kernel_row_len(g: &ConvGeometry) -> usize {
 
 /// Fills `rows` (`in · kw` rows of [`kernel_row_len`]) for one image `x`: row (c, kj) holds
 /// plane c shifted by kernel column kj, between `padding` zero rows above and the rest of the
-/// margin below. Kernel row ki of the convolution is then the view [`kernel_row_taps`].
-fn fill_kernel_rows(x: &[f32], g: &ConvGeometry, rows: &mut [f32]) {
+/// margin below. Kernel row ki of the convolution is then the view [`kernel_row_taps`]. With a
+/// `slope`, the rows hold LeakyReLU(x) (the fused activation, applied while copying).
+fn fill_kernel_rows(x: &[f32], g: &ConvGeometry, rows: &mut [f32], slope: Option<f32>) {
     let (kw, w, pixels) = (g.kernel[1], g.width, g.in_pixels());
     let top = g.padding[0] * w;
     for (r, row) in rows.chunks_exact_mut(kernel_row_len(g)).enumerate() {
@@ -607,6 +671,7 @@ fn fill_kernel_rows(x: &[f32], g: &ConvGeometry, rows: &mut [f32]) {
             w,
             0,
             dx,
+            slope,
         );
     }
 }
@@ -627,10 +692,16 @@ fn kernel_row_taps<'a>(rows: &'a [f32], ki: usize, g: &ConvGeometry) -> MatRef<'
 /// `[out, in · kw]` (`kernel_rows`, from [`weight_by_kernel_rows`]) by [`kernel_row_taps`]
 /// added onto `out` (which holds the bias). A third of im2col's copying for 3×3 kernels, and
 /// the output is written in NCHW.
-fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &mut [f32]) {
+fn conv_by_kernel_rows(
+    x: &[f32],
+    kernel_rows: &[f32],
+    g: &ConvGeometry,
+    out: &mut [f32],
+    slope: Option<f32>,
+) {
     let (co, patch_row) = (g.out_channels, g.in_channels * g.kernel[1]);
     with_scratch(patch_row * kernel_row_len(g), 0, |rows, _| {
-        fill_kernel_rows(x, g, rows);
+        fill_kernel_rows(x, g, rows, slope);
         for ki in 0..g.kernel[0] {
             let weight = MatRef::row_major(
                 &kernel_rows[ki * co * patch_row..][..co * patch_row],
@@ -646,10 +717,16 @@ fn conv_by_kernel_rows(x: &[f32], kernel_rows: &[f32], g: &ConvGeometry, out: &m
 /// One image's contribution to the weight gradient by kernel rows (the adjoint of
 /// [`conv_by_kernel_rows`]): adds `grad · taps(ki)ᵀ` to `partial`, `kh` column-major
 /// `[out, in · kw]` blocks (so gemm reads the taps in place and packs only `grad`).
-fn weight_grad_by_kernel_rows(x: &[f32], grad: &[f32], g: &ConvGeometry, partial: &mut [f32]) {
+fn weight_grad_by_kernel_rows(
+    x: &[f32],
+    grad: &[f32],
+    g: &ConvGeometry,
+    partial: &mut [f32],
+    slope: Option<f32>,
+) {
     let (co, patch_row) = (g.out_channels, g.in_channels * g.kernel[1]);
     with_scratch(patch_row * kernel_row_len(g), 0, |rows, _| {
-        fill_kernel_rows(x, g, rows);
+        fill_kernel_rows(x, g, rows, slope);
         let grad = MatRef::row_major(grad, co, g.in_pixels());
         for (ki, block) in partial.chunks_exact_mut(co * patch_row).enumerate() {
             let dst = MatMut::column_major(block, co, patch_row);
@@ -659,8 +736,29 @@ fn weight_grad_by_kernel_rows(x: &[f32], grad: &[f32], g: &ConvGeometry, partial
 }
 
 /// The convolution of `x` (`[batch, in, h, w]`) with `weight` (`[out, in, kh, kw]`) plus
-/// `bias` (`[out]`): `[batch, out, ho, wo]`.
-pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry) -> Vec<f32> {
+/// `bias` (`[out]`): `[batch, out, ho, wo]`. With `input_slope`, the convolution of
+/// LeakyReLU(`x`) with that slope, the activation fused into the kernel.
+pub fn conv2d(
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    g: &ConvGeometry,
+    input_slope: Option<f32>,
+) -> Vec<f32> {
+    conv2d_masked(x, weight, bias, g, input_slope, None)
+}
+
+/// [`conv2d`], its output then multiplied by LeakyReLU's derivative at `output_mask.0` (slope
+/// `output_mask.1`) chunk by chunk while in cache: the input gradient at stride 1 of a fused
+/// convolution.
+fn conv2d_masked(
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    g: &ConvGeometry,
+    input_slope: Option<f32>,
+    output_mask: Option<(&[f32], f32)>,
+) -> Vec<f32> {
     assert!(g.is_valid(), "invalid convolution geometry {g:?}");
     assert_eq!(
         x.len(),
@@ -685,32 +783,46 @@ pub fn conv2d(x: &[f32], weight: &[f32], bias: Option<&[f32]>, g: &ConvGeometry)
             None => blank.fill_runs(pixels, std::iter::repeat(0.0)),
         };
         if let Some(kernel_rows) = &kernel_rows {
+            // The kernel rows are copies of the input anyway: they apply the activation.
             for (out, x) in out
                 .chunks_exact_mut(co * pixels)
                 .zip(x.chunks_exact(image_len))
             {
-                conv_by_kernel_rows(x, kernel_rows, g, out);
+                conv_by_kernel_rows(x, kernel_rows, g, out, input_slope);
             }
         } else {
-            with_scratch(k * columns, co * columns, |col, product| {
-                im2col(x, images, g, col);
-                let col = MatRef::row_major(col, k, columns);
-                if images == 1 {
-                    // One image: its [out, pixels] block of the output is the product.
-                    matmul(MatMut::row_major(&mut out, co, columns), weight, col, true);
-                } else {
-                    matmul(MatMut::row_major(product, co, columns), weight, col, false);
-                    images_first_add(product, images, co, pixels, &mut out);
-                }
+            with_activated(x, input_slope, |x| {
+                with_scratch(k * columns, co * columns, |col, product| {
+                    im2col(x, images, g, col);
+                    let col = MatRef::row_major(col, k, columns);
+                    if images == 1 {
+                        // One image: its [out, pixels] block of the output is the product.
+                        matmul(MatMut::row_major(&mut out, co, columns), weight, col, true);
+                    } else {
+                        matmul(MatMut::row_major(product, co, columns), weight, col, false);
+                        images_first_add(product, images, co, pixels, &mut out);
+                    }
+                });
             });
+        }
+        if let Some((at, slope)) = output_mask {
+            let start = i * chunk * co * pixels;
+            times_leaky_derivative(&mut out, &at[start..][..images * co * pixels], slope);
         }
         out
     })
 }
 
 /// The gradient with respect to the input of [`conv2d`], given the output's gradient
-/// `grad` (`[batch, out, ho, wo]`): `[batch, in, h, w]`.
-pub fn conv2d_input_grad(grad: &[f32], weight: &[f32], g: &ConvGeometry) -> Vec<f32> {
+/// `grad` (`[batch, out, ho, wo]`): `[batch, in, h, w]`. For a convolution with a fused
+/// LeakyReLU, `fused` is its input `x` and slope: the gradient is then multiplied by the
+/// activation's derivative at `x`.
+pub fn conv2d_input_grad(
+    grad: &[f32],
+    weight: &[f32],
+    g: &ConvGeometry,
+    fused: Option<(&[f32], f32)>,
+) -> Vec<f32> {
     assert!(g.is_valid(), "invalid convolution geometry {g:?}");
     assert_eq!(
         grad.len(),
@@ -718,18 +830,24 @@ pub fn conv2d_input_grad(grad: &[f32], weight: &[f32], g: &ConvGeometry) -> Vec<
         "gradient size"
     );
     assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
+    let image_len = g.in_channels * g.in_pixels();
+    if let Some((x, _)) = fused {
+        assert_eq!(x.len(), g.batch * image_len, "input size");
+    }
     if let Some(transposed) = g.transposed() {
         // At stride 1 the input gradient is itself a convolution: of the output gradient with
         // the flipped, transposed kernel. No scatter, and the forward kernel's speed.
-        return conv2d(grad, &flip_transpose(weight, g), None, &transposed);
+        let flipped = flip_transpose(weight, g);
+        return conv2d_masked(grad, &flipped, None, &transposed, None, fused);
     }
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
     let chunk = g.images_per_chunk(CHUNK_PIXELS);
-    let mut dx = vec![0.0f32; g.batch * g.in_channels * g.in_pixels()];
+    let mut dx = vec![0.0f32; g.batch * image_len];
     let weight_t = MatRef::row_major(weight, co, k).t();
-    dx.par_chunks_mut(chunk * g.in_channels * g.in_pixels())
+    dx.par_chunks_mut(chunk * image_len)
         .zip(grad.par_chunks(chunk * co * pixels))
-        .for_each(|(dx, grad)| {
+        .enumerate()
+        .for_each(|(i, (dx, grad))| {
             let images = grad.len() / (co * pixels);
             let columns = images * pixels;
             with_scratch(k * columns, co * columns, |col, grad_matrix| {
@@ -741,6 +859,9 @@ pub fn conv2d_input_grad(grad: &[f32], weight: &[f32], g: &ConvGeometry) -> Vec<
                 matmul(MatMut::row_major(col, k, columns), weight_t, grad, false);
                 col2im(col, images, g, dx);
             });
+            if let Some((x, slope)) = fused {
+                times_leaky_derivative(dx, &x[i * chunk * image_len..][..dx.len()], slope);
+            }
         });
     dx
 }
@@ -762,8 +883,15 @@ fn flip_transpose(weight: &[f32], g: &ConvGeometry) -> Vec<f32> {
     flipped
 }
 
-/// The gradient with respect to the weight of [`conv2d`]: `[out, in, kh, kw]`.
-pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32> {
+/// The gradient with respect to the weight of [`conv2d`]: `[out, in, kh, kw]`. With
+/// `input_slope`, of the convolution with that LeakyReLU fused (the activation recomputed
+/// from `x` chunk by chunk).
+pub fn conv2d_weight_grad(
+    x: &[f32],
+    grad: &[f32],
+    g: &ConvGeometry,
+    input_slope: Option<f32>,
+) -> Vec<f32> {
     assert!(g.is_valid(), "invalid convolution geometry {g:?}");
     assert_eq!(
         x.len(),
@@ -781,32 +909,7 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
     let partials: Vec<Vec<f32>> = x
         .par_chunks(chunk * g.in_channels * g.in_pixels())
         .zip(grad.par_chunks(chunk * co * pixels))
-        .map(|(x, grad)| {
-            let images = grad.len() / (co * pixels);
-            let columns = images * pixels;
-            let mut partial = vec![0.0f32; co * k];
-            if g.uses_kernel_rows() {
-                let x_images = x.chunks_exact(g.in_channels * g.in_pixels());
-                for (x, grad) in x_images.zip(grad.chunks_exact(co * pixels)) {
-                    weight_grad_by_kernel_rows(x, grad, g, &mut partial);
-                }
-                return partial;
-            }
-            with_scratch(k * columns, co * columns, |col, grad_matrix| {
-                im2col(x, images, g, col);
-                let grad = as_matrix(grad, images, co, pixels, grad_matrix);
-                // Column-major: gemm then reads the large im2col matrix in place and packs
-                // only the output gradient (row-major, it transposed the product and packed
-                // im2col for every chunk: 10 % of a train step). Transposed back below.
-                matmul(
-                    MatMut::column_major(&mut partial, co, k),
-                    MatRef::row_major(grad, co, columns),
-                    MatRef::row_major(col, k, columns).t(),
-                    false,
-                );
-            });
-            partial
-        })
+        .map(|(x, grad)| weight_grad_partial(x, grad, g, input_slope))
         .collect();
     let summed = sum_in_order(partials);
     let mut dw = vec![0.0f32; co * k];
@@ -830,6 +933,38 @@ pub fn conv2d_weight_grad(x: &[f32], grad: &[f32], g: &ConvGeometry) -> Vec<f32>
         }
     }
     dw
+}
+
+/// One chunk's `[out, patch]` partial weight gradient (kernel-row blocks `[kh][in · kw][out]`
+/// where [`ConvGeometry::uses_kernel_rows`], else column-major `[patch][out]`).
+fn weight_grad_partial(x: &[f32], grad: &[f32], g: &ConvGeometry, slope: Option<f32>) -> Vec<f32> {
+    let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
+    let images = grad.len() / (co * pixels);
+    let columns = images * pixels;
+    let mut partial = vec![0.0f32; co * k];
+    if g.uses_kernel_rows() {
+        let x_images = x.chunks_exact(g.in_channels * g.in_pixels());
+        for (x, grad) in x_images.zip(grad.chunks_exact(co * pixels)) {
+            weight_grad_by_kernel_rows(x, grad, g, &mut partial, slope);
+        }
+        return partial;
+    }
+    with_activated(x, slope, |x| {
+        with_scratch(k * columns, co * columns, |col, grad_matrix| {
+            im2col(x, images, g, col);
+            let grad = as_matrix(grad, images, co, pixels, grad_matrix);
+            // Column-major: gemm then reads the large im2col matrix in place and packs
+            // only the output gradient (row-major, it transposed the product and packed
+            // im2col for every chunk: 10 % of a train step). Transposed back below.
+            matmul(
+                MatMut::column_major(&mut partial, co, k),
+                MatRef::row_major(grad, co, columns),
+                MatRef::row_major(col, k, columns).t(),
+                false,
+            );
+        });
+    });
+    partial
 }
 
 /// The gradient with respect to the bias of [`conv2d`]: `[out]`, each entry summed over
@@ -924,7 +1059,7 @@ mod tests {
                 for kj in 0..k {
                     let mut fast = vec![f32::NAN; h * w];
                     let (dy, dx) = (ki as isize - p as isize, kj as isize - p as isize);
-                    shifted_copy(&mut fast, &plane, w, dy, dx);
+                    shifted_copy(&mut fast, &plane, w, dy, dx, None);
                     let mut slow = vec![f32::NAN; h * w];
                     for oy in 0..h {
                         let dst = &mut slow[oy * w..][..w];
@@ -1018,7 +1153,7 @@ mod tests {
                     })
                     .collect();
                 let mut got = vec![0.0; want.len()];
-                conv_by_kernel_rows(&x, &weight_by_kernel_rows(&weight, &g), &g, &mut got);
+                conv_by_kernel_rows(&x, &weight_by_kernel_rows(&weight, &g), &g, &mut got, None);
                 assert_eq!(got, want, "{h}×{w} kernel {kernel:?} padding {padding:?}");
 
                 // The weight gradient: Σ_p grad[o, p] · col[r, p], blocks [kh][in · kw][out].
@@ -1026,7 +1161,7 @@ mod tests {
                     .map(|v| (v % 3) as f32 - 1.0)
                     .collect();
                 let mut blocks = vec![0.0f32; 5 * g.patch()];
-                weight_grad_by_kernel_rows(&x, &grad, &g, &mut blocks);
+                weight_grad_by_kernel_rows(&x, &grad, &g, &mut blocks, None);
                 let [kh, kw] = kernel;
                 for o in 0..5 {
                     for r in 0..g.patch() {

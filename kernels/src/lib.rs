@@ -15,8 +15,11 @@
 //! Chunks of images run in parallel on rayon's pool; scratch buffers are reused per thread;
 //! the results are the same bits for any number of threads.
 //!
-//! LeakyReLU ([`leaky_relu`], trait [`FastActivation`]) is one pass over memory forward and one
-//! backward, on every core; burn's autodiff records it as a composition of eight passes.
+//! A LeakyReLU in front of a convolution, a pre-activation block's `conv(act(x))`, is fused into
+//! it ([`leaky_relu_conv2d`]): applied while the input is unfolded, its derivative applied as
+//! the input gradient is written, the activated maps never stored. A LeakyReLU on its own
+//! ([`leaky_relu`], trait [`FastActivation`]) is one pass over memory forward and one backward,
+//! on every core; burn's autodiff records it as a composition of eight passes.
 //!
 //! [`FastConv`] is the extension trait: implemented with these kernels for `Flex`, with a
 //! backward node for `Autodiff<B>` over any `B: FastConv`, and with burn's own convolution for
@@ -58,7 +61,7 @@ mod module;
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
-pub use module::conv2d;
+pub use module::{conv2d, leaky_relu_conv2d};
 
 /// The raw forward kernel on NCHW slices (see [`ConvGeometry`]).
 pub use conv::conv2d as conv2d_slices;

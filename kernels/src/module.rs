@@ -1,4 +1,4 @@
-//! [`conv2d`]: a burn `Conv2d` module applied through [`FastConv`].
+//! [`conv2d`] and [`leaky_relu_conv2d`]: a burn `Conv2d` module applied through [`FastConv`].
 
 use burn::nn::conv::Conv2d;
 use burn::nn::PaddingConfig2d;
@@ -10,8 +10,32 @@ use crate::backend::FastConv;
 /// `conv.forward(x)`, computed by the backend's [`FastConv`] kernels. Asymmetric padding (which
 /// `PaddingConfig2d::Same` gives for even kernels) goes through burn's own module.
 pub fn conv2d<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    fused_conv2d(conv, x, None)
+}
+
+/// `conv.forward(leaky_relu(x, slope))` with the activation fused into the convolution: the
+/// activated maps are computed chunk by chunk in cache and never stored, neither for the
+/// forward pass nor for the backward one (which recomputes them from `x`). A pre-activation
+/// residual block's `conv(act(x))` in one operation.
+pub fn leaky_relu_conv2d<B: FastConv>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    slope: f64,
+) -> Tensor<B, 4> {
+    fused_conv2d(conv, x, Some(slope))
+}
+
+fn fused_conv2d<B: FastConv>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    slope: Option<f64>,
+) -> Tensor<B, 4> {
     let [_, _, height, width] = x.dims();
     let Some(padding) = symmetric_padding(conv, height, width) else {
+        let x = match slope {
+            Some(slope) => burn::tensor::activation::leaky_relu(x, slope),
+            None => x,
+        };
         return conv.forward(x);
     };
     let options = ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups);
@@ -23,6 +47,7 @@ pub fn conv2d<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
             .as_ref()
             .map(|b| b.val().into_primitive().tensor()),
         options,
+        slope,
     );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

@@ -1,12 +1,13 @@
 //! The kernels against burn's own convolution and its autodiff gradients, on random shapes of
 //! the Wide-ResNet family and beyond: odd sizes, strides 1 and 2, 1×1 and 3×3 kernels, 1 to 64
-//! input channels, batches of 1, 7 and 64, with and without bias.
+//! input channels, batches of 1, 7 and 64, with and without bias, with and without a fused
+//! LeakyReLU in front (against burn's LeakyReLU followed by its convolution).
 
 use burn::backend::{Autodiff, Flex};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::PaddingConfig2d;
 use burn::tensor::{Distribution, Tensor};
-use jem_kernels::{conv2d, conv2d_slices, ConvGeometry};
+use jem_kernels::{conv2d, conv2d_slices, leaky_relu_conv2d, ConvGeometry};
 use rand::{Rng, SeedableRng};
 
 type B = Autodiff<Flex>;
@@ -20,6 +21,8 @@ struct Case {
     stride: usize,
     padding: usize,
     bias: bool,
+    /// A LeakyReLU fused in front of the convolution.
+    slope: Option<f64>,
 }
 
 /// Largest |a − b| relative to the largest |b| (1 where b is all zeros).
@@ -48,11 +51,23 @@ fn check(case: &Case, seed: u64) {
         &device,
     )
     .require_grad();
-    let ours = conv2d(&conv, x.clone());
-    let burns = conv.forward(x.clone());
+    let (ours, burns) = match case.slope {
+        Some(slope) => (
+            leaky_relu_conv2d(&conv, x.clone(), slope),
+            conv.forward(burn::tensor::activation::leaky_relu(x.clone(), slope)),
+        ),
+        None => (conv2d(&conv, x.clone()), conv.forward(x.clone())),
+    };
     let label = format!(
-        "batch {} in {} out {} size {h}×{w} kernel {} stride {} pad {} bias {}",
-        case.batch, case.cin, case.cout, case.kernel, case.stride, case.padding, case.bias
+        "batch {} in {} out {} size {h}×{w} kernel {} stride {} pad {} bias {} leaky {:?}",
+        case.batch,
+        case.cin,
+        case.cout,
+        case.kernel,
+        case.stride,
+        case.padding,
+        case.bias,
+        case.slope
     );
     assert_eq!(ours.dims(), burns.dims(), "{label}: shape");
     let forward = relative_error(ours.clone().inner(), burns.clone().inner());
@@ -98,19 +113,23 @@ fn the_wide_resnet_layers_match_burn() {
     ];
     for (i, &(cin, cout, kernel, stride, size)) in layers.iter().enumerate() {
         let padding = kernel / 2;
-        check(
-            &Case {
-                batch: 7,
-                cin,
-                cout,
-                size,
-                kernel,
-                stride,
-                padding,
-                bias: true,
-            },
-            i as u64,
-        );
+        // As a plain convolution and with the block's LeakyReLU (slope 0.2) fused in front.
+        for slope in [None, Some(0.2)] {
+            check(
+                &Case {
+                    batch: 7,
+                    cin,
+                    cout,
+                    size,
+                    kernel,
+                    stride,
+                    padding,
+                    bias: true,
+                    slope,
+                },
+                i as u64,
+            );
+        }
     }
 }
 
@@ -134,6 +153,7 @@ fn random_shapes_match_burn() {
             stride: rng.random_range(1..3),
             padding,
             bias: rng.random_bool(0.5),
+            slope: [None, Some(0.2), Some(0.01)][rng.random_range(0..3)],
         };
         check(&case, 100 + trial);
     }
@@ -151,6 +171,7 @@ fn batch_64_on_a_full_layer_matches_burn() {
             stride: 1,
             padding: 1,
             bias: true,
+            slope: Some(0.2),
         },
         7,
     );
@@ -164,6 +185,7 @@ fn batch_64_on_a_full_layer_matches_burn() {
             stride: 2,
             padding: 1,
             bias: true,
+            slope: None,
         },
         8,
     );
@@ -209,9 +231,9 @@ fn results_are_the_same_bits_for_one_and_two_threads() {
             .unwrap();
         pool.install(|| {
             (
-                conv2d_slices(&x, &w, None, &g),
-                jem_kernels::conv2d_input_grad(&grad, &w, &g),
-                jem_kernels::conv2d_weight_grad(&x, &grad, &g),
+                conv2d_slices(&x, &w, None, &g, Some(0.2)),
+                jem_kernels::conv2d_input_grad(&grad, &w, &g, Some((&x, 0.2))),
+                jem_kernels::conv2d_weight_grad(&x, &grad, &g, Some(0.2)),
             )
         })
     };

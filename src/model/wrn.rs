@@ -17,7 +17,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use jem_kernels::{conv2d, leaky_relu, Kernels};
+use jem_kernels::{conv2d, leaky_relu, leaky_relu_conv2d, Kernels};
 use serde::{Deserialize, Serialize};
 
 /// Per-channel `(x − mean) / std` applied to [0, 1] pixels before the network.
@@ -244,11 +244,12 @@ impl WideResNetConfig {
     }
 }
 
-/// The activation before a convolution: BatchNorm with its running statistics (RobustBench),
-/// then (Leaky)ReLU. The statistics are used even under autodiff, where burn's `BatchNorm`
-/// would switch to batch statistics: an attacked or sampled model must not depend on its batch.
-fn activate<B: Kernels>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>, leak: f64) -> Tensor<B, 4> {
-    let x = match norm {
+/// BatchNorm with its running statistics (RobustBench; the identity without it), the part of
+/// a block's activation before the (Leaky)ReLU, which the next convolution fuses. The statistics
+/// are used even under autodiff, where burn's `BatchNorm` would switch to batch statistics: an
+/// attacked or sampled model must not depend on its batch.
+fn normalize<B: Kernels>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>) -> Tensor<B, 4> {
+    match norm {
         Some(bn) => {
             let c = x.dims()[1];
             let per_channel = |t: Tensor<B, 1>| t.reshape([1, c, 1, 1]);
@@ -257,8 +258,7 @@ fn activate<B: Kernels>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>, leak: f64)
             x * per_channel(scale) + per_channel(shift)
         }
         None => x,
-    };
-    leaky_relu(x, leak)
+    }
 }
 
 /// One pre-activation residual block (`wide_basic` in the official JEM code, `BasicBlock` in
@@ -277,13 +277,15 @@ pub struct WideBasic<B: Backend> {
 }
 
 impl<B: Kernels> WideBasic<B> {
+    /// `conv2(act(conv1(act(x)))) + shortcut`, each activation fused into the convolution
+    /// that reads it ([`leaky_relu_conv2d`]).
     pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
-        let pre = activate(x.clone(), &self.bn1, leak);
-        let out = conv2d(&self.conv1, pre.clone());
-        let out = conv2d(&self.conv2, activate(out, &self.bn2, leak));
+        let normalized = normalize(x.clone(), &self.bn1);
+        let out = leaky_relu_conv2d(&self.conv1, normalized.clone(), leak);
+        let out = leaky_relu_conv2d(&self.conv2, normalize(out, &self.bn2), leak);
         let skip = match self.shortcut.first() {
             // RobustBench's block projects the activated input, JEM's the raw one.
-            Some(conv) if self.bn1.is_some() => conv2d(conv, pre),
+            Some(conv) if self.bn1.is_some() => leaky_relu_conv2d(conv, normalized, leak),
             Some(conv) => conv2d(conv, x),
             None => x,
         };
@@ -334,7 +336,7 @@ impl<B: Kernels> WideResNet<B> {
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
             out = block.forward(out, cfg.leak);
         }
-        let out = activate(out, &self.bn1, cfg.leak);
+        let out = leaky_relu(normalize(out, &self.bn1), cfg.leak);
         let [n, ch, _, _] = out.dims();
         // Global average pool (the official code's avg_pool2d(out, 8) on 8×8 maps).
         out.mean_dim(3).mean_dim(2).reshape([n, ch])
