@@ -936,7 +936,8 @@ pub fn conv2d_weight_grad(
 }
 
 /// One chunk's `[out, patch]` partial weight gradient (kernel-row blocks `[kh][in · kw][out]`
-/// where [`ConvGeometry::uses_kernel_rows`], else column-major `[patch][out]`).
+/// where [`ConvGeometry::uses_kernel_rows`], else column-major `[patch][out]`); with a `slope`,
+/// of the convolution of LeakyReLU(x).
 fn weight_grad_partial(x: &[f32], grad: &[f32], g: &ConvGeometry, slope: Option<f32>) -> Vec<f32> {
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
     let images = grad.len() / (co * pixels);
