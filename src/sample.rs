@@ -316,18 +316,16 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
 
 /// The replay buffer of the latest saved state of a training run folder.
 fn latest_buffer(run: &std::path::Path) -> anyhow::Result<ReplayBuffer> {
-    let progress = run.join("state/progress.json");
-    let text = std::fs::read_to_string(&progress).with_context(|| {
+    let state = crate::train::StateDir::new(run);
+    let progress = state.load_progress()?.with_context(|| {
         format!(
             "{}: no training state (expected a JEM run folder)",
-            progress.display()
+            run.join("state/progress.json").display()
         )
     })?;
-    let g = serde_json::from_str::<serde_json::Value>(&text)?["generation"]
-        .as_u64()
-        .with_context(|| format!("{}: no `generation` field", progress.display()))?;
-    let path = run.join(format!("state/objective-{g}.bin"));
-    let bytes = std::fs::read(&path)
-        .with_context(|| format!("cannot read {} (is this a JEM run?)", path.display()))?;
-    ReplayBuffer::from_bytes(&bytes, &path.display().to_string())
+    let (bytes, what) = state
+        .objective_state(&progress, true)
+        .with_context(|| format!("{} is not a JEM run with a replay buffer", run.display()))?
+        .expect("a required state is present");
+    ReplayBuffer::from_bytes(&bytes, &what)
 }

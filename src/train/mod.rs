@@ -26,5 +26,6 @@ pub use log::CsvLog;
 pub use objective::{accuracy, cross_entropy, ClassifierObjective, Objective, Step, StepStats};
 pub use replay_buffer::{Draw, ReplayBuffer};
 pub use schedule::LrSchedule;
+pub(crate) use state::StateDir;
 pub(crate) use trainer::{adam, descend, stream_seed};
 pub use trainer::{train, TrainOutcome};

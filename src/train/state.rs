@@ -5,6 +5,11 @@
 //! objective's own state, JEM's replay buffer, to `objective-g.bin`), then
 //! `progress.json` (written atomically) switches to g, then generations older than the one before
 //! g are deleted. An interruption at any point leaves a complete earlier generation in place.
+//!
+//! An objective state larger than [`PART_BYTES`] (MNIST's replay buffer of 10 000 chains is
+//! 31 MB) is written as numbered parts, `objective-g.part0of2.bin`, `objective-g.part1of2.bin`,
+//! so that every file of a training state fits a repository's limit on file size and a long run
+//! can be committed at the end of a session and continued elsewhere.
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +69,9 @@ impl Default for Progress {
     }
 }
 
+/// Largest file of an objective's state; larger states are split into parts of this size.
+pub const PART_BYTES: usize = 16 << 20;
+
 pub struct StateDir {
     dir: PathBuf,
 }
@@ -116,7 +124,7 @@ impl StateDir {
         write_atomic(&self.dir.join(format!("model-{g}.bin")), &model_bytes)?;
         write_atomic(&self.dir.join(format!("optim-{g}.bin")), &optim_bytes)?;
         if let Some(bytes) = objective {
-            write_atomic(&self.dir.join(format!("objective-{g}.bin")), &bytes)?;
+            write_objective(&self.dir, g, &bytes, PART_BYTES)?;
         }
         let progress_json = serde_json::to_string_pretty(progress)?;
         write_atomic(
@@ -178,24 +186,17 @@ impl StateDir {
         progress: &Progress,
         required: bool,
     ) -> anyhow::Result<Option<(Vec<u8>, String)>> {
-        let p = self
-            .dir
-            .join(format!("objective-{}.bin", progress.generation));
-        if !p.exists() {
-            anyhow::ensure!(
-                !required,
-                "{} is missing: the training state of generation {} (iteration {}) has no saved \
-                 objective state (a JEM's replay buffer), so the run cannot continue as the same \
-                 run; restore the file, or start a new run with another --out",
-                p.display(),
-                progress.generation,
-                progress.global_iter
-            );
-            return Ok(None);
-        }
-        let bytes = std::fs::read(&p)
-            .with_context(|| format!("cannot read training state {}", p.display()))?;
-        Ok(Some((bytes, p.display().to_string())))
+        let g = progress.generation;
+        let found = read_objective(&self.dir, g)?;
+        anyhow::ensure!(
+            found.is_some() || !required,
+            "{} is missing: the training state of generation {g} (iteration {}) has no saved \
+             objective state (a JEM's replay buffer), so the run cannot continue as the same \
+             run; restore the file, or start a new run with another --out",
+            self.dir.join(format!("objective-{g}.bin")).display(),
+            progress.global_iter
+        );
+        Ok(found)
     }
 
     /// Restores model and optimiser of the generation named in `progress`.
@@ -246,11 +247,122 @@ fn load_record<B: burn::tensor::backend::Backend, R: burn::record::Record<B>>(
         .with_context(|| format!("training state {} is unreadable", path.display()))
 }
 
-/// The generation number in a state file name (`model-3.bin`, `progress-3.json`, …).
+/// Writes an objective's state of generation `g`: one file, or parts of at most `part_bytes`.
+fn write_objective(dir: &Path, g: u64, bytes: &[u8], part_bytes: usize) -> anyhow::Result<()> {
+    if bytes.len() <= part_bytes {
+        return write_atomic(&dir.join(format!("objective-{g}.bin")), bytes);
+    }
+    let parts = bytes.len().div_ceil(part_bytes);
+    for (i, part) in bytes.chunks(part_bytes).enumerate() {
+        write_atomic(
+            &dir.join(format!("objective-{g}.part{i}of{parts}.bin")),
+            part,
+        )?;
+    }
+    Ok(())
+}
+
+/// Reads what [`write_objective`] wrote for generation `g`, with a name for error messages;
+/// `None` if nothing was. Parts must all be there, each numbered for the same count.
+fn read_objective(dir: &Path, g: u64) -> anyhow::Result<Option<(Vec<u8>, String)>> {
+    let whole = dir.join(format!("objective-{g}.bin"));
+    if whole.exists() {
+        let bytes = std::fs::read(&whole)
+            .with_context(|| format!("cannot read training state {}", whole.display()))?;
+        return Ok(Some((bytes, whole.display().to_string())));
+    }
+    let prefix = format!("objective-{g}.part");
+    let mut parts: Vec<(usize, usize)> = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let numbers = rest.strip_suffix(".bin").and_then(|r| r.split_once("of"));
+        let parsed = numbers.and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
+        let (i, n) = parsed.with_context(|| {
+            format!(
+                "{}: not a part of a training state (expected {prefix}IofN.bin)",
+                dir.join(&name).display()
+            )
+        })?;
+        parts.push((i, n));
+    }
+    let Some(&(_, count)) = parts.first() else {
+        return Ok(None);
+    };
+    parts.sort_unstable();
+    let label = dir
+        .join(format!("{prefix}*of{count}.bin"))
+        .display()
+        .to_string();
+    anyhow::ensure!(
+        parts.iter().copied().eq((0..count).map(|i| (i, count))),
+        "{label}: the training state's parts are incomplete or of different counts (found {:?} \
+         as (part, of)); restore the missing parts",
+        parts
+    );
+    let mut bytes = Vec::new();
+    for i in 0..count {
+        let path = dir.join(format!("{prefix}{i}of{count}.bin"));
+        bytes.extend(
+            std::fs::read(&path)
+                .with_context(|| format!("cannot read training state {}", path.display()))?,
+        );
+    }
+    Ok(Some((bytes, label)))
+}
+
+/// The generation number in a state file name (`model-3.bin`, `progress-3.json`,
+/// `objective-3.part0of2.bin`, …).
 fn generation_of(name: &str) -> Option<u64> {
-    let (stem, _) = name.rsplit_once('.')?;
+    let (stem, _) = name.split_once('.')?;
     let (kind, g) = stem.rsplit_once('-')?;
     matches!(kind, "model" | "optim" | "objective" | "progress")
         .then(|| g.parse().ok())
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_objective_state_goes_to_parts_and_comes_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..25u8).collect();
+        write_objective(dir.path(), 7, &bytes, 10).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "objective-7.part0of3.bin",
+                "objective-7.part1of3.bin",
+                "objective-7.part2of3.bin"
+            ]
+        );
+        assert!(names.iter().all(|n| generation_of(n) == Some(7)));
+        assert_eq!(read_objective(dir.path(), 7).unwrap().unwrap().0, bytes);
+        assert!(read_objective(dir.path(), 8).unwrap().is_none());
+
+        // Small states stay one file.
+        write_objective(dir.path(), 8, &bytes[..10], 10).unwrap();
+        assert!(dir.path().join("objective-8.bin").exists());
+        assert_eq!(
+            read_objective(dir.path(), 8).unwrap().unwrap().0,
+            &bytes[..10]
+        );
+
+        // A missing part is an error that names the parts, not a shorter state.
+        std::fs::remove_file(dir.path().join("objective-7.part1of3.bin")).unwrap();
+        let err = read_objective(dir.path(), 7).unwrap_err().to_string();
+        assert!(
+            err.contains("objective-7.part*of3.bin") && err.contains("incomplete"),
+            "{err}"
+        );
+    }
 }
