@@ -60,6 +60,27 @@ pub(crate) fn composed_backward<B: Backend>(
     B::float_mask_where(grad, negative, scaled)
 }
 
+/// LeakyReLU of one value: `x` where `x ≥ 0`, else `slope · x` (burn's definition). Shared
+/// with the convolutions that fuse it.
+pub(crate) fn leaky(x: f32, slope: f32) -> f32 {
+    if x >= 0.0 {
+        x
+    } else {
+        slope * x
+    }
+}
+
+/// LeakyReLU's derivative at `x`: `slope` where `x < 0`, else 1. A factor to multiply by
+/// rather than a branch around a multiply: that vectorises (a branch on each element's sign was
+/// scalar, and mispredicted on half of them).
+pub(crate) fn leaky_derivative(x: f32, slope: f32) -> f32 {
+    if x < 0.0 {
+        slope
+    } else {
+        1.0
+    }
+}
+
 /// LeakyReLU of a tensor, computed by the backend's [`FastActivation`] kernels.
 pub fn leaky_relu<B: FastActivation, const D: usize>(x: Tensor<B, D>, slope: f64) -> Tensor<B, D> {
     let out = B::fast_leaky_relu(x.into_primitive().tensor(), slope);
@@ -94,7 +115,7 @@ impl FastActivation for Flex {
             return Flex::leaky_relu(x, slope.into());
         }
         let s = slope as f32;
-        map_f32(&x, None, move |x, _| if x >= 0.0 { x } else { s * x })
+        map_f32(&x, None, move |x, _| leaky(x, s))
     }
 
     fn fast_leaky_relu_backward(x: FlexTensor, grad: FlexTensor, slope: f64) -> FlexTensor {
@@ -106,11 +127,7 @@ impl FastActivation for Flex {
             return composed_backward::<Flex>(x, grad, slope);
         }
         let s = slope as f32;
-        map_f32(
-            &x,
-            Some(&grad),
-            move |x, g| if x >= 0.0 { g } else { s * g },
-        )
+        map_f32(&x, Some(&grad), move |x, g| g * leaky_derivative(x, s))
     }
 }
 

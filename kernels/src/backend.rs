@@ -32,7 +32,7 @@ pub trait FastConv: Backend {
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        Self::conv2d(activated::<Self>(x, input_slope), weight, bias, options)
+        composed_conv2d::<Self>(x, weight, bias, options, input_slope)
     }
 
     /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `x` (through the
@@ -55,12 +55,7 @@ pub trait FastConv: Backend {
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        Self::conv2d_weight_backward(
-            activated::<Self>(x, input_slope),
-            weight,
-            output_grad,
-            options,
-        )
+        composed_weight_backward::<Self>(x, weight, output_grad, options, input_slope)
     }
 
     /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `bias`.
@@ -79,6 +74,28 @@ fn activated<B: Backend>(x: FloatTensor<B>, slope: Option<f64>) -> FloatTensor<B
         Some(slope) => B::leaky_relu(x, slope.into()),
         None => x,
     }
+}
+
+/// The convolution from burn's operations: its LeakyReLU, then its convolution.
+fn composed_conv2d<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    options: ConvOptions<2>,
+    slope: Option<f64>,
+) -> FloatTensor<B> {
+    B::conv2d(activated::<B>(x, slope), weight, bias, options)
+}
+
+/// The weight gradient from burn's operations, on the activated input.
+fn composed_weight_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    options: ConvOptions<2>,
+    slope: Option<f64>,
+) -> FloatTensor<B> {
+    B::conv2d_weight_backward(activated::<B>(x, slope), weight, output_grad, options)
 }
 
 /// The input gradient from burn's operations: the convolution's, then the activation's.
@@ -174,7 +191,7 @@ impl FastConv for Flex {
     ) -> FlexTensor {
         let bias_ok = bias.as_ref().is_none_or(|b| b.dtype() == DType::F32);
         let Some(g) = geometry(&x, &weight, &options).filter(|_| bias_ok) else {
-            return Flex::conv2d(activated::<Flex>(x, input_slope), weight, bias, options);
+            return composed_conv2d::<Flex>(x, weight, bias, options, input_slope);
         };
         let (x, weight, bias) = (values(&x), values(&weight), bias.as_ref().map(values));
         let slope = input_slope.map(|s| s as f32);
@@ -212,8 +229,7 @@ impl FastConv for Flex {
     ) -> FlexTensor {
         let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
         else {
-            let input = activated::<Flex>(x, input_slope);
-            return Flex::conv2d_weight_backward(input, weight, output_grad, options);
+            return composed_weight_backward::<Flex>(x, weight, output_grad, options, input_slope);
         };
         let (x, grad) = (values(&x), values(&output_grad));
         let slope = input_slope.map(|s| s as f32);

@@ -8,14 +8,16 @@
 //! allocated and zeroed each time.
 //!
 //! A LeakyReLU in front of the convolution (a Wide-ResNet's pre-activation) can be fused:
-//! `input_slope` applies it to each chunk's input in a cache-sized buffer on the way into the
-//! products, and the input gradient is then multiplied by its derivative while still in cache.
-//! The activated maps are never written to memory, nor kept for the backward pass.
+//! `input_slope` applies it while the kernel rows are copied, or to each chunk's input in a
+//! cache-sized buffer before im2col, and the input gradient is multiplied by its derivative
+//! chunk by chunk while still in cache. The activated maps are never written to memory, nor
+//! kept for the backward pass.
 
 use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use crate::activation::{leaky, leaky_derivative};
 use crate::fresh::par_fresh;
 use crate::matmul::{matmul, MatMut, MatRef};
 
@@ -154,15 +156,6 @@ fn with_scratch<R>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) ->
     })
 }
 
-/// LeakyReLU: `x` where `x ≥ 0`, else `slope · x` (burn's definition).
-fn leaky(x: f32, slope: f32) -> f32 {
-    if x >= 0.0 {
-        x
-    } else {
-        slope * x
-    }
-}
-
 thread_local! {
     /// One chunk's activated input per thread (fused LeakyReLU), grown on demand.
     static ACTIVATED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -188,13 +181,11 @@ fn with_activated<R>(x: &[f32], slope: Option<f32>, f: impl FnOnce(&[f32]) -> R)
     })
 }
 
-/// Multiplies `grad` by LeakyReLU's derivative at `x`: `slope` where `x < 0`, else 1.
+/// Multiplies `grad` by LeakyReLU's derivative at `x`.
 fn times_leaky_derivative(grad: &mut [f32], x: &[f32], slope: f32) {
-    // A multiply by a selected factor, not a conditional one: that vectorises (a branch on
-    // the sign of each element was scalar, and mispredicted on half of them).
     grad.iter_mut()
         .zip(x)
-        .for_each(|(g, &v)| *g *= if v < 0.0 { slope } else { 1.0 });
+        .for_each(|(g, &v)| *g *= leaky_derivative(v, slope));
 }
 
 /// `dst[i] = src[i * stride + offset]`, zero where that index falls outside `src`.
