@@ -5,7 +5,9 @@
 //! number of threads), and the chunks run in parallel; sums across chunks (weight and bias
 //! gradients) are added in chunk order. So results are bit-identical whatever the thread count.
 //! Scratch matrices live in per-thread buffers that are reused across calls instead of being
-//! allocated and zeroed each time.
+//! allocated and zeroed each time. On AVX-512 CPUs the stride-1 "same" convolutions of maps of
+//! ≥ 128 pixels (forward, and so the input gradient) skip im2col for the direct kernel of
+//! [`direct`].
 //!
 //! A LeakyReLU in front of the convolution (a Wide-ResNet's pre-activation) can be fused:
 //! `input_slope` applies it while the kernel rows are copied, or to each chunk's input in a
@@ -20,6 +22,10 @@ use rayon::prelude::*;
 use crate::activation::{leaky, leaky_derivative};
 use crate::fresh::par_fresh;
 use crate::matmul::{matmul, MatMut, MatRef};
+
+mod direct;
+
+use direct::Direct;
 
 /// Shape of one convolution: an NCHW input, an `[out, in, kh, kw]` weight, symmetric zero
 /// padding, stride, no dilation, one group.
@@ -759,9 +765,13 @@ fn conv2d_masked(
     assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
     let chunk = g.images_per_chunk(CHUNK_PIXELS);
-    let kernel_rows = g
+    // Images large enough for kernel rows go through the direct kernel where the CPU has one.
+    let direct = g
         .uses_kernel_rows()
-        .then(|| weight_by_kernel_rows(weight, g));
+        .then(|| Direct::new(weight, g))
+        .flatten();
+    let kernel_rows =
+        (g.uses_kernel_rows() && direct.is_none()).then(|| weight_by_kernel_rows(weight, g));
     let weight = MatRef::row_major(weight, co, k);
     let image_len = g.in_channels * g.in_pixels();
     par_fresh(g.batch * co * pixels, chunk * co * pixels, |i, blank| {
@@ -773,7 +783,17 @@ fn conv2d_masked(
             Some(bias) => blank.fill_runs(pixels, bias.iter().copied().cycle()),
             None => blank.fill_runs(pixels, std::iter::repeat(0.0)),
         };
-        if let Some(kernel_rows) = &kernel_rows {
+        if let Some(direct) = &direct {
+            // The padded copy of each image applies the activation.
+            with_scratch(direct.scratch_len(g), 0, |padded, _| {
+                for (out, x) in out
+                    .chunks_exact_mut(co * pixels)
+                    .zip(x.chunks_exact(image_len))
+                {
+                    direct.conv_image(x, g, out, input_slope, padded);
+                }
+            });
+        } else if let Some(kernel_rows) = &kernel_rows {
             // The kernel rows are copies of the input anyway: they apply the activation.
             for (out, x) in out
                 .chunks_exact_mut(co * pixels)
@@ -1185,6 +1205,77 @@ mod tests {
         assert!(!g([3, 3], [2, 2], [1, 1]).by_kernel_rows());
         assert!(!g([3, 3], [1, 1], [0, 0]).by_kernel_rows());
         assert!(!g([1, 1], [1, 1], [0, 0]).by_kernel_rows());
+    }
+
+    #[test]
+    fn the_direct_kernel_equals_the_products_with_im2col() {
+        if !direct::available() {
+            eprintln!("skipped: this CPU has no AVX-512F, the direct kernel never runs here");
+            return;
+        }
+        // Integer data and a slope of 1/2: every partial sum is exact, so the order of the
+        // sums cannot change the bits. Channel counts cover full and partial blocks of 8.
+        let mut taken = 0;
+        for (h, w) in [
+            (28, 28),
+            (14, 14),
+            (7, 7),
+            (5, 6),
+            (9, 4),
+            (1, 1),
+            (2, 3),
+            (3, 17),
+        ] {
+            for (kernel, padding) in [([3, 3], [1, 1]), ([5, 5], [2, 2]), ([3, 1], [1, 0])] {
+                for (ci, co) in [(3, 5), (2, 13), (4, 16), (1, 8)] {
+                    let g = ConvGeometry {
+                        batch: 1,
+                        in_channels: ci,
+                        height: h,
+                        width: w,
+                        out_channels: co,
+                        kernel,
+                        stride: [1, 1],
+                        padding,
+                    };
+                    let x: Vec<f32> = (0..ci * h * w).map(|v| (v % 7) as f32 - 3.0).collect();
+                    let weight: Vec<f32> =
+                        (0..co * g.patch()).map(|v| (v % 5) as f32 - 2.0).collect();
+                    let bias: Vec<f32> = (0..co).map(|o| o as f32).collect();
+                    for slope in [None, Some(0.5)] {
+                        let activated: Vec<f32> = match slope {
+                            Some(s) => x.iter().map(|&v| leaky(v, s)).collect(),
+                            None => x.clone(),
+                        };
+                        let mut col = vec![f32::NAN; g.patch() * g.out_pixels()];
+                        im2col_by_rows(&activated, 1, &g, &mut col);
+                        let want: Vec<f32> = (0..co * g.out_pixels())
+                            .map(|i| {
+                                let (o, p) = (i / g.out_pixels(), i % g.out_pixels());
+                                bias[o]
+                                    + (0..g.patch())
+                                        .map(|r| {
+                                            weight[o * g.patch() + r] * col[r * g.out_pixels() + p]
+                                        })
+                                        .sum::<f32>()
+                            })
+                            .collect();
+                        let direct = Direct::new(&weight, &g).expect("AVX-512F and stride 1");
+                        let mut got: Vec<f32> =
+                            (0..want.len()).map(|i| bias[i / g.out_pixels()]).collect();
+                        // Scratch full of NaN: a lane that read outside the padded copy shows.
+                        let mut padded = vec![f32::NAN; direct.scratch_len(&g)];
+                        direct.conv_image(&x, &g, &mut got, slope, &mut padded);
+                        assert_eq!(
+                            got, want,
+                            "{h}×{w} {ci}→{co} kernel {kernel:?} padding {padding:?} {slope:?}"
+                        );
+                        taken += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(taken, 8 * 3 * 4 * 2);
     }
 
     #[test]

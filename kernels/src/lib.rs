@@ -6,7 +6,9 @@
 //! product of the `gemm` crate (the same micro-kernels burn uses, chosen at run time for the
 //! CPU's instruction set):
 //!
-//! - forward: `weight [out, in·kh·kw] × im2col(x)`, a chunk of images per product;
+//! - forward: `weight [out, in·kh·kw] × im2col(x)`, a chunk of images per product — except the
+//!   stride-1 "same" convolutions of larger maps on AVX-512 CPUs, which run a direct kernel of
+//!   this crate that reads the shifted input rows in place (no im2col, no packing);
 //! - input gradient: at stride 1, the forward kernel on the output gradient with the flipped,
 //!   transposed weight; otherwise `weightᵀ × grad` scattered back by col2im;
 //! - weight gradient: `grad × im2col(x)ᵀ`, the transpose read through strides, never copied;

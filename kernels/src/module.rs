@@ -67,7 +67,7 @@ fn symmetric_padding<B: FastConv>(
             // burn's rule: total = (ceil(n / s) − 1)·s + k − n, the smaller half first.
             let same = |n: usize, k: usize, s: usize| {
                 let total = ((n.div_ceil(s) - 1) * s + k).saturating_sub(n);
-                (total % 2 == 0).then_some(total / 2)
+                total.is_multiple_of(2).then_some(total / 2)
             };
             let [kh, kw] = conv.kernel_size;
             Some([
