@@ -70,6 +70,18 @@ pub(crate) fn leaky(x: f32, slope: f32) -> f32 {
     }
 }
 
+/// `dst = src`, or LeakyReLU(`src`) given a slope: the copies that carry a fused activation
+/// (kernel rows, padded images, a chunk's activated input) apply it on the way.
+pub(crate) fn copy_activated(dst: &mut [f32], src: &[f32], slope: Option<f32>) {
+    match slope {
+        None => dst.copy_from_slice(src),
+        Some(slope) => dst
+            .iter_mut()
+            .zip(src)
+            .for_each(|(d, &v)| *d = leaky(v, slope)),
+    }
+}
+
 /// LeakyReLU's derivative at `x`: `slope` where `x < 0`, else 1. A factor to multiply by
 /// rather than a branch around a multiply: that vectorises (a branch on each element's sign was
 /// scalar, and mispredicted on half of them).

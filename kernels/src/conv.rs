@@ -19,7 +19,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::activation::{leaky, leaky_derivative};
+use crate::activation::{copy_activated, leaky_derivative};
 use crate::fresh::par_fresh;
 use crate::matmul::{matmul, MatMut, MatRef};
 
@@ -179,10 +179,7 @@ fn with_activated<R>(x: &[f32], slope: Option<f32>, f: impl FnOnce(&[f32]) -> R)
             buffer.resize(x.len(), 0.0);
         }
         let activated = &mut buffer[..x.len()];
-        activated
-            .iter_mut()
-            .zip(x)
-            .for_each(|(a, &v)| *a = leaky(v, slope));
+        copy_activated(activated, x, Some(slope));
         f(activated)
     })
 }
@@ -480,14 +477,7 @@ fn shifted_copy(
     dst[s.last * w..].fill(0.0);
     dst[s.first * w..s.lo].fill(0.0);
     dst[s.hi..s.last * w].fill(0.0);
-    let (overlap, source) = (&mut dst[s.lo..s.hi], &plane[s.source()]);
-    match slope {
-        None => overlap.copy_from_slice(source),
-        Some(slope) => overlap
-            .iter_mut()
-            .zip(source)
-            .for_each(|(d, &v)| *d = leaky(v, slope)),
-    }
+    copy_activated(&mut dst[s.lo..s.hi], &plane[s.source()], slope);
     s.zero_border_columns(dst, w);
 }
 
@@ -732,6 +722,35 @@ fn weight_grad_by_kernel_rows(
     });
 }
 
+/// How the forward pass computes a convolution image by image, where
+/// [`ConvGeometry::uses_kernel_rows`]: the direct kernel where the CPU has one, else kernel rows.
+/// Either way the per-image copy of the input (padded image or kernel rows) applies a fused
+/// activation.
+enum ByImage {
+    Direct(Direct),
+    /// The weight as [`weight_by_kernel_rows`] arranges it.
+    KernelRows(Vec<f32>),
+}
+
+impl ByImage {
+    fn new(weight: &[f32], g: &ConvGeometry) -> Option<ByImage> {
+        g.uses_kernel_rows().then(|| match Direct::new(weight, g) {
+            Some(direct) => ByImage::Direct(direct),
+            None => ByImage::KernelRows(weight_by_kernel_rows(weight, g)),
+        })
+    }
+
+    /// Adds one image's convolution of `x` (LeakyReLU(`x`) with a `slope`) onto `out`.
+    fn conv_image(&self, x: &[f32], g: &ConvGeometry, out: &mut [f32], slope: Option<f32>) {
+        match self {
+            ByImage::Direct(direct) => with_scratch(direct.scratch_len(g), 0, |padded, _| {
+                direct.conv_image(x, g, out, slope, padded)
+            }),
+            ByImage::KernelRows(rows) => conv_by_kernel_rows(x, rows, g, out, slope),
+        }
+    }
+}
+
 /// The convolution of `x` (`[batch, in, h, w]`) with `weight` (`[out, in, kh, kw]`) plus
 /// `bias` (`[out]`): `[batch, out, ho, wo]`. With `input_slope`, the convolution of
 /// LeakyReLU(`x`) with that slope, the activation fused into the kernel.
@@ -765,13 +784,7 @@ fn conv2d_masked(
     assert_eq!(weight.len(), g.out_channels * g.patch(), "weight size");
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
     let chunk = g.images_per_chunk(CHUNK_PIXELS);
-    // Images large enough for kernel rows go through the direct kernel where the CPU has one.
-    let direct = g
-        .uses_kernel_rows()
-        .then(|| Direct::new(weight, g))
-        .flatten();
-    let kernel_rows =
-        (g.uses_kernel_rows() && direct.is_none()).then(|| weight_by_kernel_rows(weight, g));
+    let by_image = ByImage::new(weight, g);
     let weight = MatRef::row_major(weight, co, k);
     let image_len = g.in_channels * g.in_pixels();
     par_fresh(g.batch * co * pixels, chunk * co * pixels, |i, blank| {
@@ -783,23 +796,12 @@ fn conv2d_masked(
             Some(bias) => blank.fill_runs(pixels, bias.iter().copied().cycle()),
             None => blank.fill_runs(pixels, std::iter::repeat(0.0)),
         };
-        if let Some(direct) = &direct {
-            // The padded copy of each image applies the activation.
-            with_scratch(direct.scratch_len(g), 0, |padded, _| {
-                for (out, x) in out
-                    .chunks_exact_mut(co * pixels)
-                    .zip(x.chunks_exact(image_len))
-                {
-                    direct.conv_image(x, g, out, input_slope, padded);
-                }
-            });
-        } else if let Some(kernel_rows) = &kernel_rows {
-            // The kernel rows are copies of the input anyway: they apply the activation.
+        if let Some(by_image) = &by_image {
             for (out, x) in out
                 .chunks_exact_mut(co * pixels)
                 .zip(x.chunks_exact(image_len))
             {
-                conv_by_kernel_rows(x, kernel_rows, g, out, input_slope);
+                by_image.conv_image(x, g, out, input_slope);
             }
         } else {
             with_activated(x, input_slope, |x| {
@@ -1021,6 +1023,7 @@ fn sum_in_order(mut partials: Vec<Vec<f32>>) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::activation::leaky;
 
     #[test]
     fn valid_range_matches_a_brute_force_count() {

@@ -20,7 +20,8 @@ use std::arch::x86_64::{
     _mm512_setzero_ps,
 };
 
-use super::{leaky, ConvGeometry};
+use super::ConvGeometry;
+use crate::activation::copy_activated;
 
 /// Pixels per vector (AVX-512, `f32`).
 const LANES: usize = 16;
@@ -28,9 +29,10 @@ const LANES: usize = 16;
 /// 32 registers, and 8 divides every Wide-ResNet width.
 const BLOCK: usize = 8;
 
-/// Where each tap of a stride-1 "same" convolution reads in a padded copy of the image, and
-/// which lanes of each pixel vector it may read: everything that depends on the geometry only.
-struct Layout {
+/// A stride-1 "same" convolution prepared for [`Direct::conv_image`]: where each tap reads in
+/// a padded copy of the image, which lanes of each pixel vector it may read, and the weight
+/// packed so that each tap's weights for a block of output channels are consecutive.
+pub(super) struct Direct {
     /// `masks[kj · vectors + v]`: the lanes of pixel vector `v` whose tap in kernel column `kj`
     /// lies inside the image (and whose pixel does).
     masks: Vec<u16>,
@@ -39,20 +41,24 @@ struct Layout {
     /// `(first vector, vectors)` of each pixel tile: tiles of 3 vectors, and of 2 where the
     /// count is not a multiple of 3.
     tiles: Vec<(usize, usize)>,
-    /// Offset of each tap, kernel column by kernel column: `ki · w + kj − pw`.
+    /// Offset of each tap, in the order the packed weight walks them: `ki · w + kj − pw`.
     offsets: Vec<isize>,
-    /// Floats per plane in the padded copy.
+    /// Floats per input channel in the padded copy.
     channel_len: usize,
+    /// For each block of [`BLOCK`] output channels (the last may be smaller, `nc` wide):
+    /// `[kw][kh][in][nc]`.
+    packed: Vec<f32>,
 }
 
-impl Layout {
-    /// The layout for `g`, or `None` where the CPU lacks AVX-512F or `g` is not a stride-1
-    /// convolution whose output is as large as its input.
-    fn new(g: &ConvGeometry) -> Option<Layout> {
+impl Direct {
+    /// Prepares `weight` (`[out, in, kh, kw]`) for `g`, or `None` where the CPU lacks AVX-512F
+    /// or `g` is not a stride-1 convolution whose output is as large as its input.
+    pub(super) fn new(weight: &[f32], g: &ConvGeometry) -> Option<Direct> {
         if !g.by_kernel_rows() || !available() {
             return None;
         }
-        let ([kh, kw], pw, w, pixels) = (g.kernel, g.padding[1], g.width, g.in_pixels());
+        let (ci, co, [kh, kw], pw) = (g.in_channels, g.out_channels, g.kernel, g.padding[1]);
+        let (w, pixels) = (g.width, g.in_pixels());
         let vectors = pixels.div_ceil(LANES);
         // Bit `lane` set where pixel `v · 16 + lane` is in the image and `inside` holds for it.
         let lanes = |v: usize, inside: &dyn Fn(usize) -> bool| {
@@ -71,67 +77,6 @@ impl Layout {
         let offsets = (0..kw)
             .flat_map(|kj| (0..kh).map(move |ki| (ki * w + kj) as isize - pw as isize))
             .collect();
-        // `pw` floats, then zero rows above and below the plane, then `kw − 1 − pw` floats:
-        // every unmasked lane of every tap reads inside the plane's copy.
-        let channel_len = pw + pixels + (kh - 1) * w + (kw - 1 - pw);
-        Some(Layout {
-            masks,
-            store_masks,
-            tiles: tiles(vectors),
-            offsets,
-            channel_len,
-        })
-    }
-
-    /// Floats of scratch for the padded copies of `planes` planes, with one tile of slack so
-    /// that pointers to masked-off lanes stay inside the allocation.
-    fn scratch_len(&self, planes: usize) -> usize {
-        planes * self.channel_len + 3 * LANES
-    }
-
-    /// Copies each `pixels`-long plane of `planes` (LeakyReLU of it with a `slope`) into
-    /// `padded`, between its zero rows.
-    fn pad(&self, planes: &[f32], g: &ConvGeometry, slope: Option<f32>, padded: &mut [f32]) {
-        let pixels = g.in_pixels();
-        let top = g.padding[1] + g.padding[0] * g.width;
-        for (copy, plane) in padded
-            .chunks_exact_mut(self.channel_len)
-            .zip(planes.chunks_exact(pixels))
-        {
-            copy[..top].fill(0.0);
-            copy[top + pixels..].fill(0.0);
-            let dst = &mut copy[top..top + pixels];
-            match slope {
-                None => dst.copy_from_slice(plane),
-                Some(slope) => dst
-                    .iter_mut()
-                    .zip(plane)
-                    .for_each(|(d, &v)| *d = leaky(v, slope)),
-            }
-        }
-    }
-
-    /// The pointer into `padded` that output pixel `first_vector · 16` reads through tap
-    /// offsets: the padded copy's index of its input pixel, less the padding rows.
-    fn source(&self, padded: &[f32], g: &ConvGeometry, first_vector: usize) -> *const f32 {
-        padded[g.padding[1] + first_vector * LANES..].as_ptr()
-    }
-}
-
-/// A stride-1 "same" convolution prepared for [`Direct::conv_image`]: its [`Layout`] and the
-/// weight packed so that each tap's weights for a block of output channels are consecutive.
-pub(super) struct Direct {
-    layout: Layout,
-    /// For each block of [`BLOCK`] output channels (the last may be smaller, `nc` wide):
-    /// `[kw][kh][in][nc]`.
-    packed: Vec<f32>,
-}
-
-impl Direct {
-    /// Prepares `weight` (`[out, in, kh, kw]`) for `g`, or `None` where [`Layout::new`] is.
-    pub(super) fn new(weight: &[f32], g: &ConvGeometry) -> Option<Direct> {
-        let layout = Layout::new(g)?;
-        let (ci, co, [kh, kw]) = (g.in_channels, g.out_channels, g.kernel);
         let mut packed = Vec::with_capacity(weight.len());
         for block in (0..co).step_by(BLOCK) {
             for kj in 0..kw {
@@ -144,7 +89,16 @@ impl Direct {
                 }
             }
         }
-        Some(Direct { layout, packed })
+        Some(Direct {
+            masks,
+            store_masks,
+            tiles: tiles(vectors),
+            offsets,
+            // `pw` floats, then zero rows above and below the plane, then `kw − 1 − pw`
+            // floats: every unmasked lane of every tap reads inside the channel's copy.
+            channel_len: pw + pixels + (kh - 1) * w + (kw - 1 - pw),
+            packed,
+        })
     }
 
     /// Adds one image's convolution of `x` (`[in, h, w]`; LeakyReLU(`x`) with a `slope`) onto
@@ -162,38 +116,47 @@ impl Direct {
         assert_eq!(x.len(), ci * pixels, "input size");
         assert_eq!(out.len(), co * pixels, "output size");
         assert!(padded.len() >= self.scratch_len(g), "scratch size");
-        let layout = &self.layout;
-        layout.pad(x, g, slope, padded);
-        let vectors = layout.store_masks.len();
+        let top = g.padding[1] + g.padding[0] * g.width;
+        for (copy, plane) in padded
+            .chunks_exact_mut(self.channel_len)
+            .zip(x.chunks_exact(pixels))
+        {
+            copy[..top].fill(0.0);
+            copy[top + pixels..].fill(0.0);
+            copy_activated(&mut copy[top..top + pixels], plane, slope);
+        }
+        let vectors = self.store_masks.len();
         let taps = g.kernel[0] * g.kernel[1];
         for block in (0..co).step_by(BLOCK) {
             let nc = BLOCK.min(co - block);
             let weights = &self.packed[block * taps * ci..][..nc * taps * ci];
-            for &(first, nv) in &layout.tiles {
+            for &(first, nv) in &self.tiles {
                 let tile = Tile {
-                    src: layout.source(padded, g, first),
-                    channel_len: layout.channel_len,
+                    // The copy's index of output pixel p's input pixel, less the padding rows.
+                    src: padded[g.padding[1] + first * LANES..].as_ptr(),
+                    channel_len: self.channel_len,
                     in_channels: ci,
-                    offsets: &layout.offsets,
+                    offsets: &self.offsets,
                     kw: g.kernel[1],
                     kh: g.kernel[0],
-                    masks: &layout.masks[first..],
+                    masks: &self.masks[first..],
                     mask_stride: vectors,
-                    store_masks: &layout.store_masks[first..first + nv],
+                    store_masks: &self.store_masks[first..first + nv],
                     weights,
                     out: out[block * pixels + first * LANES..].as_mut_ptr(),
                     out_stride: pixels,
                 };
-                // SAFETY: `Layout::new` checked AVX-512F; every unmasked lane lies inside
-                // `padded` (see `Layout`'s `channel_len`) or inside `out`'s rows of this block.
+                // SAFETY: `new` checked AVX-512F; every unmasked lane lies inside `padded` (see
+                // `channel_len`) or inside `out`'s rows of this block.
                 unsafe { kernel(nv, nc)(&tile) }
             }
         }
     }
 
-    /// Floats of scratch [`Direct::conv_image`] needs.
+    /// Floats of scratch [`Direct::conv_image`] needs: the padded copy and one tile of slack,
+    /// so that pointers to masked-off lanes stay inside the allocation.
     pub(super) fn scratch_len(&self, g: &ConvGeometry) -> usize {
-        self.layout.scratch_len(g.in_channels)
+        g.in_channels * self.channel_len + 3 * LANES
     }
 }
 
