@@ -156,7 +156,7 @@ fn interrupted_run_resumes_to_the_same_result() {
         assert!(err.contains("other settings"), "{err}");
     };
     let mut other = small_run(&target);
-    other.lr = 0.1;
+    other.sigma_data = 0.1;
     refused(&other);
     let mut rewritten = small_run(&target);
     rewritten.epochs = 5;
@@ -182,6 +182,30 @@ fn interrupted_run_resumes_to_the_same_result() {
         "epoch 4 has both decays"
     );
 
+    // A new base learning rate applies from where the run stands, with the decays it has
+    // reached, and the change is recorded in changes.csv with the epochs that grew.
+    let mut faster = small_run(&target);
+    faster.epochs = 6;
+    faster.decay_epochs = vec![1, 4];
+    faster.lr = 4.0 * base;
+    let o = train::<Train, _>(&faster, &mut ClassifierObjective, &device).unwrap();
+    assert_eq!(o.iterations, 36);
+    let rows = log(&target, "log.csv");
+    assert!((lr_at(30) / base - 0.25).abs() < 1e-6, "before the change");
+    assert!(
+        (rows[31][lr_col].parse::<f64>().unwrap() / (4.0 * base) - 0.25).abs() < 1e-6,
+        "after the change, both decays on the new rate"
+    );
+    let changes = std::fs::read_to_string(target.join("changes.csv")).unwrap();
+    let lines: Vec<&str> = changes.lines().collect();
+    assert_eq!(lines[0], "iteration,setting,before,after");
+    assert!(lines.contains(&"30,lr,0.001,0.004"), "{changes}");
+    assert!(lines.contains(&"30,epochs,5,6"), "{changes}");
+    assert!(
+        lines.contains(&r#"24,decay_epochs,[1],"[1,4]""#),
+        "{changes}"
+    );
+
     // A state whose model record cannot be read (here cut short, as by an older layout) is
     // refused with an error naming the file, not a panic.
     let progress: serde_json::Value =
@@ -191,8 +215,9 @@ fn interrupted_run_resumes_to_the_same_result() {
     let bytes = std::fs::read(&record).unwrap();
     std::fs::write(&record, &bytes[..bytes.len() / 2]).unwrap();
     let mut more = small_run(&target);
-    more.epochs = 6;
+    more.epochs = 7;
     more.decay_epochs = vec![1, 4];
+    more.lr = 4.0 * base;
     let err = train::<Train, _>(&more, &mut ClassifierObjective, &device)
         .unwrap_err()
         .to_string();

@@ -44,7 +44,8 @@ pub struct TrainConfig {
     pub epochs: usize,
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// Adam learning rate (β = 0.9, 0.999; ε = 1e-8 as PyTorch).
+    /// Adam learning rate (β = 0.9, 0.999; ε = 1e-8 as PyTorch). A resumed run may change it
+    /// from where it stands (recorded in the run folder's changes.csv).
     #[arg(long, default_value_t = 1e-4)]
     pub lr: f64,
     #[arg(long, default_value_t = 1000)]

@@ -103,6 +103,55 @@ pub fn architecture(cfg: &TrainConfig, data: &ImageSet) -> WideResNetConfig {
     WideResNetConfig::new(cfg.depth, cfg.width, data.channels, data.num_classes())
 }
 
+/// Appends one row per setting that a resumed run changed (`iteration,setting,before,after`,
+/// values as JSON) to `out/changes.csv`, so that a run's history stays readable from its folder
+/// when its sidecar shows only the latest settings. The output folder itself is not a change.
+fn record_changes(
+    out: &std::path::Path,
+    iteration: usize,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let (Some(before), Some(after)) = (before.as_object(), after.as_object()) else {
+        return Ok(());
+    };
+    let null = serde_json::Value::Null;
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let changed: Vec<_> = keys
+        .into_iter()
+        .filter(|k| k.as_str() != "out")
+        .map(|k| {
+            (
+                k,
+                before.get(k).unwrap_or(&null),
+                after.get(k).unwrap_or(&null),
+            )
+        })
+        .filter(|(_, b, a)| b != a)
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let path = out.join("changes.csv");
+    let mut table = csv::Writer::from_writer(Vec::new());
+    if !path.exists() {
+        table.write_record(["iteration", "setting", "before", "after"])?;
+    }
+    for (k, b, a) in changed {
+        table.write_record([&iteration.to_string(), k, &b.to_string(), &a.to_string()])?;
+    }
+    let text = table.into_inner().context("cannot format changes.csv")?;
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(&text))
+        .with_context(|| format!("cannot append to {}", path.display()))
+}
+
 /// Trains with `objective` until `cfg.epochs` are done (or `cfg.max_iters`), resuming from
 /// `cfg.out/state` when it exists.
 pub fn train<B, O>(
@@ -139,10 +188,11 @@ where
     let mut optim = adam().init::<B, WideResNet<B>>();
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
-            // A run may be extended: more epochs, and learning-rate decays at epochs it has not
-            // reached yet, change only its future; so do the guard's thresholds. Its folder may
-            // be moved. Every other setting must be the same, or the resumed run would not be
-            // the run its log describes.
+            // A run may be extended: more epochs, learning-rate decays at epochs it has not
+            // reached yet and a new base learning rate change only its future; so do the
+            // guard's thresholds. Its folder may be moved. Every other setting must be the same,
+            // or the resumed run would not be the run its log describes. What changed is
+            // recorded in `changes.csv`.
             let started = p.epoch + usize::from(p.batch_in_epoch > 0);
             let comparable = |v: &serde_json::Value| {
                 let mut v = v.clone();
@@ -150,6 +200,7 @@ where
                     o.remove("epochs");
                     o.remove("out");
                     o.remove("guard");
+                    o.remove("lr");
                     if let Some(d) = o.get_mut("decay_epochs").and_then(|d| d.as_array_mut()) {
                         d.retain(|e| e.as_u64().is_some_and(|e| (e as usize) < started));
                     }
@@ -159,7 +210,8 @@ where
             anyhow::ensure!(
                 comparable(&p.settings) == comparable(&settings) && cfg.epochs >= p.epoch,
                 "{} holds a run with other settings; resume with the same command (--epochs may \
-                 grow, and --decay-epochs may gain epochs from {started} on) or use another --out\n  \
+                 grow, --lr may change, and --decay-epochs may gain epochs from {started} on) or \
+                 use another --out\n  \
                  saved: {}\n  now:   {}",
                 cfg.out.display(),
                 p.settings,
@@ -169,6 +221,7 @@ where
             if let Some((bytes, what)) = state.objective_state(&p, objective.keeps_state())? {
                 objective.restore(&bytes, &what)?;
             }
+            record_changes(&cfg.out, p.global_iter, &p.settings, &settings)?;
             p.settings = settings.clone();
             eprintln!(
                 "resuming {} at iteration {} (epoch {}, batch {})",
