@@ -260,15 +260,8 @@ fn adversarial_training_steps_lower_the_adversarial_loss() {
     let eps = 0.1;
     let before = adversarial_loss(&start, &x, &y, eps);
 
-    // The same number of Adam steps on the same batch, with the PGD objective and with the
-    // clean one: only the first should make the batch robust.
-    let config = AdvConfig {
-        eps,
-        adv_steps: 5,
-        adv_rel_stepsize: 0.5,
-        ..AdvConfig::default()
-    };
-    let mut adversarial = AdversarialObjective::new(config);
+    // The same number of Adam steps on the same batch, with the PGD objectives (Madry's and
+    // TRADES') and with the clean one: only the first two should make the batch robust.
     let steps = |objective: &mut dyn Objective<Train>| {
         let mut model = start.clone();
         let mut optim = AdamConfig::new().with_epsilon(1e-8).init::<Train, _>();
@@ -284,19 +277,31 @@ fn adversarial_training_steps_lower_the_adversarial_loss() {
         }
         model
     };
-    let after_adv = adversarial_loss(&steps(&mut adversarial), &x, &y, eps);
     let after_clean = adversarial_loss(&steps(&mut ClassifierObjective), &x, &y, eps);
-    eprintln!(
-        "adversarial loss at ε = {eps}: {before} -> {after_adv} (clean steps: {after_clean})"
-    );
     assert!(
         before > 0.5,
         "the baseline should not be robust at ε = {eps}: {before}"
     );
-    assert!(
-        after_adv < 0.5 * before && after_adv < 0.5 * after_clean,
-        "adversarial loss {before} -> {after_adv} (clean training: {after_clean})"
-    );
+    for trades_beta in [None, Some(6.0)] {
+        let config = AdvConfig {
+            eps,
+            adv_steps: 5,
+            adv_rel_stepsize: 0.5,
+            trades_beta,
+            ..AdvConfig::default()
+        };
+        let after_adv =
+            adversarial_loss(&steps(&mut AdversarialObjective::new(config)), &x, &y, eps);
+        eprintln!(
+            "TRADES β {trades_beta:?}: adversarial loss at ε = {eps}: {before} -> {after_adv} \
+             (clean steps: {after_clean})"
+        );
+        assert!(
+            after_adv < 0.5 * before && after_adv < 0.5 * after_clean,
+            "TRADES β {trades_beta:?}: adversarial loss {before} -> {after_adv} (clean \
+             training: {after_clean})"
+        );
+    }
 }
 
 /// A short PGD fine-tune of the embedded baseline at ε = 0.1, validated under its own attack.

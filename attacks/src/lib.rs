@@ -75,7 +75,7 @@ pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use fab::{hyperplane_step_l2, hyperplane_step_linf, FabConfig};
 pub use linear::LinearClassifier;
-pub use loss::{targeted_dlr, AttackLoss};
+pub use loss::{kl_divergence, targeted_dlr, AttackLoss};
 pub use model::{LossFn, Model, Undefended};
 pub use nonsense::{NonsenseConfig, NonsenseOutcome};
 pub use norm::Norm;

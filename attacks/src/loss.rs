@@ -99,3 +99,19 @@ impl std::str::FromStr for AttackLoss {
         }
     }
 }
+
+/// KL(p ‖ softmax(logits)) per example (`[N]`), the reference distribution p given by its
+/// log-probabilities `reference_log_probs` (`[N, K]`, e.g. `log_softmax` of the clean logits):
+/// TRADES' divergence between the clean and the perturbed prediction (Zhang et al. 2019), which
+/// its inner maximisation raises and its training loss lowers. Log-probabilities keep it finite
+/// where p underflows (0 · finite = 0).
+pub fn kl_divergence<B: Backend>(
+    reference_log_probs: Tensor<B, 2>,
+    logits: Tensor<B, 2>,
+) -> Tensor<B, 1> {
+    let n = logits.dims()[0];
+    let p = reference_log_probs.clone().exp();
+    (p * (reference_log_probs - log_softmax(logits, 1)))
+        .sum_dim(1)
+        .reshape([n])
+}

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::loss::AttackLoss;
-use crate::model::Model;
+use crate::model::{LossFn, Model};
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
 
@@ -145,16 +145,64 @@ impl PgdConfig {
         self.ascend(model, &x, &labels, &all, eps, &mut rng).0
     }
 
-    /// One run of projected steepest ascent on the loss from a random (or zero) start: only
-    /// the rows in `attack` move, and with early stop a row stops once misclassified. Each step
-    /// computes only the rows still moving, so a finished row costs nothing (and the
-    /// gradient evaluations counted are the ones made). Returns the inputs reached and each
-    /// row's gradient evaluations.
+    /// Inputs that maximise `loss`, any per-example loss of the logits of the whole batch (in
+    /// batch order), over the ε-ball: TRADES' inner maximisation of the divergence from the
+    /// clean prediction (Zhang et al. 2019, see [`kl_divergence`](crate::kl_divergence)) needs
+    /// no labels. Every input moves for all steps from the configured start; `restarts`, `loss`
+    /// and `early_stop` (which needs labels) are ignored.
+    pub fn maximise<B: AutodiffBackend, M: Model<B>>(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        loss: LossFn<'_, B>,
+        eps: f32,
+    ) -> Tensor<Inner<B>, 4> {
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let n = x.dims()[0];
+        let all = vec![true; n];
+        let whole_batch = |rows: &[usize], logits: Tensor<B, 2>| {
+            debug_assert_eq!(rows.len(), n, "without early stop every row moves");
+            loss(logits)
+        };
+        self.climb(model, &x, &whole_batch, None, &all, eps, &mut rng)
+            .0
+    }
+
+    /// One run of [`climb`](Self::climb) on the configured loss of the labels, stopping a row
+    /// once misclassified when early stop is on.
     fn ascend<B: AutodiffBackend, M: Model<B>>(
         &self,
         model: &M,
         x: &Tensor<Inner<B>, 4>,
         labels: &[i64],
+        attack: &[bool],
+        eps: f32,
+        rng: &mut StdRng,
+    ) -> (Tensor<Inner<B>, 4>, Vec<usize>) {
+        let device = x.device();
+        let loss_of_labels = |rows: &[usize], logits: Tensor<B, 2>| {
+            let y_rows = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(rows.iter().map(|&i| labels[i]).collect(), [rows.len()]),
+                &device,
+            );
+            self.loss.of(logits, y_rows)
+        };
+        let stop_labels = self.early_stop.then_some(labels);
+        self.climb(model, x, &loss_of_labels, stop_labels, attack, eps, rng)
+    }
+
+    /// One run of projected steepest ascent on `loss(rows, logits of those rows)` from a random
+    /// (or zero) start: only the rows in `attack` move, and with `stop_labels` a row stops once
+    /// classified away from its label. Each step computes only the rows still moving, so a
+    /// finished row costs nothing (and the gradient evaluations counted are the ones made).
+    /// Returns the inputs reached and each row's gradient evaluations.
+    #[allow(clippy::too_many_arguments)]
+    fn climb<B: AutodiffBackend, M: Model<B>>(
+        &self,
+        model: &M,
+        x: &Tensor<Inner<B>, 4>,
+        loss: &dyn Fn(&[usize], Tensor<B, 2>) -> Tensor<B, 1>,
+        stop_labels: Option<&[i64]>,
         attack: &[bool],
         eps: f32,
         rng: &mut StdRng,
@@ -179,11 +227,7 @@ impl PgdConfig {
             }
             let rows_of = Rows::<Inner<B>>::new(&rows, n, &device);
             let (adv_rows, x_rows) = (rows_of.take(&adv), rows_of.take(x));
-            let y_rows = Tensor::<B, 1, Int>::from_data(
-                TensorData::new(rows.iter().map(|&i| labels[i]).collect(), [rows.len()]),
-                &device,
-            );
-            let loss = |logits: Tensor<B, 2>| self.loss.of(logits, y_rows.clone());
+            let loss = |logits: Tensor<B, 2>| loss(&rows, logits);
             let mut grad = Tensor::<Inner<B>, 4>::zeros(adv_rows.dims(), &device);
             let mut logits_sum = None;
             for _ in 0..self.eot.max(1) {
@@ -197,7 +241,7 @@ impl PgdConfig {
             for &i in &rows {
                 evals[i] += self.eot.max(1);
             }
-            if self.early_stop {
+            if let Some(labels) = stop_labels {
                 let now = predicted(logits_sum.expect("at least one draw"));
                 for (k, &i) in rows.iter().enumerate() {
                     active[i] &= now[k] == labels[i];

@@ -8,8 +8,8 @@
 use burn::module::Module;
 use burn::tensor::Tensor;
 use jem_attacks::{
-    AttackLoss, Classifier, GradMode, HessianVector, LinearClassifier, Model, Norm, PgdConfig,
-    SgldConfig, SgldDefence, SgldDefenceConfig, SgldSampler, Undefended,
+    kl_divergence, AttackLoss, Classifier, GradMode, HessianVector, LinearClassifier, Model, Norm,
+    PgdConfig, SgldConfig, SgldDefence, SgldDefenceConfig, SgldSampler, Undefended,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -273,4 +273,77 @@ fn eot_averages_draws_and_counts_each_gradient() {
     // Same seed, same draws, same result.
     let b = cfg.run::<B, _>(&model, image(&x), y, 0.05);
     assert_eq!(a.inputs, b.inputs);
+}
+
+#[test]
+fn maximising_the_label_loss_is_perturbing() {
+    // `maximise` is the same ascent as `perturb`, with the loss handed in instead of labels.
+    let mut cfg = PgdConfig::pgd(Norm::Linf);
+    cfg.early_stop = false;
+    for c in cases(3) {
+        let model = undefended(&c);
+        let by_label = cfg.perturb::<B, _>(&model, image(&c.x), label(c.y), 0.05);
+        let y = label(c.y);
+        let ce = |logits: Tensor<B, 2>| {
+            AttackLoss::CrossEntropy.of(logits, Tensor::from_inner(y.clone()))
+        };
+        let by_loss = cfg.maximise::<B, _>(&model, image(&c.x), &ce, 0.05);
+        assert_eq!(
+            by_label.into_data().to_vec::<f32>().unwrap(),
+            by_loss.into_data().to_vec::<f32>().unwrap()
+        );
+    }
+}
+
+#[test]
+fn the_trades_divergence_is_maximised_at_a_vertex_of_the_linf_ball() {
+    // For a binary linear model the divergence from the clean prediction depends on δ only
+    // through s = (w₁ − w₀)·δ and grows with |s| on either side of 0, so from any start the
+    // ascent ends where every pixel sits at ±ε along sign(w₁ − w₀), all with the sign s
+    // started with (the box does not bind: pixels lie in [0.4, 0.6], ε = 0.05).
+    let mut cfg = PgdConfig::pgd(Norm::Linf);
+    cfg.steps = 60;
+    cfg.rel_stepsize = 0.1;
+    let eps = 0.05;
+    for (k, c) in cases(4).into_iter().enumerate() {
+        cfg.seed = k as u64;
+        let model = undefended(&c);
+        let mut rng = StdRng::seed_from_u64(0);
+        let clean = Model::<B>::logits(&model, image(&c.x), &mut rng);
+        let reference = Tensor::from_inner(burn::tensor::activation::log_softmax(clean, 1));
+        let kl = |logits: Tensor<B, 2>| kl_divergence(reference.clone(), logits);
+        let adv: Vec<f32> = cfg
+            .maximise::<B, _>(&model, image(&c.x), &kl, eps)
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let v: Vec<f32> = (0..D).map(|d| c.w[D + d] - c.w[d]).collect();
+        let delta: Vec<f32> = adv.iter().zip(&c.x).map(|(a, x)| a - x).collect();
+        let s: f32 = v.iter().zip(&delta).map(|(v, d)| v * d).sum();
+        for (d, v) in delta.iter().zip(&v) {
+            assert!(
+                (d - eps * v.signum() * s.signum()).abs() < 1e-5,
+                "case {k}: δ {delta:?} is not the vertex ±ε·sign(w₁ − w₀) ({v:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn kl_divergence_matches_hand_computed_values() {
+    let device = Default::default();
+    let t =
+        |v: Vec<f32>| Tensor::<B, 2>::from_data(burn::tensor::TensorData::new(v, [2, 2]), &device);
+    // Row 0: p = (½, ½), q = (¼, ¾). Row 1: p = (1, e⁻²⁰⁰ ≈ 0 in f32), q = (½, ½): the
+    // underflowing class adds 0, not NaN.
+    let reference = t(vec![0.5f32.ln(), 0.5f32.ln(), 0.0, -200.0]);
+    let logits = t(vec![0.0, 3.0f32.ln(), 1.0, 1.0]);
+    let kl: Vec<f32> = kl_divergence(reference, logits)
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let expected = [0.5 * 2.0f32.ln() + 0.5 * (2.0f32 / 3.0).ln(), 2.0f32.ln()];
+    for (a, e) in kl.iter().zip(expected) {
+        assert!((a - e).abs() < 1e-6, "{kl:?} vs {expected:?}");
+    }
 }
