@@ -17,6 +17,9 @@ use crate::outcome::{AttackOutcome, ExampleOutcome};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// A per-example loss of the logits of some rows of the batch (the rows, then their logits).
+type RowsLoss<'a, B> = &'a dyn Fn(&[usize], Tensor<B, 2>) -> Tensor<B, 1>;
+
 /// Settings of PGD (Madry et al. 2018) and of FGSM / FGM (Goodfellow et al. 2015), its one-step
 /// case; [`PgdConfig::pgd`] and [`PgdConfig::fgsm`] give foolbox 3's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -201,7 +204,7 @@ impl PgdConfig {
         &self,
         model: &M,
         x: &Tensor<Inner<B>, 4>,
-        loss: &dyn Fn(&[usize], Tensor<B, 2>) -> Tensor<B, 1>,
+        loss: RowsLoss<'_, B>,
         stop_labels: Option<&[i64]>,
         attack: &[bool],
         eps: f32,
