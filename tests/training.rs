@@ -156,7 +156,7 @@ fn interrupted_run_resumes_to_the_same_result() {
         assert!(err.contains("other settings"), "{err}");
     };
     let mut other = small_run(&target);
-    other.sigma_data = 0.1;
+    other.seed += 1;
     refused(&other);
     let mut rewritten = small_run(&target);
     rewritten.epochs = 5;
@@ -183,11 +183,13 @@ fn interrupted_run_resumes_to_the_same_result() {
     );
 
     // A new base learning rate applies from where the run stands, with the decays it has
-    // reached, and the change is recorded in changes.csv with the epochs that grew.
+    // reached, and the change is recorded in changes.csv with the epochs that grew; so is a
+    // new σ_data.
     let mut faster = small_run(&target);
     faster.epochs = 6;
     faster.decay_epochs = vec![1, 4];
     faster.lr = 4.0 * base;
+    faster.sigma_data = 0.05;
     let o = train::<Train, _>(&faster, &mut ClassifierObjective, &device).unwrap();
     assert_eq!(o.iterations, 36);
     let rows = log(&target, "log.csv");
@@ -201,6 +203,12 @@ fn interrupted_run_resumes_to_the_same_result() {
     assert_eq!(lines[0], "iteration,setting,before,after");
     assert!(lines.contains(&"30,lr,0.001,0.004"), "{changes}");
     assert!(lines.contains(&"30,epochs,5,6"), "{changes}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("30,sigma_data,0.0299") && l.contains(",0.05")),
+        "{changes}"
+    );
     assert!(
         lines.contains(&r#"24,decay_epochs,[1],"[1,4]""#),
         "{changes}"

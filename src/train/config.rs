@@ -55,7 +55,8 @@ pub struct TrainConfig {
     pub decay_epochs: Vec<usize>,
     #[arg(long, default_value_t = 0.3)]
     pub decay_rate: f64,
-    /// Gaussian noise added to every training input, on the network's [−1, 1] scale.
+    /// Gaussian noise added to every training input, on the network's [−1, 1] scale. A resumed
+    /// run may change it from where it stands (recorded in the run folder's changes.csv).
     #[arg(long, default_value_t = 0.03)]
     pub sigma_data: f32,
     /// Reflect padding for random crops (0 turns crops off).

@@ -189,8 +189,9 @@ where
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
             // A run may be extended: more epochs, learning-rate decays at epochs it has not
-            // reached yet and a new base learning rate change only its future; so do the
-            // guard's thresholds. Its folder may be moved. Every other setting must be the same,
+            // reached yet, a new base learning rate and a new σ_data (the noise on the data,
+            // which can stabilise an energy model early and cost accuracy late) change only its
+            // future; so do the guard's thresholds. Its folder may be moved. Every other setting must be the same,
             // or the resumed run would not be the run its log describes. What changed is
             // recorded in `changes.csv`.
             let started = p.epoch + usize::from(p.batch_in_epoch > 0);
@@ -201,6 +202,7 @@ where
                     o.remove("out");
                     o.remove("guard");
                     o.remove("lr");
+                    o.remove("sigma_data");
                     if let Some(d) = o.get_mut("decay_epochs").and_then(|d| d.as_array_mut()) {
                         d.retain(|e| e.as_u64().is_some_and(|e| (e as usize) < started));
                     }
@@ -210,7 +212,8 @@ where
             anyhow::ensure!(
                 comparable(&p.settings) == comparable(&settings) && cfg.epochs >= p.epoch,
                 "{} holds a run with other settings; resume with the same command (--epochs may \
-                 grow, --lr may change, and --decay-epochs may gain epochs from {started} on) or \
+                 grow, --lr and --sigma-data may change, and --decay-epochs may gain epochs from \
+                 {started} on) or \
                  use another --out\n  \
                  saved: {}\n  now:   {}",
                 cfg.out.display(),
