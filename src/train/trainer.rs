@@ -189,10 +189,10 @@ where
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
             // A run may be extended: more epochs, learning-rate decays at epochs it has not
-            // reached yet, a new base learning rate and a new σ_data (the noise on the data,
-            // which can stabilise an energy model early and cost accuracy late) change only its
-            // future; so do the guard's thresholds. Its folder may be moved. Every other setting must be the same,
-            // or the resumed run would not be the run its log describes. What changed is
+            // reached yet, a new base learning rate and a new σ_data (noise that can steady an
+            // energy model early and cost accuracy late) change only its future; so do the
+            // guard's thresholds. Its folder may be moved. Every other setting must be the
+            // same, or the resumed run would not be the run its log describes. What changed is
             // recorded in `changes.csv`.
             let started = p.epoch + usize::from(p.batch_in_epoch > 0);
             let comparable = |v: &serde_json::Value| {
@@ -213,8 +213,7 @@ where
                 comparable(&p.settings) == comparable(&settings) && cfg.epochs >= p.epoch,
                 "{} holds a run with other settings; resume with the same command (--epochs may \
                  grow, --lr and --sigma-data may change, and --decay-epochs may gain epochs from \
-                 {started} on) or \
-                 use another --out\n  \
+                 {started} on) or use another --out\n  \
                  saved: {}\n  now:   {}",
                 cfg.out.display(),
                 p.settings,
