@@ -184,6 +184,54 @@ fn resuming_without_the_replay_buffer_is_refused() {
     );
 }
 
+/// The weights of the two terms may change when a run resumes (the balance between classifier
+/// and density is what a long run may need to shift); the change is recorded and the loss
+/// logged from then on is the new weighted sum. Any other JEM setting is still refused.
+#[test]
+fn a_resumed_run_may_reweigh_its_two_terms() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_jem(dir.path());
+    cfg.max_iters = Some(3);
+    assert_eq!(run(&cfg).unwrap().iterations, 3);
+
+    let mut longer_chains = small_jem(dir.path());
+    longer_chains.jem.sgld_steps += 1;
+    let err = run(&longer_chains).unwrap_err().to_string();
+    assert!(err.contains("other settings"), "{err}");
+
+    let mut reweighed = small_jem(dir.path());
+    reweighed.jem.pyx_weight = 2.0;
+    reweighed.jem.px_weight = 0.5;
+    assert_eq!(run(&reweighed).unwrap().iterations, 8);
+    let changes = std::fs::read_to_string(dir.path().join("changes.csv")).unwrap();
+    let lines: Vec<&str> = changes.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "iteration,setting,before,after",
+            "3,jem.px_weight,1.0,0.5",
+            "3,jem.pyx_weight,1.0,2.0"
+        ],
+        "{changes}"
+    );
+    // log_every is 1, so each row is one step's loss: weight · CE + weight · p(x) term, to the
+    // log's five decimals.
+    let log = rows(dir.path(), "log.csv");
+    let col = |name: &str| log[0].iter().position(|h| h == name).unwrap();
+    let (loss, ce, gen) = (col("loss"), col("cross_entropy"), col("gen_loss"));
+    let value = |row: &[String], c: usize| row[c].parse::<f64>().unwrap();
+    for (i, row) in log[1..].iter().enumerate() {
+        let (wy, wx) = if i < 3 { (1.0, 1.0) } else { (2.0, 0.5) };
+        let sum = wy * value(row, ce) + wx * value(row, gen);
+        assert!(
+            (value(row, loss) - sum).abs() < 3e-5,
+            "iteration {}: loss {} against {sum}",
+            i + 1,
+            value(row, loss)
+        );
+    }
+}
+
 fn unstable(out: &Path) -> TrainConfig {
     let mut cfg = small_jem(out);
     cfg.epochs = 3;

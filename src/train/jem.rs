@@ -20,10 +20,11 @@ use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
 /// JEM's settings; defaults are the official ones (`train_wrn_ebm.py`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
 pub struct JemConfig {
-    /// Weight of the p(x) (generative) term.
+    /// Weight of the p(x) (generative) term. A resumed run may change it (recorded in the run
+    /// folder's changes.csv), as it may --pyx-weight.
     #[arg(long, default_value_t = 1.0)]
     pub px_weight: f64,
-    /// Weight of the p(y|x) (cross-entropy) term.
+    /// Weight of the p(y|x) (cross-entropy) term; a resumed run may change it.
     #[arg(long, default_value_t = 1.0)]
     pub pyx_weight: f64,
     /// SGLD steps η per iteration.

@@ -103,6 +103,32 @@ pub fn architecture(cfg: &TrainConfig, data: &ImageSet) -> WideResNetConfig {
     WideResNetConfig::new(cfg.depth, cfg.width, data.channels, data.num_classes())
 }
 
+/// The settings that differ between two settings objects, as (name, before, after); a group
+/// of settings (`jem`, `guard`) is compared setting by setting and named `group.setting`.
+fn changed_settings(
+    prefix: &str,
+    before: &serde_json::Map<String, serde_json::Value>,
+    after: &serde_json::Map<String, serde_json::Value>,
+) -> Vec<(String, serde_json::Value, serde_json::Value)> {
+    let null = serde_json::Value::Null;
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let mut changed = Vec::new();
+    for k in keys {
+        let (b, a) = (
+            before.get(k).unwrap_or(&null),
+            after.get(k).unwrap_or(&null),
+        );
+        match (b.as_object(), a.as_object()) {
+            (Some(b), Some(a)) => changed.extend(changed_settings(&format!("{prefix}{k}."), b, a)),
+            _ if b != a => changed.push((format!("{prefix}{k}"), b.clone(), a.clone())),
+            _ => {}
+        }
+    }
+    changed
+}
+
 /// Appends one row per setting that a resumed run changed (`iteration,setting,before,after`,
 /// values as JSON) to `out/changes.csv`, so that a run's history stays readable from its folder
 /// when its sidecar shows only the latest settings. The output folder itself is not a change.
@@ -115,21 +141,9 @@ fn record_changes(
     let (Some(before), Some(after)) = (before.as_object(), after.as_object()) else {
         return Ok(());
     };
-    let null = serde_json::Value::Null;
-    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let changed: Vec<_> = keys
+    let changed: Vec<_> = changed_settings("", before, after)
         .into_iter()
-        .filter(|k| k.as_str() != "out")
-        .map(|k| {
-            (
-                k,
-                before.get(k).unwrap_or(&null),
-                after.get(k).unwrap_or(&null),
-            )
-        })
-        .filter(|(_, b, a)| b != a)
+        .filter(|(k, _, _)| k != "out")
         .collect();
     if changed.is_empty() {
         return Ok(());
@@ -140,7 +154,7 @@ fn record_changes(
         table.write_record(["iteration", "setting", "before", "after"])?;
     }
     for (k, b, a) in changed {
-        table.write_record([&iteration.to_string(), k, &b.to_string(), &a.to_string()])?;
+        table.write_record([&iteration.to_string(), &k, &b.to_string(), &a.to_string()])?;
     }
     let text = table.into_inner().context("cannot format changes.csv")?;
     use std::io::Write;
@@ -189,8 +203,9 @@ where
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
             // A run may be extended: more epochs, learning-rate decays at epochs it has not
-            // reached yet, a new base learning rate and a new σ_data (noise that can steady an
-            // energy model early and cost accuracy late) change only its future; so do the
+            // reached yet, a new base learning rate, a new σ_data (noise that can steady an
+            // energy model early and cost accuracy late) and new weights of JEM's two terms
+            // (the balance between classifier and density) change only its future; so do the
             // guard's thresholds. Its folder may be moved. Every other setting must be the
             // same, or the resumed run would not be the run its log describes. What changed is
             // recorded in `changes.csv`.
@@ -203,6 +218,10 @@ where
                     o.remove("guard");
                     o.remove("lr");
                     o.remove("sigma_data");
+                    if let Some(j) = o.get_mut("jem").and_then(|j| j.as_object_mut()) {
+                        j.remove("px_weight");
+                        j.remove("pyx_weight");
+                    }
                     if let Some(d) = o.get_mut("decay_epochs").and_then(|d| d.as_array_mut()) {
                         d.retain(|e| e.as_u64().is_some_and(|e| (e as usize) < started));
                     }
@@ -212,8 +231,8 @@ where
             anyhow::ensure!(
                 comparable(&p.settings) == comparable(&settings) && cfg.epochs >= p.epoch,
                 "{} holds a run with other settings; resume with the same command (--epochs may \
-                 grow, --lr and --sigma-data may change, and --decay-epochs may gain epochs from \
-                 {started} on) or use another --out\n  \
+                 grow, --lr, --sigma-data, --px-weight and --pyx-weight may change, and \
+                 --decay-epochs may gain epochs from {started} on) or use another --out\n  \
                  saved: {}\n  now:   {}",
                 cfg.out.display(),
                 p.settings,
