@@ -157,12 +157,18 @@ fn resumed_jem_run_continues_the_same_chains_and_log() {
 /// two; the gap threshold (10, against gaps below 0.2 in the sound epoch) is low enough to see
 /// it at once — and to see a slower drift at a lowered rate before the epoch ends, since the
 /// guard does not roll back across an epoch's end.
-#[test]
-fn resuming_without_the_replay_buffer_is_refused() {
+/// A small JEM run in a fresh folder, stopped after `iterations` so that it can be resumed.
+fn stopped_after(iterations: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_jem(dir.path());
-    cfg.max_iters = Some(3);
-    assert_eq!(run(&cfg).unwrap().iterations, 3);
+    cfg.max_iters = Some(iterations);
+    assert_eq!(run(&cfg).unwrap().iterations, iterations);
+    dir
+}
+
+#[test]
+fn resuming_without_the_replay_buffer_is_refused() {
+    let dir = stopped_after(3);
     let progress: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("state/progress.json")).unwrap(),
     )
@@ -189,10 +195,7 @@ fn resuming_without_the_replay_buffer_is_refused() {
 /// logged from then on is the new weighted sum. Any other JEM setting is still refused.
 #[test]
 fn a_resumed_run_may_reweigh_its_two_terms() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_jem(dir.path());
-    cfg.max_iters = Some(3);
-    assert_eq!(run(&cfg).unwrap().iterations, 3);
+    let dir = stopped_after(3);
 
     let mut longer_chains = small_jem(dir.path());
     longer_chains.jem.sgld_steps += 1;

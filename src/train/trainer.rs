@@ -103,6 +103,37 @@ pub fn architecture(cfg: &TrainConfig, data: &ImageSet) -> WideResNetConfig {
     WideResNetConfig::new(cfg.depth, cfg.width, data.channels, data.num_classes())
 }
 
+/// Settings a resumed run may change, named as `changes.csv` names them: more epochs, a new base
+/// learning rate, a new σ_data (noise that can steady an energy model early and cost accuracy
+/// late) and new weights of JEM's two terms (the balance between classifier and density) change
+/// only its future; so do the guard's thresholds, and its folder may move. Learning-rate decays
+/// may also be added at epochs it has not reached (checked apart, since they are a list).
+const RESUMABLE: [&str; 7] = [
+    "epochs",
+    "out",
+    "guard",
+    "lr",
+    "sigma_data",
+    "jem.px_weight",
+    "jem.pyx_weight",
+];
+
+/// Removes the setting at a dotted path (`jem.px_weight`) from a settings object, if present.
+fn remove_setting(settings: &mut serde_json::Value, path: &str) {
+    match path.split_once('.') {
+        Some((group, rest)) => {
+            if let Some(g) = settings.get_mut(group) {
+                remove_setting(g, rest);
+            }
+        }
+        None => {
+            if let Some(o) = settings.as_object_mut() {
+                o.remove(path);
+            }
+        }
+    }
+}
+
 /// The settings that differ between two settings objects, as (name, before, after); a group
 /// of settings (`jem`, `guard`) is compared setting by setting and named `group.setting`.
 fn changed_settings(
@@ -202,29 +233,17 @@ where
     let mut optim = adam().init::<B, WideResNet<B>>();
     let mut progress = match state.load_progress()? {
         Some(mut p) => {
-            // A run may be extended: more epochs, learning-rate decays at epochs it has not
-            // reached yet, a new base learning rate, a new σ_data (noise that can steady an
-            // energy model early and cost accuracy late) and new weights of JEM's two terms
-            // (the balance between classifier and density) change only its future; so do the
-            // guard's thresholds. Its folder may be moved. Every other setting must be the
-            // same, or the resumed run would not be the run its log describes. What changed is
+            // Beyond the RESUMABLE settings and later decays, every setting must be the same,
+            // or the resumed run would not be the run its log describes. What changed is
             // recorded in `changes.csv`.
             let started = p.epoch + usize::from(p.batch_in_epoch > 0);
             let comparable = |v: &serde_json::Value| {
                 let mut v = v.clone();
-                if let Some(o) = v.as_object_mut() {
-                    o.remove("epochs");
-                    o.remove("out");
-                    o.remove("guard");
-                    o.remove("lr");
-                    o.remove("sigma_data");
-                    if let Some(j) = o.get_mut("jem").and_then(|j| j.as_object_mut()) {
-                        j.remove("px_weight");
-                        j.remove("pyx_weight");
-                    }
-                    if let Some(d) = o.get_mut("decay_epochs").and_then(|d| d.as_array_mut()) {
-                        d.retain(|e| e.as_u64().is_some_and(|e| (e as usize) < started));
-                    }
+                for path in RESUMABLE {
+                    remove_setting(&mut v, path);
+                }
+                if let Some(d) = v.get_mut("decay_epochs").and_then(|d| d.as_array_mut()) {
+                    d.retain(|e| e.as_u64().is_some_and(|e| (e as usize) < started));
                 }
                 v
             };
