@@ -152,11 +152,6 @@ fn resumed_jem_run_continues_the_same_chains_and_log() {
     }
 }
 
-/// Deliberately unstable: a sound first epoch, then the learning rate jumps ×1000 to 1.0
-/// (a "decay" of 1000), which throws the energies of data and samples apart within a step or
-/// two; the gap threshold (10, against gaps below 0.2 in the sound epoch) is low enough to see
-/// it at once — and to see a slower drift at a lowered rate before the epoch ends, since the
-/// guard does not roll back across an epoch's end.
 /// A small JEM run in a fresh folder, stopped after `iterations` so that it can be resumed.
 fn stopped_after(iterations: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -166,6 +161,8 @@ fn stopped_after(iterations: usize) -> tempfile::TempDir {
     dir
 }
 
+/// A resume that finds no replay buffer is refused with an error that names the missing file,
+/// before anything is written (it used to continue with fresh chains without a word).
 #[test]
 fn resuming_without_the_replay_buffer_is_refused() {
     let dir = stopped_after(3);
@@ -235,6 +232,11 @@ fn a_resumed_run_may_reweigh_its_two_terms() {
     }
 }
 
+/// Deliberately unstable: a sound first epoch, then the learning rate jumps ×1000 to 1.0
+/// (a "decay" of 1000), which throws the energies of data and samples apart within a step or
+/// two; the gap threshold (10, against gaps below 0.2 in the sound epoch) is low enough to see
+/// it at once — and to see a slower drift at a lowered rate before the epoch ends, since the
+/// guard does not roll back across an epoch's end.
 fn unstable(out: &Path) -> TrainConfig {
     let mut cfg = small_jem(out);
     cfg.epochs = 3;
