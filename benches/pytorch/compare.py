@@ -1,10 +1,18 @@
-"""jem-bench against PyTorch on this CPU, in one run: every row of `jem-bench bench` on every
-model at every thread count, each side in its own process (its peak memory is its own), the
-sides interleaved round by round so that a noisy machine slows them alike. A third side is
-jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`), so that the table shows
-what jem-kernels changed. Writes results/perf/cpu.csv and results/perf/cpu.md.
+"""jem-bench against PyTorch on this CPU (or on a GPU, `--device cuda`), in one run: every row
+of `jem-bench bench` on every model at every thread count, each side in its own process (its
+peak memory is its own), the sides interleaved round by round so that a noisy machine slows them
+alike. A third side is jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`),
+so that the table shows what jem-kernels changed. Writes results/perf/cpu.csv and
+results/perf/cpu.md.
 
   cargo build --release && python benches/pytorch/compare.py [--rounds 3] [--reps 20]
+
+On a GPU both sides compute on the first CUDA device and the tables go to results/perf/gpu.csv
+and gpu.md; jem-bench must then be a `--features cuda` build (`--bin PATH` names it if it is not
+in target/release), the `burn` side (a CPU kernel switch) is not run, and peak RSS is host
+memory only:
+
+  python benches/pytorch/compare.py --device cuda --threads 1 --sides ours,pytorch
 
 Needs torch (and safetensors) in the Python that runs it; jem-bench's build and tests never do.
 
@@ -61,15 +69,23 @@ p.add_argument("--ops", default=ALL_OPS)
 p.add_argument("--sides", default="ours,pytorch,burn",
                help="which of ours, pytorch, burn to run (ours and pytorch are needed)")
 p.add_argument("--out", default=str(root / "results/perf"))
+p.add_argument("--device", default="cpu", help="cpu, or cuda: both sides on the first GPU")
+p.add_argument("--bin", help="the jem-bench to time (default: the release build's)")
 a = p.parse_args()
 
 # Where cargo put the release build (CARGO_TARGET_DIR, as cargo reads it, else target/).
-ours_bin = root / os.environ.get("CARGO_TARGET_DIR", "target") / "release/jem-bench"
+ours_bin = pathlib.Path(a.bin) if a.bin else root / os.environ.get("CARGO_TARGET_DIR", "target") / "release/jem-bench"
 if not ours_bin.exists():
     sys.exit(f"{ours_bin} not found: run `cargo build --release` first")
 sides = a.sides.split(",")
 if not {"ours", "pytorch"} <= set(sides) or not set(sides) <= {"ours", "pytorch", "burn"}:
     sys.exit("--sides: expected ours,pytorch and optionally burn")
+if a.device not in ("cpu", "cuda"):
+    sys.exit(f"--device {a.device}: expected cpu or cuda")
+on_gpu = a.device == "cuda"
+if on_gpu and "burn" in sides:
+    sys.exit("--device cuda: the burn side switches CPU kernels only; pass --sides ours,pytorch")
+table = "gpu" if on_gpu else "cpu"
 
 
 def parse_op(entry):
@@ -129,10 +145,10 @@ for depth, width in models:
             if a.max_seconds > 0:
                 common += ["--max-seconds", str(a.max_seconds)]
             cmds = {
-                "ours": [str(ours_bin), "bench", *common],
+                "ours": [str(ours_bin), "--device", a.device, "bench", *common],
                 "burn": [str(ours_bin), "bench", *common, "--kernels", "burn"],
                 "pytorch": [sys.executable, str(root / "benches/pytorch/ops.py"), *common,
-                            "--threads", str(threads)],
+                            "--threads", str(threads), "--device", a.device],
             }
             best = {}
             for _ in range(a.rounds):
@@ -172,6 +188,7 @@ for depth, width in models:
                 "ours_backend": o["t"]["backend"],
                 "pytorch_backend": q["t"]["backend"],
                 "cpu": cpu,
+                "device": q["t"].get("device", "cpu"),
             }
             rows.append(row)
             print(f"{row['model']:9} {row['row']:18} threads {threads}: ours {row['ours_ms']:9.2f} ms, "
@@ -180,15 +197,19 @@ for depth, width in models:
 
 out = pathlib.Path(a.out)
 out.mkdir(parents=True, exist_ok=True)
-with open(out / "cpu.csv", "w", newline="") as f:
+with open(out / f"{table}.csv", "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=list(rows[0]))
     w.writeheader()
     w.writerows(rows)
 burn = "burn" in sides
-with open(out / "cpu.md", "w") as f:
+with open(out / f"{table}.md", "w") as f:
     limit = (f" (fewer once {a.max_seconds:g} s of timed calls had passed, at least {min(3, a.reps)})"
              if a.max_seconds > 0 else "")
-    f.write(f"CPU: {cpu}; lowest median of {a.rounds} interleaved rounds × up to {a.reps} calls"
+    if on_gpu:
+        f.write(f"GPU: {rows[0]['device']} (host CPU: {cpu}); ")
+    else:
+        f.write(f"CPU: {cpu}; ")
+    f.write(f"lowest median of {a.rounds} interleaved rounds × up to {a.reps} calls"
             f"{limit}; batch {a.batch} "
             f"(PGD rows: {a.pgd_batch} images × {a.chains} chains); ratio = ours / PyTorch (below 1: faster)")
     if burn:
@@ -210,4 +231,4 @@ with open(out / "cpu.md", "w") as f:
                 cells += [r["burn_ms"], r["burn_ratio"]]
             cells += [r["ours_gflops"], r["pytorch_gflops"], r["ours_peak_rss_mib"], r["pytorch_peak_rss_mib"]]
             f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
-print(f"wrote {out / 'cpu.csv'} and {out / 'cpu.md'} in {(time.monotonic() - started) / 60:.0f} min")
+print(f"wrote {out / (table + '.csv')} and {out / (table + '.md')} in {(time.monotonic() - started) / 60:.0f} min")

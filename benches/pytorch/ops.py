@@ -5,6 +5,7 @@ prints one JSON line with the same fields. Run by compare.py; needs torch.
   python ops.py --op train-step --batch 64 --threads 1
   python ops.py --op jem-iteration --depth 16 --width 2
   python ops.py --op pgd-step --k 10 --grad full --chains 5 --batch 16
+  python ops.py --op jem-iteration --device cuda
 
 Each operation computes what jem-bench's does (src/bench.rs says what that is); the two that
 are written out here rather than taken from a library:
@@ -52,6 +53,7 @@ p.add_argument("--max-seconds", type=float, default=None,
 p.add_argument("--k", type=int, default=0, help="pgd-step: SGLD steps of the defence")
 p.add_argument("--grad", choices=["bpda", "full"], default="bpda", help="pgd-step, K > 0")
 p.add_argument("--chains", type=int, default=5, help="pgd-step, K > 0: chains per image")
+p.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: compute on that GPU")
 a = p.parse_args()
 
 SGLD_STEPS, SGLD_LR, SGLD_STD = 20, 1.0, 0.01  # the official JEM's, as jem-bench's defaults
@@ -61,8 +63,9 @@ DRIFT, SPREAD = SGLD_LR * SCALE * SCALE, SGLD_STD * SCALE
 
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
-net = WideResNet(a.depth, a.width, 10, a.channels)
-x = torch.rand(a.batch, a.channels, a.size, a.size)
+dev = torch.device(a.device)
+net = WideResNet(a.depth, a.width, 10, a.channels).to(dev)
+x = torch.rand(a.batch, a.channels, a.size, a.size, device=dev)
 
 
 def logits(images):
@@ -77,7 +80,7 @@ if a.op == "forward":
             logits(x)
 
 elif a.op == "train-step":
-    y = torch.randint(0, 10, (a.batch,))
+    y = torch.randint(0, 10, (a.batch,), device=dev)
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
 
     def call():
@@ -86,16 +89,16 @@ elif a.op == "train-step":
         opt.step()
 
 elif a.op == "jem-iteration":
-    y = torch.arange(a.batch) % 10
+    y = torch.arange(a.batch, device=dev) % 10
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     # The buffer's chains start as U(-1, 1) on the network's scale: U(0, 1) pixels.
-    buffer = torch.rand(BUFFER_SIZE, a.channels, a.size, a.size)
+    buffer = torch.rand(BUFFER_SIZE, a.channels, a.size, a.size, device=dev)
 
     def call():
-        slots = torch.randint(0, BUFFER_SIZE, (a.batch,))
+        slots = torch.randint(0, BUFFER_SIZE, (a.batch,), device=dev)
         xq = buffer[slots]
-        fresh = torch.rand(a.batch) < REINIT_FREQ
-        xq[fresh] = torch.rand(int(fresh.sum()), a.channels, a.size, a.size)
+        fresh = torch.rand(a.batch, device=dev) < REINIT_FREQ
+        xq[fresh] = torch.rand(int(fresh.sum()), a.channels, a.size, a.size, device=dev)
         # sample_q: gradients to the chains only (autograd.grad skips the weights' gradients).
         for _ in range(SGLD_STEPS):
             xq = xq.detach().requires_grad_(True)
@@ -130,7 +133,7 @@ else:
             x + DRIFT * g + SPREAD * torch.randn_like(x)
 
     else:
-        y = torch.randint(0, 10, (a.batch,))
+        y = torch.randint(0, 10, (a.batch,), device=dev)
         assert a.k == 0 or a.chains >= 1, "--chains: expected at least 1 for K > 0"
 
         def ce_of_average(chain_logits):
@@ -169,6 +172,15 @@ else:
                 # repeat's backward sums the chains' gradients into x.
                 torch.autograd.grad(ce_of_average(logits(s)), [xg])
 
+# A GPU call returns once its kernels are queued: wait for them, as jem-bench's calls do by
+# reading a result back.
+if dev.type == "cuda":
+    queued = call
+
+    def call():
+        queued()
+        torch.cuda.synchronize(dev)
+
 # As jem-bench's: --max-seconds bounds the warm-up (at least 1 call) and the timed calls (at
 # least 3) alike.
 started = time.perf_counter()
@@ -202,7 +214,7 @@ def forward_flops():
         elif isinstance(m, torch.nn.Linear):
             hooks.append(m.register_forward_hook(linear_hook))
     with torch.no_grad():
-        net(torch.zeros(1, a.channels, a.size, a.size))
+        net(torch.zeros(1, a.channels, a.size, a.size, device=dev))
     for h in hooks:
         h.remove()
     return total[0] * a.batch
@@ -240,6 +252,7 @@ result = {
     "min_ms": min(times),
     "gflop_per_call": factor() * forward_flops() / 1e9,
     "backend": f"pytorch-{torch.__version__}",
+    "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
 }
 if a.op == "jem-iteration":
     result["sgld_steps"] = SGLD_STEPS
