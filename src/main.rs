@@ -152,7 +152,12 @@ fn keep_freed_memory() {}
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
-    if let Some(spec) = &cli.device {
+    // A CUDA build selects its default GPU too, so that a missing one is an error, not a panic.
+    let spec = cli
+        .device
+        .as_deref()
+        .or(cfg!(feature = "cuda").then_some("cuda"));
+    if let Some(spec) = spec {
         if let Err(e) = backend::select(spec) {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;

@@ -173,3 +173,97 @@ fn outputs_name_the_gpu() {
     jem_bench::backend::select("cuda:0").unwrap();
     assert_eq!(jem_bench::backend::name(), "burn-cuda:0");
 }
+
+/// Which operation of the network's backward pass the GPU computes differently, if any: the
+/// input and weight gradients of every convolution shape of the embedded WRN-10-1 (28×28 inputs;
+/// stride 1 and 2, 3×3 and the 1×1 shortcuts), and LeakyReLU's gradient, each on the same data
+/// on both backends. All cases are printed before any is asserted, so that one run on a GPU
+/// names every culprit.
+#[test]
+fn cpu_and_gpu_agree_on_each_convolution_and_activation_gradient() {
+    use burn::tensor::module::conv2d;
+    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::TensorData;
+    require_gpu!();
+
+    /// Standard normal values, drawn on the host once and given to both backends.
+    fn random(shape: [usize; 4], rng: &mut StdRng) -> TensorData {
+        noise::gaussian::<Flex, 4>(shape, rng, &Default::default()).into_data()
+    }
+    /// d Σ(r · conv(x, w)) / dx and / dw on backend B.
+    fn conv_gradients<B: burn::tensor::backend::AutodiffBackend>(
+        x: &TensorData,
+        w: &TensorData,
+        r: &TensorData,
+        stride: usize,
+        padding: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let device = Default::default();
+        let x = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
+        let w = Tensor::<B, 4>::from_data(w.clone(), &device).require_grad();
+        let r = Tensor::<B, 4>::from_data(r.clone(), &device);
+        let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+        let grads = (conv2d(x.clone(), w.clone(), None, options) * r)
+            .sum()
+            .backward();
+        (host(x.grad(&grads).unwrap()), host(w.grad(&grads).unwrap()))
+    }
+    /// d Σ(r · LeakyReLU(x)) / dx on backend B, through the activation the WRN uses.
+    fn activation_gradient<B: KernelsAutodiff>(x: &TensorData, r: &TensorData) -> Vec<f32> {
+        let device = Default::default();
+        let x = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
+        let r = Tensor::<B, 4>::from_data(r.clone(), &device);
+        let grads = (jem_kernels::leaky_relu(x.clone(), 0.2) * r)
+            .sum()
+            .backward();
+        host(x.grad(&grads).unwrap())
+    }
+
+    // (in, out, kernel, stride, padding, side): every convolution of WRN-10-1 on MNIST.
+    let shapes = [
+        (1, 16, 3, 1, 1, 28),
+        (16, 16, 3, 1, 1, 28),
+        (16, 32, 3, 2, 1, 28),
+        (16, 32, 1, 2, 0, 28),
+        (32, 32, 3, 1, 1, 14),
+        (32, 64, 3, 2, 1, 14),
+        (32, 64, 1, 2, 0, 14),
+        (64, 64, 3, 1, 1, 7),
+    ];
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut failures = Vec::new();
+    for (cin, cout, k, stride, padding, side) in shapes {
+        let x = random([4, cin, side, side], &mut rng);
+        let w = random([cout, cin, k, k], &mut rng);
+        let out = (side + 2 * padding - k) / stride + 1;
+        let r = random([4, cout, out, out], &mut rng);
+        let (cpu_dx, cpu_dw) = conv_gradients::<Cpu>(&x, &w, &r, stride, padding);
+        let (gpu_dx, gpu_dw) = conv_gradients::<Gpu>(&x, &w, &r, stride, padding);
+        for (what, a, b) in [("input", &cpu_dx, &gpu_dx), ("weight", &cpu_dw, &gpu_dw)] {
+            let d = relative_difference(a, b);
+            let case = format!(
+                "conv {cin}→{cout} {k}×{k} stride {stride} padding {padding} on {side}×{side}, \
+                 {what} gradient: relative difference {d:.2e}"
+            );
+            eprintln!("{case}");
+            if d > 1e-3 {
+                failures.push(case);
+            }
+        }
+    }
+    let x = random([4, 16, 28, 28], &mut rng);
+    let r = random([4, 16, 28, 28], &mut rng);
+    let d = relative_difference(
+        &activation_gradient::<Cpu>(&x, &r),
+        &activation_gradient::<Gpu>(&x, &r),
+    );
+    eprintln!("LeakyReLU gradient: relative difference {d:.2e}");
+    if d > 1e-3 {
+        failures.push(format!("LeakyReLU gradient: relative difference {d:.2e}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "the GPU differs on:\n{}",
+        failures.join("\n")
+    );
+}
