@@ -3,8 +3,8 @@
 # the CI reference sweep, the default L∞ and L2 sweeps with their curves, AutoAttack at K = 0, the
 # nonsense table, and the calibration and OOD-detection tables.
 # Run it from the repository root after an embedded model changes (`regress` refuses a reference
-# swept with other weights). About 40 minutes on two cores with the WRN-10-1 models (40 min on
-# 2026-11-25, with a sampling job beside it).
+# swept with other weights). About 90 minutes on two cores with the WRN-10-1 models (on
+# 2026-11-26: 57 min for every part but k1-eot, with builds and tests beside it; k1-eot 29 min).
 #
 #   bash results/regenerate.sh            # everything
 #   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | k1-eot | autoattack | nonsense | calibration | ood
