@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates every committed result that depends on the embedded models (results/models/):
-# the CI reference sweep, the default L∞ and L2 sweeps with their curves, AutoAttack at K = 0, the
-# nonsense table, and the calibration and OOD-detection tables.
+# the CI reference sweep, the default L∞ and L2 sweeps with their curves, the same L∞ sweep of the
+# 1 : 1 JEM, the K = 1 cells under the full gradient with EOT, AutoAttack at K = 0, the nonsense
+# table, and the calibration and OOD-detection tables.
 # Run it from the repository root after an embedded model changes (`regress` refuses a reference
 # swept with other weights). About 90 minutes on two cores with the WRN-10-1 models (on
 # 2026-11-26: 57 min for every part but k1-eot, with builds and tests beside it; k1-eot 29 min).
