@@ -129,7 +129,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
     /// Whose convolutions and LeakyReLU the CPU backend runs: jem-kernels' (`own`, what every
-    /// other command uses) or burn's (`burn`), to measure one against the other.
+    /// other command uses), burn's (`burn`), or burn's forward operations with the convolution
+    /// gradients composed from a forward convolution and a matrix product as on a GPU
+    /// (`portable`), to measure one against another.
     #[arg(long, value_enum, default_value_t = KernelsArg::Own)]
     pub kernels: KernelsArg,
     /// Cut the warm-up (after at least 1 call) and the timed calls (after at least 3, or
@@ -154,6 +156,8 @@ pub struct BenchArgs {
 pub enum KernelsArg {
     Own,
     Burn,
+    /// burn's forward operations, gradients composed as on the GPU.
+    Portable,
 }
 
 #[derive(Debug, Serialize)]
@@ -222,6 +226,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     jem_kernels::set_implementation(match args.kernels {
         KernelsArg::Own => Implementation::Own,
         KernelsArg::Burn => Implementation::Burn,
+        KernelsArg::Portable => Implementation::Portable,
     });
     let device = backend::device();
     let cfg = WideResNetConfig::new(args.depth, args.width, args.channels, 10);

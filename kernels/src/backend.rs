@@ -2,7 +2,7 @@
 //! autodiff backend gets a backward node that calls them, and any other backend (CUDA) keeps
 //! burn's own convolution.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -17,6 +17,7 @@ use burn::tensor::{DType, TensorData, TensorMetadata};
 
 use crate::activation::composed_backward;
 use crate::conv::{self, ConvGeometry};
+use crate::portable;
 
 /// A backend with a 2-D convolution for Wide-ResNets, optionally with a LeakyReLU fused in
 /// front of it (`input_slope`: the convolution of LeakyReLU(`x`), a pre-activation block's
@@ -108,37 +109,91 @@ fn composed_x_backward<B: Backend>(
 ) -> FloatTensor<B> {
     let input = activated::<B>(x.clone(), slope);
     let grad = B::conv2d_x_backward(input, weight, output_grad, options);
+    through_activation::<B>(x, grad, slope)
+}
+
+/// `grad` (the gradient at the activated input) carried back through the fused activation.
+fn through_activation<B: Backend>(
+    x: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    slope: Option<f64>,
+) -> FloatTensor<B> {
     match slope {
         Some(slope) => composed_backward::<B>(x, grad, slope),
         None => grad,
     }
 }
 
+/// The input gradient from a forward convolution ([`crate::conv2d_input_grad_from_forward`]),
+/// then the activation's; burn's own where the construction does not apply (groups, dilation).
+fn portable_x_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    options: ConvOptions<2>,
+    slope: Option<f64>,
+) -> FloatTensor<B> {
+    if !portable::portable_gradients_apply(&options) {
+        return composed_x_backward::<B>(x, weight, output_grad, options, slope);
+    }
+    let shape = x.shape();
+    let size = [shape[2], shape[3]];
+    let grad = portable::conv2d_input_grad_from_forward::<B>(weight, output_grad, size, &options);
+    through_activation::<B>(x, grad, slope)
+}
+
+/// The weight gradient from one matrix product ([`crate::conv2d_weight_grad_from_matmul`]) on
+/// the activated input; burn's own where the construction does not apply.
+fn portable_weight_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    options: ConvOptions<2>,
+    slope: Option<f64>,
+) -> FloatTensor<B> {
+    if !portable::portable_gradients_apply(&options) {
+        return composed_weight_backward::<B>(x, weight, output_grad, options, slope);
+    }
+    let shape = weight.shape();
+    let kernel = [shape[2], shape[3]];
+    let input = activated::<B>(x, slope);
+    portable::conv2d_weight_grad_from_matmul::<B>(input, output_grad, kernel, &options)
+}
+
 /// Whose operations burn's CPU backend runs for [`FastConv`] and
-/// [`FastActivation`](crate::FastActivation): this crate's kernels (the default) or burn's own,
-/// e.g. to measure one against the other in the same process.
+/// [`FastActivation`](crate::FastActivation): this crate's kernels (the default), burn's own,
+/// or burn's forward operations with the portable gradients the CUDA backend runs — e.g. to
+/// measure one against another in the same process, or to test on the CPU the construction a
+/// GPU relies on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Implementation {
     /// This crate's kernels.
     Own,
     /// burn's `conv2d`, `leaky_relu` and their backward functions.
     Burn,
+    /// burn's `conv2d` and `leaky_relu`, with the convolution gradients composed from a forward
+    /// convolution and a matrix product ([`crate::conv2d_input_grad_from_forward`],
+    /// [`crate::conv2d_weight_grad_from_matmul`]): what the CUDA backend computes.
+    Portable,
 }
 
-static BURN_OPS: AtomicBool = AtomicBool::new(false);
+static CHOICE: AtomicU8 = AtomicU8::new(0);
+
+const CHOICES: [Implementation; 3] = [
+    Implementation::Own,
+    Implementation::Burn,
+    Implementation::Portable,
+];
 
 /// Chooses, for the whole process, whose operations the CPU backend runs.
 pub fn set_implementation(choice: Implementation) {
-    BURN_OPS.store(choice == Implementation::Burn, Ordering::Relaxed);
+    let index = CHOICES.iter().position(|&c| c == choice).unwrap_or(0);
+    CHOICE.store(index as u8, Ordering::Relaxed);
 }
 
 /// Whose operations the CPU backend runs now.
 pub fn implementation() -> Implementation {
-    if BURN_OPS.load(Ordering::Relaxed) {
-        Implementation::Burn
-    } else {
-        Implementation::Own
-    }
+    CHOICES[usize::from(CHOICE.load(Ordering::Relaxed)) % CHOICES.len()]
 }
 
 /// The geometry of a convolution the kernels handle: `f32`, one group, no dilation, and the
@@ -210,6 +265,9 @@ impl FastConv for Flex {
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FlexTensor {
+        if implementation() == Implementation::Portable {
+            return portable_x_backward::<Flex>(x, weight, output_grad, options, input_slope);
+        }
         let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
         else {
             return composed_x_backward::<Flex>(x, weight, output_grad, options, input_slope);
@@ -227,6 +285,9 @@ impl FastConv for Flex {
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FlexTensor {
+        if implementation() == Implementation::Portable {
+            return portable_weight_backward::<Flex>(x, weight, output_grad, options, input_slope);
+        }
         let Some(g) = geometry(&x, &weight, &options).filter(|_| output_grad.dtype() == DType::F32)
         else {
             return composed_weight_backward::<Flex>(x, weight, output_grad, options, input_slope);
@@ -268,8 +329,31 @@ impl FastConv for Flex {
     }
 }
 
+/// burn's CUDA backend keeps its own forward convolution (it agrees with the CPU's) but takes
+/// both gradients from [`crate::portable`]'s construction: burn 0.21's own CUDA backward kernels
+/// give wrong gradients for some Wide-ResNet shapes (docs/gpu.md).
 #[cfg(feature = "cuda")]
-impl FastConv for burn::backend::Cuda {}
+impl FastConv for burn::backend::Cuda {
+    fn fast_conv2d_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+    ) -> FloatTensor<Self> {
+        portable_x_backward::<Self>(x, weight, output_grad, options, input_slope)
+    }
+
+    fn fast_conv2d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+    ) -> FloatTensor<Self> {
+        portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope)
+    }
+}
 
 /// Backward of a convolution with a bias: gradients for x, the weight and the bias.
 #[derive(Debug)]

@@ -10,4 +10,4 @@ pub use checkpoint::{
     FORMAT_VERSION, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
-pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};
+pub use wrn::{ConvShape, InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};
