@@ -63,11 +63,12 @@ fn parse(spec: &str) -> anyhow::Result<(Device, String)> {
     };
     let device = CudaDevice::new(index);
     opens(&device, spec)?;
-    // Measured on an H200 (tests/gpu.rs): logits agree with the CPU's, input gradients do not.
+    // Forward passes were measured equal to the CPU's on an H200; the convolution gradients
+    // now come from jem-kernels' construction (proven on the CPU), not yet run on a GPU.
     eprintln!(
-        "warning: on burn 0.21's CUDA backend the input gradients differ from the CPU's (13 % of \
-         their scale on the embedded baseline; docs/gpu.md): evaluations are sound, attacks, \
-         sampling and training on this device are not until that is fixed"
+        "warning: on CUDA the convolution gradients are computed by a construction checked on \
+         the CPU but not yet on a GPU (tests/gpu.rs, scripts/gpu-check.sh; docs/gpu.md): \
+         evaluations are verified, attacks, sampling and training on this device are not yet"
     );
     Ok((device, format!("cuda:{index}")))
 }

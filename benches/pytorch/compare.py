@@ -17,9 +17,10 @@ memory only:
 Needs torch (and safetensors) in the Python that runs it; jem-bench's build and tests never do.
 
 Rows (`--ops`, comma-separated): forward, train-step, input-gradient, sgld-step, jem-iteration
-(all on `--batch` images), and pgd-step:kK[:bpda|full] (a PGD gradient through K SGLD steps of
-the defence in `--chains` chains, on `--pgd-batch` images; K = 0 takes no mode). Models
-(`--models`): DEPTH-WIDTH, e.g. 10-1,16-2. Each side times up to `--reps` calls after
+(each on every `--batch`, a comma-separated list of images per call), and pgd-step:kK[:bpda|full]
+(a PGD gradient through K SGLD steps of the defence in `--chains` chains, on `--pgd-batch`
+images; K = 0 takes no mode). Models (`--models`): DEPTH-WIDTH[:INPUT], e.g. 10-1,28-10:cifar,
+where INPUT is mnist (1×28×28, the default) or cifar (3×32×32). Each side times up to `--reps` calls after
 `--warmup` (each cut short once `--max-seconds` have passed in it, keeping at least 1 warm-up
 and 3 timed calls, so that the slow rows take a bounded time) and reports their median; a row keeps
 each side's lowest median over the rounds.
@@ -28,6 +29,7 @@ Output, one line per model × row × thread count, in results/perf/cpu.csv:
   row               the table's name: the op, with K and mode for PGD (`pgd-step k10 full`)
   op, k, grad, chains   the operation and, for pgd-step, the defence (grad/chains empty at K = 0)
   model             WRN-DEPTH-WIDTH
+  input             CHANNELS×SIZE×SIZE of the images
   batch             images per call (chains per call for jem-iteration)
   threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
   ours_ms, pytorch_ms, burn_ms   lowest median over the rounds (burn: empty if not run)
@@ -60,7 +62,7 @@ p.add_argument("--reps", type=int, default=20)
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--max-seconds", type=float, default=10.0,
                help="per process: stop timing after this many seconds (0: no limit)")
-p.add_argument("--batch", type=int, default=64)
+p.add_argument("--batch", default="64", help="images per call; a comma-separated list")
 p.add_argument("--pgd-batch", type=int, default=16)
 p.add_argument("--chains", type=int, default=5)
 p.add_argument("--threads", default="1,2")
@@ -94,14 +96,14 @@ def parse_op(entry):
     if op != "pgd-step":
         if rest:
             sys.exit(f"--ops {entry}: only pgd-step takes :kK[:mode]")
-        return op, None, None, a.batch, ["--op", op, "--batch", str(a.batch)]
+        return op, None, None, None, ["--op", op]
     if not rest or not rest[0].startswith("k") or not rest[0][1:].isdigit():
         sys.exit(f"--ops {entry}: expected pgd-step:kK[:bpda|full]")
     k = int(rest[0][1:])
     grad = rest[1] if len(rest) > 1 else ("bpda" if k > 0 else None)
     if (k == 0) != (grad is None) or grad not in (None, "bpda", "full"):
         sys.exit(f"--ops {entry}: K = 0 takes no mode, K > 0 takes bpda or full")
-    flags = ["--op", op, "--batch", str(a.pgd_batch), "--k", str(k), "--chains", str(a.chains)]
+    flags = ["--op", op, "--k", str(k), "--chains", str(a.chains)]
     if grad:
         flags += ["--grad", grad]
     return op, k, grad, a.pgd_batch, flags
@@ -133,102 +135,129 @@ cpu = next(
     platform.processor(),
 )
 ops = [parse_op(e) for e in a.ops.split(",")]
-models = [tuple(int(v) for v in m.split("-")) for m in a.models.split(",")]
-started = time.monotonic()
-rows = []
-for depth, width in models:
-    for op, k, grad, batch, op_flags in ops:
-        for threads in [int(t) for t in a.threads.split(",")]:
-            env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-            common = [*op_flags, "--depth", str(depth), "--width", str(width),
-                      "--reps", str(a.reps), "--warmup", str(a.warmup)]
-            if a.max_seconds > 0:
-                common += ["--max-seconds", str(a.max_seconds)]
-            cmds = {
-                "ours": [str(ours_bin), "--device", a.device, "bench", *common],
-                "burn": [str(ours_bin), "bench", *common, "--kernels", "burn"],
-                "pytorch": [sys.executable, str(root / "benches/pytorch/ops.py"), *common,
-                            "--threads", str(threads), "--device", a.device],
-            }
-            best = {}
-            for _ in range(a.rounds):
-                for side in sides:
-                    t, rss = run(cmds[side], env)
-                    b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
-                    if t["median_ms"] < b["ms"]:
-                        b["ms"], b["t"] = t["median_ms"], t
-                    b["rss"] = max(b["rss"], rss)
-            o, q, r = best["ours"], best["pytorch"], best.get("burn")
-            # Both sides must have timed the same row of the same network on the same batch.
-            for key in ("row", "model", "batch"):
-                if o["t"][key] != q["t"][key]:
-                    sys.exit(f"{key}: jem-bench says {o['t'][key]}, ops.py {q['t'][key]}")
-            row = {
-                "row": o["t"]["row"],
-                "op": op,
-                "k": "" if k is None else k,
-                "grad": grad or "",
-                "chains": a.chains if k else "",
-                "model": o["t"]["model"],
-                "batch": batch,
-                "threads": threads,
-                "ours_ms": round(o["ms"], 2),
-                "pytorch_ms": round(q["ms"], 2),
-                "ratio": round(o["ms"] / q["ms"], 3),
-                "burn_ms": round(r["ms"], 2) if r else "",
-                "burn_ratio": round(r["ms"] / q["ms"], 3) if r else "",
-                "ours_gflop_per_call": o["t"]["gflop_per_call"],
-                "pytorch_gflop_per_call": q["t"]["gflop_per_call"],
-                "ours_gflops": round(o["t"]["gflop_per_call"] / (o["ms"] / 1e3), 2),
-                "pytorch_gflops": round(q["t"]["gflop_per_call"] / (q["ms"] / 1e3), 2),
-                "ours_peak_rss_mib": round(o["rss"], 1),
-                "pytorch_peak_rss_mib": round(q["rss"], 1),
-                "ours_reps": o["t"]["reps"],
-                "pytorch_reps": q["t"]["reps"],
-                "ours_backend": o["t"]["backend"],
-                "pytorch_backend": q["t"]["backend"],
-                "cpu": cpu,
-                "device": q["t"].get("device", "cpu"),
-            }
-            rows.append(row)
-            print(f"{row['model']:9} {row['row']:18} threads {threads}: ours {row['ours_ms']:9.2f} ms, "
-                  f"pytorch {row['pytorch_ms']:9.2f} ms, ratio {row['ratio']:.2f} "
-                  f"[{(time.monotonic() - started) / 60:.0f} min]", flush=True)
+INPUTS = {"mnist": (1, 28), "cifar": (3, 32)}
 
+
+def parse_model(entry):
+    """`28-10:cifar` -> (28, 10, "cifar")."""
+    arch, _, shape = entry.partition(":")
+    shape = shape or "mnist"
+    if shape not in INPUTS:
+        sys.exit(f"--models {entry}: expected DEPTH-WIDTH[:mnist|cifar]")
+    depth, width = (int(v) for v in arch.split("-"))
+    return depth, width, shape
+
+
+models = [parse_model(m) for m in a.models.split(",")]
+batches = [int(b) for b in a.batch.split(",")]
 out = pathlib.Path(a.out)
 out.mkdir(parents=True, exist_ok=True)
-with open(out / f"{table}.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
 burn = "burn" in sides
-with open(out / f"{table}.md", "w") as f:
-    limit = (f" (fewer once {a.max_seconds:g} s of timed calls had passed, at least {min(3, a.reps)})"
-             if a.max_seconds > 0 else "")
-    if on_gpu:
-        f.write(f"GPU: {rows[0]['device']} (host CPU: {cpu}); ")
-    else:
-        f.write(f"CPU: {cpu}; ")
-    f.write(f"lowest median of {a.rounds} interleaved rounds × up to {a.reps} calls"
-            f"{limit}; batch {a.batch} "
-            f"(PGD rows: {a.pgd_batch} images × {a.chains} chains); ratio = ours / PyTorch (below 1: faster)")
-    if burn:
-        f.write("; burn ops = jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`), the state before jem-kernels")
-    f.write(". GFLOP/s: each side's FLOP count (docs/performance.md) over its time; for `pgd-step … full` the "
-            "counts differ (jem-bench forms Hessian-vector products by a difference of logits, PyTorch by double backward).\n")
-    for model in dict.fromkeys(r["model"] for r in rows):
-        f.write(f"\n## {model}\n\n")
-        head = ["row", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]
+
+
+def write_tables():
+    """Both tables, rewritten after every row: a run stopped at a time limit keeps its rows."""
+    with open(out / f"{table}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / f"{table}.md", "w") as f:
+        limit = (f" (fewer once {a.max_seconds:g} s of timed calls had passed, at least {min(3, a.reps)})"
+                 if a.max_seconds > 0 else "")
+        if on_gpu:
+            f.write(f"GPU: {rows[0]['device']} (host CPU: {cpu}); ")
+        else:
+            f.write(f"CPU: {cpu}; ")
+        f.write(f"lowest median of {a.rounds} interleaved rounds × up to {a.reps} calls"
+                f"{limit}; batch {a.batch} "
+                f"(PGD rows: {a.pgd_batch} images × {a.chains} chains); ratio = ours / PyTorch (below 1: faster)")
         if burn:
-            head += ["burn ops ms", "burn ops ratio"]
-        head += ["ours GFLOP/s", "PyTorch GFLOP/s", "ours peak MiB", "PyTorch peak MiB"]
-        f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
-        for r in rows:
-            if r["model"] != model:
-                continue
-            cells = [r["row"], r["batch"], r["threads"], r["ours_ms"], r["pytorch_ms"], r["ratio"]]
+            f.write("; burn ops = jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`), the state before jem-kernels")
+        f.write(". GFLOP/s: each side's FLOP count (docs/performance.md) over its time; for `pgd-step … full` the "
+                "counts differ (jem-bench forms Hessian-vector products by a difference of logits, PyTorch by double backward).\n")
+        for model, shape in dict.fromkeys((r["model"], r["input"]) for r in rows):
+            f.write(f"\n## {model} on {shape} images\n\n")
+            head = ["row", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]
             if burn:
-                cells += [r["burn_ms"], r["burn_ratio"]]
-            cells += [r["ours_gflops"], r["pytorch_gflops"], r["ours_peak_rss_mib"], r["pytorch_peak_rss_mib"]]
-            f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
+                head += ["burn ops ms", "burn ops ratio"]
+            head += ["ours GFLOP/s", "PyTorch GFLOP/s", "ours peak MiB", "PyTorch peak MiB"]
+            f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
+            for r in rows:
+                if (r["model"], r["input"]) != (model, shape):
+                    continue
+                cells = [r["row"], r["batch"], r["threads"], r["ours_ms"], r["pytorch_ms"], r["ratio"]]
+                if burn:
+                    cells += [r["burn_ms"], r["burn_ratio"]]
+                cells += [r["ours_gflops"], r["pytorch_gflops"], r["ours_peak_rss_mib"], r["pytorch_peak_rss_mib"]]
+                f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
+
+
+started = time.monotonic()
+rows = []
+runs = [(depth, width, shape, op, k, grad, batch, op_flags, threads)
+        for depth, width, shape in models
+        for op, k, grad, pgd_batch, op_flags in ops
+        for batch in ([pgd_batch] if pgd_batch else batches)
+        for threads in [int(t) for t in a.threads.split(",")]]
+for depth, width, shape, op, k, grad, batch, op_flags, threads in runs:
+    channels, size = INPUTS[shape]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    common = [*op_flags, "--batch", str(batch), "--depth", str(depth), "--width", str(width),
+              "--channels", str(channels), "--size", str(size),
+              "--reps", str(a.reps), "--warmup", str(a.warmup)]
+    if a.max_seconds > 0:
+        common += ["--max-seconds", str(a.max_seconds)]
+    cmds = {
+        "ours": [str(ours_bin), "--device", a.device, "bench", *common],
+        "burn": [str(ours_bin), "bench", *common, "--kernels", "burn"],
+        "pytorch": [sys.executable, str(root / "benches/pytorch/ops.py"), *common,
+                    "--threads", str(threads), "--device", a.device],
+    }
+    best = {}
+    for _ in range(a.rounds):
+        for side in sides:
+            t, rss = run(cmds[side], env)
+            b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
+            if t["median_ms"] < b["ms"]:
+                b["ms"], b["t"] = t["median_ms"], t
+            b["rss"] = max(b["rss"], rss)
+    o, q, r = best["ours"], best["pytorch"], best.get("burn")
+    # Both sides must have timed the same row of the same network on the same batch.
+    for key in ("row", "model", "batch"):
+        if o["t"][key] != q["t"][key]:
+            sys.exit(f"{key}: jem-bench says {o['t'][key]}, ops.py {q['t'][key]}")
+    row = {
+        "row": o["t"]["row"],
+        "op": op,
+        "k": "" if k is None else k,
+        "grad": grad or "",
+        "chains": a.chains if k else "",
+        "model": o["t"]["model"],
+        "input": f"{channels}×{size}×{size}",
+        "batch": batch,
+        "threads": threads,
+        "ours_ms": round(o["ms"], 2),
+        "pytorch_ms": round(q["ms"], 2),
+        "ratio": round(o["ms"] / q["ms"], 3),
+        "burn_ms": round(r["ms"], 2) if r else "",
+        "burn_ratio": round(r["ms"] / q["ms"], 3) if r else "",
+        "ours_gflop_per_call": o["t"]["gflop_per_call"],
+        "pytorch_gflop_per_call": q["t"]["gflop_per_call"],
+        "ours_gflops": round(o["t"]["gflop_per_call"] / (o["ms"] / 1e3), 2),
+        "pytorch_gflops": round(q["t"]["gflop_per_call"] / (q["ms"] / 1e3), 2),
+        "ours_peak_rss_mib": round(o["rss"], 1),
+        "pytorch_peak_rss_mib": round(q["rss"], 1),
+        "ours_reps": o["t"]["reps"],
+        "pytorch_reps": q["t"]["reps"],
+        "ours_backend": o["t"]["backend"],
+        "pytorch_backend": q["t"]["backend"],
+        "cpu": cpu,
+        "device": q["t"].get("device", "cpu"),
+    }
+    rows.append(row)
+    print(f"{row['model']:9} {row['row']:18} threads {threads}: ours {row['ours_ms']:9.2f} ms, "
+          f"pytorch {row['pytorch_ms']:9.2f} ms, ratio {row['ratio']:.2f} "
+          f"[{(time.monotonic() - started) / 60:.0f} min]", flush=True)
+    write_tables()
+
 print(f"wrote {out / (table + '.csv')} and {out / (table + '.md')} in {(time.monotonic() - started) / 60:.0f} min")

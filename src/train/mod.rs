@@ -27,5 +27,5 @@ pub use objective::{accuracy, cross_entropy, ClassifierObjective, Objective, Ste
 pub use replay_buffer::{Draw, ReplayBuffer};
 pub use schedule::LrSchedule;
 pub(crate) use state::StateDir;
-pub(crate) use trainer::{adam, descend, stream_seed};
-pub use trainer::{train, TrainOutcome};
+pub(crate) use trainer::stream_seed;
+pub use trainer::{adam, descend, train, TrainOutcome};

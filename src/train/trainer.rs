@@ -55,13 +55,13 @@ const OBJECTIVE: u64 = 3;
 const OBJECTIVE_INIT: u64 = 4;
 
 /// The optimiser of every training run: Adam with PyTorch's ε (the official JEM's).
-pub(crate) fn adam() -> AdamConfig {
+pub fn adam() -> AdamConfig {
     AdamConfig::new().with_epsilon(1e-8)
 }
 
 /// The end of every training iteration: `loss` back to every parameter, then one step of
 /// `optim`. `jem-bench bench` times its training rows through this same function.
-pub(crate) fn descend<B, O>(
+pub fn descend<B, O>(
     model: WideResNet<B>,
     optim: &mut O,
     loss: Tensor<B, 1>,
