@@ -5,9 +5,15 @@
 #
 #   scripts/gpu-check.sh build          # here: --features cuda builds, stripped and xz'd into
 #                                       # .gpu-check/bin (git-ignored), about 30 MB
+#   scripts/gpu-check.sh stash          # here, before the device call: moves results/train and
+#                                       # datasets/data (not read there) into .gpu-check/stash,
+#                                       # so that the tree that travels fits in 64 MiB
+#   scripts/gpu-check.sh unstash        # here, after it: puts them back
 #   scripts/gpu-check.sh run [OUT]      # on the GPU machine, from the repository root: writes
-#                                       # OUT (default results/gpu): agreement.log,
-#                                       # k0-equality.txt, k0-examples.csv, gpu.csv, gpu.md
+#                                       # OUT (default results/gpu): machine.txt,
+#                                       # first-eval.log, agreement.log, k0-sweep.log,
+#                                       # k0-equality.txt, compare.log, gpu.csv, gpu.md
+#                                       # (8 files: what a device call brings back at most)
 #
 # Needed on the GPU machine: the NVIDIA driver and libnvrtc (burn compiles its kernels at run
 # time), xz, and python3 with torch for the timings (skipped, and said so, without it); the
@@ -68,7 +74,13 @@ run() {
     cat "$out/machine.txt"
     # burn's CUDA backend compiles each kernel with NVRTC the first time a process meets it;
     # cubecl.toml (read from this folder) keeps them, and the autotune choices, under target/
-    # for the next process.
+    # for the next process. cubecl panics on a configuration it cannot read: then the check
+    # goes on without the file, and says so.
+    step 120 "$out/first-eval.log" "$work/jem-bench" --device cuda eval --model results/models/baseline --n 100
+    if grep -q "doesn't have the right format" "$out/first-eval.log"; then
+        mv cubecl.toml "$work/cubecl.toml.unread"
+        echo "cubecl.toml could not be read by cubecl: moved aside for this run" | tee -a "$out/first-eval.log"
+    fi
 
     # 1. Agreement, every case printed (the test binary runs from the repository root, where
     #    it finds results/models).
@@ -94,7 +106,6 @@ for key in differ:
 sys.exit(1 if differ or not shared else 0)
 EOF
     cat "$out/k0-equality.txt" 2>/dev/null
-    cp "$work/k0/examples.csv" "$out/k0-examples.csv" 2>/dev/null
 
     # 3. Timings against PyTorch on the same GPU: every row, WRN-10-1 (MNIST) and WRN-28-10
     #    (CIFAR-10 shape), batches 64 and 256.
@@ -108,11 +119,34 @@ EOF
     rm -rf "$work"
 }
 
+# Tracked folders the GPU machine does not read (the binaries embed the data sets).
+big=(results/train datasets/data)
+
+stash() {
+    mkdir -p .gpu-check/stash
+    for d in "${big[@]}"; do
+        mkdir -p ".gpu-check/stash/$(dirname "$d")"
+        mv "$d" ".gpu-check/stash/$d"
+    done
+}
+
+unstash() {
+    for d in "${big[@]}"; do
+        if [ -e ".gpu-check/stash/$d" ]; then
+            mv ".gpu-check/stash/$d" "$d"
+        else
+            git checkout -- "$d"
+        fi
+    done
+}
+
 case "${1:-}" in
 build) build ;;
+stash) stash ;;
+unstash) unstash ;;
 run) run "${2:-}" ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | run [OUT]" >&2
+    echo "usage: scripts/gpu-check.sh build | stash | unstash | run [OUT]" >&2
     exit 2
     ;;
 esac

@@ -229,6 +229,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         KernelsArg::Portable => Implementation::Portable,
     });
     let device = backend::device();
+    anyhow::ensure!(args.width >= 1, "--width: expected at least 1, found 0");
+    anyhow::ensure!(
+        args.channels >= 1,
+        "--channels: expected at least 1, found 0"
+    );
+    anyhow::ensure!(args.size >= 1, "--size: expected at least 1, found 0");
     let cfg = WideResNetConfig::new(args.depth, args.width, args.channels, 10);
     cfg.blocks_per_stage()
         .map_err(|e| anyhow::anyhow!("--depth {}: {e}", args.depth))?;

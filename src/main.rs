@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::metrics;
 use jem_bench::model::{
@@ -16,6 +16,8 @@ use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainConfig, TrainKind,
 };
 use jem_datasets::{DataSource, Split};
+
+mod cli_lists;
 
 #[derive(Parser)]
 #[command(
@@ -151,7 +153,13 @@ fn keep_freed_memory() {}
 
 fn main() -> ExitCode {
     keep_freed_memory();
-    let cli = Cli::parse();
+    let command = Cli::command();
+    let matches = command.clone().get_matches();
+    if let Err(e) = cli_lists::refuse_repeated_values(&command, &matches) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // A CUDA build selects its default GPU too, so that a missing one is an error, not a panic.
     let spec = cli
         .device

@@ -139,9 +139,13 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
             "--judge-threshold: expected a probability in [0, 1], found {}",
             args.judge_threshold
         );
+        // The reference images are the test split's first ones: a count beyond the split
+        // would silently shrink to it.
+        let test_images = source.load(jem_datasets::Split::Test)?.len();
         anyhow::ensure!(
-            args.reference_images >= 2,
-            "--reference-images: expected at least 2, found {}",
+            (2..=test_images).contains(&args.reference_images),
+            "--reference-images: expected 2 to {test_images} (the test images of {}), found {}",
+            sidecar.training.data,
             args.reference_images
         );
         anyhow::ensure!(

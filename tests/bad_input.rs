@@ -613,3 +613,149 @@ fn a_device_this_build_cannot_reach_is_refused() {
         assert!(assert_ok(&cpu).contains("accuracy"));
     }
 }
+
+/// Every list flag of every command refuses a repeated value (which would compute a cell twice
+/// and count its examples twice), naming the flag, before anything is written; numbers compare
+/// as numbers. Per-channel lists (`import --mean 0.5,0.5,0.5`) are not sets and may repeat.
+#[test]
+fn every_list_flag_refuses_a_repeated_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.to_str().unwrap();
+    let model = "results/models/baseline";
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "--models",
+            vec![
+                "robust",
+                "--models",
+                "results/models/baseline,results/models/baseline",
+            ],
+        ),
+        (
+            "--attacks",
+            vec!["robust", "--models", model, "--attacks", "fgsm,pgd,fgsm"],
+        ),
+        (
+            "--eps",
+            vec!["robust", "--models", model, "--eps", "0,0.1,0.10"],
+        ),
+        (
+            "--steps",
+            vec!["robust", "--models", model, "--steps", "0,0"],
+        ),
+        (
+            "--grad",
+            vec!["robust", "--models", model, "--grad", "bpda,bpda"],
+        ),
+        (
+            "--models",
+            vec![
+                "nonsense",
+                "--models",
+                "results/models/jem,results/models/jem",
+            ],
+        ),
+        (
+            "--steps",
+            vec!["nonsense", "--models", model, "--steps", "0,1,1"],
+        ),
+        (
+            "--models",
+            vec![
+                "calibrate",
+                "--models",
+                "results/models/adv,results/models/adv",
+            ],
+        ),
+        (
+            "--steps",
+            vec!["calibrate", "--models", model, "--steps", "0,0"],
+        ),
+        (
+            "--models",
+            vec!["ood", "--models", "results/models/jem,results/models/jem"],
+        ),
+        ("--steps", vec!["ood", "--models", model, "--steps", "1,1"]),
+        (
+            "--ood",
+            vec!["ood", "--models", model, "--ood", "uniform,uniform"],
+        ),
+        (
+            "--scores",
+            vec!["ood", "--models", model, "--scores", "lse,max-softmax,lse"],
+        ),
+        (
+            "--class",
+            vec!["sample", "--model", "results/models/jem", "--class", "3,3"],
+        ),
+        (
+            "--decay-epochs",
+            vec!["train", "--epochs", "1", "--decay-epochs", "1,1"],
+        ),
+    ];
+    for (flag, args) in cases {
+        let output = cli().args(&args).args(["--out", o]).output().unwrap();
+        let said = stderr(&output);
+        assert_fails_with(&output, &[flag, "twice"]);
+        assert!(!out.exists(), "{args:?} wrote {o}: {said}");
+    }
+    // Per-channel values repeat legitimately: the refusal, if any, is not about repeats.
+    let output = cli()
+        .args([
+            "import",
+            "--depth",
+            "10",
+            "--width",
+            "1",
+            "--in-channels",
+            "3",
+        ])
+        .args([
+            "--mean",
+            "0.5,0.5,0.5",
+            "--std",
+            "0.5,0.5,0.5",
+            "--data",
+            "mnist",
+        ])
+        .args(["--out", o, "missing.pt"])
+        .output()
+        .unwrap();
+    assert!(
+        !stderr(&output).contains("twice"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// Sizes of zero are refused by the flag that gave them (the network's width, the images'
+/// channels and size), and a reference set larger than the test split is refused, not shrunk.
+#[test]
+fn zero_sizes_and_oversized_reference_sets_name_their_flag() {
+    for (flag, value) in [("--channels", "0"), ("--size", "0"), ("--width", "0")] {
+        let output = cli()
+            .args([
+                "bench", "--op", "forward", "--batch", "1", "--reps", "1", flag, value,
+            ])
+            .output()
+            .unwrap();
+        assert_fails_with(&output, &[flag, "at least 1"]);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("samples");
+    let output = cli()
+        .args([
+            "sample",
+            "--model",
+            "results/models/jem",
+            "--reference-images",
+            "20000",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(&output, &["--reference-images", "2 to 10000", "20000"]);
+    assert!(!out.exists());
+}

@@ -238,9 +238,9 @@ fn load_record<B: burn::tensor::backend::Backend, R: burn::record::Record<B>>(
     loaded
         .map_err(|_| {
             anyhow::anyhow!(
-                "training state {} was written by a jem-bench whose model or optimiser layout \
-             differs from this one's and cannot be resumed; start a fresh run, with --init-from \
-             the run's best checkpoint to keep its weights",
+                "training state {} cannot be read as this jem-bench's model or optimiser: it is \
+             truncated or corrupt, or was written by a jem-bench whose layout differs; start a \
+             fresh run, with --init-from the run's best checkpoint to keep its weights",
                 path.display()
             )
         })?
