@@ -9,7 +9,7 @@
 //! An objective state larger than [`PART_BYTES`] (MNIST's replay buffer of 10 000 chains is
 //! 31 MB) is written as numbered parts, `objective-g.part0of2.bin`, `objective-g.part1of2.bin`,
 //! so that every file of a training state fits a repository's limit on file size and a long run
-//! can be committed at the end of a session and continued elsewhere.
+//! can be committed and continued on another machine.
 
 use std::path::{Path, PathBuf};
 
