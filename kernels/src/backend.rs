@@ -177,23 +177,20 @@ pub enum Implementation {
     Portable,
 }
 
-static CHOICE: AtomicU8 = AtomicU8::new(0);
-
-const CHOICES: [Implementation; 3] = [
-    Implementation::Own,
-    Implementation::Burn,
-    Implementation::Portable,
-];
+static CHOICE: AtomicU8 = AtomicU8::new(Implementation::Own as u8);
 
 /// Chooses, for the whole process, whose operations the CPU backend runs.
 pub fn set_implementation(choice: Implementation) {
-    let index = CHOICES.iter().position(|&c| c == choice).unwrap_or(0);
-    CHOICE.store(index as u8, Ordering::Relaxed);
+    CHOICE.store(choice as u8, Ordering::Relaxed);
 }
 
 /// Whose operations the CPU backend runs now.
 pub fn implementation() -> Implementation {
-    CHOICES[usize::from(CHOICE.load(Ordering::Relaxed)) % CHOICES.len()]
+    match CHOICE.load(Ordering::Relaxed) {
+        c if c == Implementation::Burn as u8 => Implementation::Burn,
+        c if c == Implementation::Portable as u8 => Implementation::Portable,
+        _ => Implementation::Own,
+    }
 }
 
 /// The geometry of a convolution the kernels handle: `f32`, one group, no dilation, and the

@@ -37,6 +37,24 @@ pub fn portable_gradients_apply(options: &ConvOptions<2>) -> bool {
     options.groups == 1 && options.dilation == [1, 1]
 }
 
+/// Panics unless the construction applies to `options` and an `input`-sized map convolved with
+/// a `kernel`-sized weight gives an `output`-sized one.
+fn check_shapes(
+    options: &ConvOptions<2>,
+    input: [usize; 2],
+    kernel: [usize; 2],
+    output: [usize; 2],
+) {
+    assert!(
+        portable_gradients_apply(options),
+        "one group and no dilation"
+    );
+    for d in 0..2 {
+        let expected = (input[d] + 2 * options.padding[d] - kernel[d]) / options.stride[d] + 1;
+        assert_eq!(output[d], expected, "output size of the convolution");
+    }
+}
+
 /// Inserts `stride − 1` zeros between consecutive rows and between consecutive columns:
 /// `[n, c, h, w]` → `[n, c, (h − 1)·sh + 1, (w − 1)·sw + 1]`.
 fn dilate<B: Backend>(t: Tensor<B, 4>, stride: [usize; 2]) -> Tensor<B, 4> {
@@ -63,26 +81,13 @@ pub fn conv2d_input_grad_from_forward<B: Backend>(
     input_size: [usize; 2],
     options: &ConvOptions<2>,
 ) -> FloatTensor<B> {
-    assert!(
-        portable_gradients_apply(options),
-        "one group and no dilation"
-    );
     let (weight, grad) = (wrap::<B>(weight), wrap::<B>(output_grad));
     let [_, _, kh, kw] = weight.dims();
     let [n, out, oh, ow] = grad.dims();
     let [h, w] = input_size;
     let [ph, pw] = options.padding;
     let [sh, sw] = options.stride;
-    assert_eq!(
-        oh,
-        (h + 2 * ph - kh) / sh + 1,
-        "output height of the convolution"
-    );
-    assert_eq!(
-        ow,
-        (w + 2 * pw - kw) / sw + 1,
-        "output width of the convolution"
-    );
+    check_shapes(options, [h, w], [kh, kw], [oh, ow]);
     // Rows and columns of the padded input that no output reads.
     let (rh, rw) = ((h + 2 * ph - kh) % sh, (w + 2 * pw - kw) % sw);
     // Full correlation: k − 1 zeros on each side (plus the unread rows at the end); then only
@@ -112,26 +117,13 @@ pub fn conv2d_weight_grad_from_matmul<B: Backend>(
     kernel: [usize; 2],
     options: &ConvOptions<2>,
 ) -> FloatTensor<B> {
-    assert!(
-        portable_gradients_apply(options),
-        "one group and no dilation"
-    );
     let (x, grad) = (wrap::<B>(x), wrap::<B>(output_grad));
     let [n, cin, h, w] = x.dims();
     let [_, out, oh, ow] = grad.dims();
     let [kh, kw] = kernel;
     let [ph, pw] = options.padding;
     let [sh, sw] = options.stride;
-    assert_eq!(
-        oh,
-        (h + 2 * ph - kh) / sh + 1,
-        "output height of the convolution"
-    );
-    assert_eq!(
-        ow,
-        (w + 2 * pw - kw) / sw + 1,
-        "output width of the convolution"
-    );
+    check_shapes(options, [h, w], [kh, kw], [oh, ow]);
     // Enough zeros below and to the right that every tap's window of s·oh rows fits.
     let (hp, wp) = (kh - 1 + sh * oh, kw - 1 + sw * ow);
     let padded = x.pad([(ph, hp - h - ph), (pw, wp - w - pw)], 0.0);
