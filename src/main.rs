@@ -9,8 +9,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::metrics;
 use jem_bench::model::{
-    import_pytorch, stored_normalization, Checkpoint, PytorchNaming, Sidecar, TrainingRecord,
-    WideResNetConfig, WrnVariant,
+    import_pytorch, stored_normalization, to_f32, Checkpoint, PytorchNaming, Sidecar,
+    TrainingRecord, WideResNetConfig, WrnVariant,
 };
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainConfig, TrainKind,
@@ -342,7 +342,7 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         args.in_channels,
         args.num_classes
     );
-    let sidecar = Sidecar::new(
+    let mut sidecar = Sidecar::new(
         arch.clone(),
         TrainingRecord {
             kind: "imported".into(),
@@ -360,6 +360,9 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         args.top_level_key.as_deref(),
         &device,
     )?;
+    // Stored in f32 whatever the file's float type (f16, bf16, f64); the sidecar says which.
+    let (model, source_dtypes) = to_f32(model);
+    sidecar.training.settings["source_dtype"] = source_dtypes.join(",").into();
     let out = Checkpoint::at(&args.out);
     out.save(&model, &sidecar)
         .context("writing the imported checkpoint")?;

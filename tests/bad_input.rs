@@ -63,15 +63,26 @@ fn small_sweep(out: &Path, extra: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-/// A copy of an embedded model under `dir/NAME` whose sidecar `edit` changes.
+/// A copy of the embedded baseline under `dir/NAME` whose sidecar `edit` changes.
 fn doctored_model(dir: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    doctored(dir, name, "baseline", edit)
+}
+
+/// A copy of the embedded model `source` under `dir/NAME` whose sidecar `edit` changes.
+fn doctored(
+    dir: &Path,
+    name: &str,
+    source: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> PathBuf {
     let stem = dir.join(name);
+    let models = root().join("results/models");
     std::fs::copy(
-        root().join("results/models/baseline.safetensors"),
+        models.join(format!("{source}.safetensors")),
         stem.with_extension("safetensors"),
     )
     .unwrap();
-    let text = std::fs::read_to_string(root().join("results/models/baseline.json")).unwrap();
+    let text = std::fs::read_to_string(models.join(format!("{source}.json"))).unwrap();
     let mut sidecar: serde_json::Value = serde_json::from_str(&text).unwrap();
     edit(&mut sidecar);
     std::fs::write(stem.with_extension("json"), sidecar.to_string()).unwrap();
@@ -751,4 +762,156 @@ fn zero_sizes_and_oversized_reference_sets_name_their_flag() {
         .unwrap();
     assert_fails_with(&output, &["--reference-images", "2 to 10000", "20000"]);
     assert!(!out.exists());
+}
+
+/// A JEM's sidecar is validated as a whole: SGLD settings out of range, or a `kind: jem` without
+/// its settings, are refused by every command that reads a checkpoint, naming the field, before
+/// anything is written.
+#[test]
+fn every_command_refuses_a_jem_sidecar_with_bad_or_missing_sgld_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad: Vec<(&str, PathBuf)> = vec![
+        (
+            "training.settings.jem.sgld_std",
+            doctored(dir.path(), "std", "jem", |s| {
+                s["training"]["settings"]["jem"]["sgld_std"] = (-1.0).into();
+            }),
+        ),
+        (
+            "training.settings.jem.sgld_lr",
+            doctored(dir.path(), "lr", "jem", |s| {
+                s["training"]["settings"]["jem"]["sgld_lr"] = 1e39.into();
+            }),
+        ),
+        (
+            "training.settings.jem.buffer_size",
+            doctored(dir.path(), "buffer", "jem", |s| {
+                s["training"]["settings"]["jem"]["buffer_size"] = 0.into();
+            }),
+        ),
+        (
+            "training.settings.jem",
+            doctored(dir.path(), "missing", "jem", |s| {
+                let settings = s["training"]["settings"].as_object_mut().unwrap();
+                settings.remove("jem");
+            }),
+        ),
+    ];
+    let out = dir.path().join("never");
+    for (field, model) in &bad {
+        for command in [
+            vec!["eval", "--model"],
+            vec!["robust", "--steps", "1", "--models"],
+            vec!["calibrate", "--models"],
+            vec!["ood", "--models"],
+            vec!["nonsense", "--models"],
+            vec!["sample", "--model"],
+        ] {
+            let mut c = cli();
+            c.args(&command).arg(model);
+            if command[0] != "eval" {
+                c.arg("--out").arg(&out);
+            }
+            let o = c.output().unwrap();
+            assert_fails_with(&o, &[field]);
+            assert!(!out.exists(), "{command:?} wrote {}", out.display());
+        }
+    }
+}
+
+/// The baseline's weights rewritten as `dtype` (f64 exactly, bf16 by truncating each f32).
+fn baseline_as(dtype: safetensors::Dtype, path: &Path) {
+    let bytes = std::fs::read(root().join("results/models/baseline.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32);
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            let data: Vec<u8> = match dtype {
+                safetensors::Dtype::F64 => values.flat_map(|v| (v as f64).to_le_bytes()).collect(),
+                safetensors::Dtype::BF16 => values
+                    .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                    .collect(),
+                other => panic!("no conversion to {other:?}"),
+            };
+            (name, view.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = converted
+        .iter()
+        .map(|(name, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(dtype, shape.clone(), data).unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// `eval --json` of a checkpoint on the first 500 test digits: its accuracy.
+fn accuracy_of(model: &Path) -> f64 {
+    let o = cli()
+        .args(["eval", "--n", "500", "--json", "--model"])
+        .arg(model)
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&assert_ok(&o)).unwrap();
+    json["accuracy"].as_f64().unwrap()
+}
+
+/// Weights stored in another float type than f32 (PyTorch's f16, bf16 or f64 state_dicts) are
+/// converted to f32 where they enter — on load and on import — and compute the same numbers:
+/// f64 exactly, bf16 within its rounding. The import records the source type and writes f32.
+#[test]
+fn checkpoints_of_any_float_type_compute_in_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = accuracy_of(&root().join("results/models/baseline"));
+    for (dtype, name) in [
+        (safetensors::Dtype::F64, "f64"),
+        (safetensors::Dtype::BF16, "bf16"),
+    ] {
+        // As a checkpoint: the baseline's sidecar beside weights of another type.
+        let stem = dir.path().join(name);
+        baseline_as(dtype, &stem.with_extension("safetensors"));
+        std::fs::copy(
+            root().join("results/models/baseline.json"),
+            stem.with_extension("json"),
+        )
+        .unwrap();
+        let loaded = accuracy_of(&stem);
+        // Imported as a PyTorch state_dict (the checkpoint's names are PyTorch's).
+        let imported = dir.path().join(format!("imported-{name}"));
+        let o = cli()
+            .arg("import")
+            .arg(stem.with_extension("safetensors"))
+            .args(["--depth", "10", "--width", "1", "--in-channels", "1"])
+            .args(["--data", "mnist", "--out"])
+            .arg(&imported)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let sidecar: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(imported.with_extension("json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(sidecar["training"]["settings"]["source_dtype"], name);
+        let written = std::fs::read(imported.with_extension("safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&written).unwrap();
+        assert!(st
+            .tensors()
+            .iter()
+            .all(|(_, v)| v.dtype() == safetensors::Dtype::F32));
+        let through_import = accuracy_of(&imported);
+        let tolerance = if name == "f64" { 0.0 } else { 0.01 };
+        for (how, accuracy) in [("loaded", loaded), ("imported", through_import)] {
+            assert!(
+                (accuracy - reference).abs() <= tolerance,
+                "{name} {how}: accuracy {accuracy}, the f32 baseline's {reference}"
+            );
+        }
+    }
 }

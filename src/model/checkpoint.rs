@@ -108,6 +108,19 @@ impl Sidecar {
             "{}: expected the data set the model was trained on (mnist, cifar10:DIR, …), found \"\"",
             at("training.data")
         );
+        // A JEM's SGLD settings are what its defence and sampler run with: a JEM without them
+        // would silently take another model's defaults.
+        let jem = self.training.settings.get("jem");
+        anyhow::ensure!(
+            self.training.kind != "jem" || jem.is_some(),
+            "{}: expected the JEM's settings (written by `jem-bench train --kind jem`), found none",
+            at("training.settings.jem")
+        );
+        if jem.is_some() {
+            crate::train::JemConfig::of(self)
+                .with_context(|| at("training.settings.jem"))?
+                .validate(|field| at(&format!("training.settings.jem.{field}")))?;
+        }
         Ok(())
     }
 
@@ -320,7 +333,7 @@ impl Checkpoint {
     /// checking that the file holds exactly the tensors of that architecture.
     pub fn load<B: Backend>(&self, device: &B::Device) -> anyhow::Result<(WideResNet<B>, Sidecar)> {
         let sidecar = self.read_sidecar()?;
-        let mut model = sidecar
+        let model = sidecar
             .architecture
             .init::<B>(device)
             .with_context(|| format!("{}: field `architecture`", self.sidecar.display()))?;
@@ -330,7 +343,7 @@ impl Checkpoint {
         } else {
             Layout::Burn
         };
-        load_weights(&mut model, bytes, layout, &self.weights, &self.sidecar)?;
+        let model = load_weights(model, bytes, layout, &self.weights, &self.sidecar)?;
         Ok((model, sidecar))
     }
 }
@@ -369,12 +382,12 @@ pub fn weights_digest<B: Backend, M: ModuleSnapshot<B>>(model: &M) -> anyhow::Re
 /// files — that they are a safetensors file holding every tensor of the architecture with its
 /// shape and nothing else.
 pub(crate) fn load_weights<B: Backend>(
-    model: &mut WideResNet<B>,
+    mut model: WideResNet<B>,
     bytes: Vec<u8>,
     layout: Layout,
     weights: &Path,
     sidecar: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<WideResNet<B>> {
     let found: BTreeMap<String, Vec<usize>> = {
         let parsed = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
             anyhow::anyhow!(
@@ -456,7 +469,8 @@ pub(crate) fn load_weights<B: Backend>(
             .collect::<Vec<_>>()
             .join("; ")
     );
-    Ok(())
+    // A file written in another float type (f16, bf16, f64) computes in f32 like any other.
+    Ok(super::to_f32(model).0)
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename.

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod import;
+mod precision;
 mod wrn;
 
 pub use checkpoint::{
@@ -10,4 +11,5 @@ pub use checkpoint::{
     FORMAT_VERSION, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
+pub use precision::to_f32;
 pub use wrn::{ConvShape, InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};

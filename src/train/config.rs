@@ -127,10 +127,6 @@ impl TrainConfig {
         if let Some(n) = self.max_iters {
             counts.push(("--max-iters", n));
         }
-        if self.kind == TrainKind::Jem {
-            counts.push(("--sgld-steps", self.jem.sgld_steps));
-            counts.push(("--buffer-size", self.jem.buffer_size));
-        }
         for (flag, value) in counts {
             anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
         }
@@ -153,17 +149,8 @@ impl TrainConfig {
         positive("--decay-rate", self.decay_rate)?;
         non_negative("--sigma-data", self.sigma_data as f64)?;
         if self.kind == TrainKind::Jem {
-            let j = &self.jem;
-            non_negative("--px-weight", j.px_weight)?;
-            non_negative("--pyx-weight", j.pyx_weight)?;
-            non_negative("--sgld-lr", j.sgld_lr as f64)?;
-            non_negative("--sgld-std", j.sgld_std as f64)?;
-            non_negative("--energy-reg", j.energy_reg)?;
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&j.reinit_freq),
-                "--reinit-freq: expected a probability in [0, 1], found {}",
-                j.reinit_freq
-            );
+            self.jem
+                .validate(|field| format!("--{}", field.replace('_', "-")))?;
         }
         if self.kind == TrainKind::Adv {
             self.adv.validate()?;

@@ -90,6 +90,42 @@ impl JemConfig {
             .map(Option::unwrap_or_default)
     }
 
+    /// Checks every setting's range: counts at least 1, weights, rates and noise finite and
+    /// ≥ 0, the restart frequency a probability. `name` says how the user wrote a field (a flag
+    /// on the command line, a field of a sidecar), for the error.
+    pub fn validate(&self, name: impl Fn(&str) -> String) -> anyhow::Result<()> {
+        for (field, value) in [
+            ("sgld_steps", self.sgld_steps),
+            ("buffer_size", self.buffer_size),
+        ] {
+            anyhow::ensure!(
+                value >= 1,
+                "{}: expected at least 1, found {value}",
+                name(field)
+            );
+        }
+        for (field, value) in [
+            ("px_weight", self.px_weight),
+            ("pyx_weight", self.pyx_weight),
+            ("sgld_lr", self.sgld_lr as f64),
+            ("sgld_std", self.sgld_std as f64),
+            ("energy_reg", self.energy_reg),
+        ] {
+            anyhow::ensure!(
+                value.is_finite() && value >= 0.0,
+                "{}: expected a finite number >= 0, found {value}",
+                name(field)
+            );
+        }
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.reinit_freq),
+            "{}: expected a probability in [0, 1], found {}",
+            name("reinit_freq"),
+            self.reinit_freq
+        );
+        Ok(())
+    }
+
     pub fn sampler(&self, norm: &InputNormalization) -> SgldSampler {
         SgldSampler::new(SgldConfig {
             steps: self.sgld_steps,
