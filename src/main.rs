@@ -361,8 +361,9 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         &device,
     )?;
     // Stored in f32 whatever the file's float type (f16, bf16, f64); the sidecar says which.
-    let (model, source_dtypes) = to_f32(model);
-    sidecar.training.settings["source_dtype"] = source_dtypes.join(",").into();
+    let (model, found) = to_f32(model);
+    found.ensure_finite(&args.input)?;
+    sidecar.training.settings["source_dtype"] = found.source_dtypes.join(",").into();
     let out = Checkpoint::at(&args.out);
     out.save(&model, &sidecar)
         .context("writing the imported checkpoint")?;

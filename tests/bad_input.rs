@@ -821,6 +821,12 @@ fn every_command_refuses_a_jem_sidecar_with_bad_or_missing_sgld_settings() {
 
 /// The baseline's weights rewritten as `dtype` (f64 exactly, bf16 by truncating each f32).
 fn baseline_as(dtype: safetensors::Dtype, path: &Path) {
+    baseline_rewritten(dtype, path, |_, _| {});
+}
+
+/// The baseline's weights, each tensor's values changed by `edit` (given its name), written as
+/// `dtype`.
+fn baseline_rewritten(dtype: safetensors::Dtype, path: &Path, edit: impl Fn(&str, &mut [f32])) {
     let bytes = std::fs::read(root().join("results/models/baseline.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
@@ -828,11 +834,15 @@ fn baseline_as(dtype: safetensors::Dtype, path: &Path) {
         .into_iter()
         .map(|(name, view)| {
             assert_eq!(view.dtype(), safetensors::Dtype::F32);
-            let values = view
+            let mut values: Vec<f32> = view
                 .data()
                 .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            edit(&name, &mut values);
+            let values = values.into_iter();
             let data: Vec<u8> = match dtype {
+                safetensors::Dtype::F32 => values.flat_map(f32::to_le_bytes).collect(),
                 safetensors::Dtype::F64 => values.flat_map(|v| (v as f64).to_le_bytes()).collect(),
                 safetensors::Dtype::BF16 => values
                     .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
@@ -913,5 +923,58 @@ fn checkpoints_of_any_float_type_compute_in_f32() {
                 "{name} {how}: accuracy {accuracy}, the f32 baseline's {reference}"
             );
         }
+    }
+}
+
+/// A checkpoint with one NaN (or infinite) weight cannot compute: every command that reads a
+/// checkpoint refuses it, naming the file and the tensor, before anything is written; so does
+/// `import`.
+#[test]
+fn a_model_with_a_non_finite_weight_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("never");
+    for (bad, value) in [("nan", f32::NAN), ("inf", f32::INFINITY)] {
+        let stem = dir.path().join(bad);
+        baseline_rewritten(
+            safetensors::Dtype::F32,
+            &stem.with_extension("safetensors"),
+            |name, values| {
+                if name == "layer2.0.conv1.weight" {
+                    values[7] = value;
+                }
+            },
+        );
+        std::fs::copy(
+            root().join("results/models/baseline.json"),
+            stem.with_extension("json"),
+        )
+        .unwrap();
+        for command in [
+            vec!["eval", "--model"],
+            vec!["robust", "--steps", "0", "--models"],
+            vec!["calibrate", "--models"],
+            vec!["ood", "--models"],
+            vec!["nonsense", "--models"],
+            vec!["sample", "--model"],
+        ] {
+            let mut c = cli();
+            c.args(&command).arg(&stem);
+            if command[0] != "eval" {
+                c.arg("--out").arg(&out);
+            }
+            let o = c.output().unwrap();
+            assert_fails_with(&o, &["layer2.0.conv1.weight", "NaN or infinite", bad]);
+            assert!(!out.exists(), "{command:?} wrote {}", out.display());
+        }
+        let o = cli()
+            .arg("import")
+            .arg(stem.with_extension("safetensors"))
+            .args(["--depth", "10", "--width", "1", "--in-channels", "1"])
+            .args(["--data", "mnist", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_fails_with(&o, &["layer2.0.conv1.weight", "NaN or infinite"]);
+        assert!(!out.with_extension("safetensors").exists());
     }
 }

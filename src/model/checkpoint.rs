@@ -470,7 +470,9 @@ pub(crate) fn load_weights<B: Backend>(
             .join("; ")
     );
     // A file written in another float type (f16, bf16, f64) computes in f32 like any other.
-    Ok(super::to_f32(model).0)
+    let (model, found) = super::to_f32(model);
+    found.ensure_finite(weights)?;
+    Ok(model)
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename.

@@ -11,5 +11,5 @@ pub use checkpoint::{
     FORMAT_VERSION, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
-pub use precision::to_f32;
+pub use precision::{to_f32, Precision};
 pub use wrn::{ConvShape, InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};
