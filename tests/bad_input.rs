@@ -978,3 +978,48 @@ fn a_model_with_a_non_finite_weight_is_refused_by_every_command() {
         assert!(!out.with_extension("safetensors").exists());
     }
 }
+
+/// Finite weights whose logits overflow (the head scaled to near f32's limit): the sweep's
+/// sanity probe refuses to report an accuracy computed from non-finite logits.
+#[test]
+fn a_sweep_refuses_a_model_whose_logits_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let stem = dir.path().join("huge");
+    baseline_rewritten(
+        safetensors::Dtype::F32,
+        &stem.with_extension("safetensors"),
+        |name, values| {
+            if name == "linear.weight" {
+                for v in values.iter_mut() {
+                    *v = (*v * 1e38).clamp(-3.4e38, 3.4e38);
+                }
+            }
+        },
+    );
+    std::fs::copy(
+        root().join("results/models/baseline.json"),
+        stem.with_extension("json"),
+    )
+    .unwrap();
+    let out = dir.path().join("sweep");
+    let o = cli()
+        .args([
+            "robust",
+            "--steps",
+            "0",
+            "--attacks",
+            "fgsm",
+            "--eps",
+            "0,0.1",
+        ])
+        .args(["--n-examples", "5", "--models"])
+        .arg(&stem)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["huge K=0", "logits", "not finite"]);
+    // No row reports an accuracy.
+    let rows = std::fs::read_to_string(out.join("robust.csv")).unwrap_or_default();
+    assert!(rows.is_empty(), "{rows}");
+}

@@ -381,7 +381,8 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
         }
     }
 
-    let probe = probe(&defended, &loaded, args.seed, &device);
+    let probe = probe(&defended, &loaded, args.seed, &device)
+        .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
         let (clean_lo, clean_hi) = wilson(clean, n);
@@ -660,7 +661,8 @@ fn configure<'a, M: Model<Train> + 'a>(
 }
 
 /// What two clean passes and one gradient say about the defended model (AutoAttack's checks
-/// for randomness and for masked gradients), on the first [`PROBED`] attacked images.
+/// for randomness and for masked gradients), on the first [`PROBED`] attacked images; an error
+/// where the logits or the gradient are not finite, from which no accuracy means anything.
 struct Probe {
     /// Two passes on the same inputs gave different logits: attack with EOT.
     stochastic: bool,
@@ -675,7 +677,7 @@ fn probe<M: Model<Train>>(
     loaded: &Loaded,
     seed: u64,
     device: &backend::Device,
-) -> Probe {
+) -> anyhow::Result<Probe> {
     use jem_attacks::AttackLoss;
     use rand::SeedableRng;
     let idx = &loaded.indices[..loaded.indices.len().min(PROBED)];
@@ -691,15 +693,25 @@ fn probe<M: Model<Train>>(
     let y_tracked = Tensor::<Train, 1, Int>::from_inner(y);
     let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y_tracked.clone());
     let (g, _) = model.loss_gradient(x, &loss, &mut rng);
+    for (what, values) in [
+        ("logits", batches::to_vec(first.clone())),
+        ("input gradient", batches::to_vec(g.clone())),
+    ] {
+        anyhow::ensure!(
+            values.iter().all(|v| v.is_finite()),
+            "the model's {what} on the first {n} test images are not finite: no accuracy \
+             computed from it would mean anything"
+        );
+    }
     let largest = batches::to_vec(g.abs().flatten::<2>(1, 3).max_dim(1));
     let predicted = batches::to_vec(first.argmax(1).float());
     let zero_gradients = (0..n)
         .filter(|&i| predicted[i] as i64 == labels[i] && largest[i] == 0.0)
         .count();
-    Probe {
+    Ok(Probe {
         stochastic: differ[0] > 1e-6,
         zero_gradients,
-    }
+    })
 }
 
 /// `--save-adversarials`: the inputs an attack returned for the examples at `rows` (of the
