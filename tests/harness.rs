@@ -247,6 +247,50 @@ fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
     );
 }
 
+/// A `--run` whose cells were computed with other settings (fewer examples, fewer PGD steps)
+/// than the reference's is refused, each difference named, even where its accuracies hold;
+/// `--allow-other-settings` compares it anyway.
+#[test]
+fn regress_refuses_a_run_computed_with_other_settings() {
+    let reference = tempfile::tempdir().unwrap();
+    let o = sweep(reference.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let other = tempfile::tempdir().unwrap();
+    let mut rs = rows(reference.path());
+    for r in rs.iter_mut() {
+        r.n /= 2;
+        r.attack_settings = r.attack_settings.replace("\"steps\":4", "\"steps\":1");
+    }
+    let mut w = csv::Writer::from_path(other.path().join("robust.csv")).unwrap();
+    rs.iter().for_each(|r| w.serialize(r).unwrap());
+    w.flush().unwrap();
+    let regress = |extra: &[&str]| {
+        cli()
+            .args(["regress", "--reference"])
+            .arg(reference.path())
+            .arg("--run")
+            .arg(other.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = regress(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("other settings") && err.contains(": n "),
+        "{err}"
+    );
+    assert!(err.contains("\"steps\":1"), "{err}");
+    let o = regress(&["--allow-other-settings"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("warning: comparing cells computed with other settings"),
+        "{err}"
+    );
+}
+
 /// `report` rebuilds a sweep's summary and plots from its `robust.csv` alone; the plots are a
 /// PNG that decodes and an SVG that parses, and both draw every model × K line in every panel.
 #[test]

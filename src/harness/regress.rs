@@ -1,7 +1,10 @@
 //! `jem-bench regress`: compares a sweep with a stored reference and fails when the robust
 //! accuracy of any reference cell (model × attack × norm × ε × K × gradient mode) dropped by
 //! more than the tolerance, or is missing. It reruns the reference's own sweep (same settings,
-//! fresh folder), or reads a finished one given with `--run`.
+//! fresh folder), or reads a finished one given with `--run`, whose cells must have been
+//! computed with the reference's settings (examples, attack, defence, EOT, seed, data): a run
+//! of 10 examples and one PGD step holding against a reference of 50 and 10 steps proves
+//! nothing, so it is refused unless `--allow-other-settings` says the comparison is meant.
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +31,11 @@ pub struct RegressArgs {
     /// overlaps the reference, is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Compare a `--run` whose cells were computed with other settings than the reference's
+    /// (other examples, attack or defence settings, EOT, seed, data); the differences are
+    /// printed. Without it such a run is refused.
+    #[arg(long)]
+    pub allow_other_settings: bool,
 }
 
 type Key = (String, String, String, u32, usize, String);
@@ -66,6 +74,43 @@ pub fn compare(reference: &[TidyRow], candidate: &[TidyRow], tolerance: f64) -> 
             }
         })
         .collect()
+}
+
+/// What decided a cell's numbers besides its key: the examples, the attack's and the defence's
+/// settings, EOT, restarts, chains, seed and data.
+fn cell_settings(r: &TidyRow) -> [(&'static str, String); 9] {
+    [
+        ("n", r.n.to_string()),
+        ("attack_settings", r.attack_settings.clone()),
+        ("defence", r.defence.clone()),
+        ("eot", r.eot.to_string()),
+        ("restarts", r.restarts.to_string()),
+        ("chains", r.chains.to_string()),
+        ("recheck_chains", r.recheck_chains.to_string()),
+        ("seed", r.seed.to_string()),
+        ("data", r.data.clone()),
+    ]
+}
+
+/// For each reference cell the candidate computed otherwise, the settings that differ.
+pub fn setting_differences(reference: &[TidyRow], candidate: &[TidyRow]) -> Vec<String> {
+    let found: std::collections::HashMap<Key, &TidyRow> =
+        candidate.iter().map(|r| (key(r), r)).collect();
+    let mut out = Vec::new();
+    for r in reference {
+        let Some(c) = found.get(&key(r)) else {
+            continue;
+        };
+        for ((name, want), (_, got)) in cell_settings(r).into_iter().zip(cell_settings(c)) {
+            if want != got {
+                out.push(format!(
+                    "{} {} {} ε={} K={} grad={}: {name} {got} in the run, {want} in the reference",
+                    r.model, r.attack, r.norm, r.eps, r.k, r.grad
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// File that marks a folder as a `regress` rerun, which a later rerun may clear.
@@ -220,6 +265,26 @@ pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
         }
     };
     let candidate = read_tidy(&candidate_dir.join("robust.csv"))?;
+    let differences = setting_differences(&reference, &candidate);
+    if !differences.is_empty() {
+        let shown = differences.len().min(5);
+        let listed = differences[..shown].join("\n  ");
+        let more = differences.len() - shown;
+        let more = if more > 0 {
+            format!("\n  (and {more} more)")
+        } else {
+            String::new()
+        };
+        anyhow::ensure!(
+            a.allow_other_settings,
+            "{} computed its cells with other settings than the reference {}:\n  {listed}{more}\n\
+             its accuracies are not comparable; rerun the reference's sweep (leave out --run), \
+             or pass --allow-other-settings to compare anyway",
+            candidate_dir.display(),
+            a.reference.display()
+        );
+        eprintln!("warning: comparing cells computed with other settings:\n  {listed}{more}");
+    }
     let failures = compare(&reference, &candidate, a.tolerance);
     if failures.is_empty() {
         println!(
