@@ -205,7 +205,8 @@ pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
             let cell = Instant::now();
             let c = calibrate_one(&args, p, k, &device)?;
             let m = c.metrics;
-            println!(
+            // Progress on stderr: stdout carries the results, printed once they are written.
+            eprintln!(
                 "{model} K = {k}: accuracy {:.4}, NLL {:.4}, Brier {:.4}, ECE {:.4} ({:.0} s)",
                 m.accuracy,
                 m.nll,

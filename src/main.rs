@@ -151,8 +151,33 @@ fn keep_freed_memory() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_memory() {}
 
+/// Standard output closed early (`jem-bench … | head`) or full (`> /dev/full`): Rust's `println!`
+/// panics on the failed write. Every command writes its result files before it prints, so a
+/// closed pipe ends the program quietly (as `head` meant it to), and any other failure to write
+/// to standard output is a one-line error with exit code 1, not a panic's 101.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(cause) = message.strip_prefix("failed printing to stdout: ") {
+            if cause.contains("Broken pipe") {
+                std::process::exit(0);
+            }
+            eprintln!("error: cannot write to standard output: {cause}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
     keep_freed_memory();
+    quiet_on_closed_stdout();
     let command = Cli::command();
     let matches = command.clone().get_matches();
     if let Err(e) = cli_lists::refuse_repeated_values(&command, &matches) {

@@ -326,7 +326,8 @@ pub fn run(mut args: OodArgs) -> anyhow::Result<()> {
                     });
                 }
             }
-            println!(
+            // Progress on stderr: stdout carries the results, printed once they are written.
+            eprintln!(
                 "{} K = {k}: {} sets scored in {:.0} s",
                 cell.model,
                 cell.sets.len(),

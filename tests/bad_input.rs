@@ -1023,3 +1023,83 @@ fn a_sweep_refuses_a_model_whose_logits_overflow() {
     let rows = std::fs::read_to_string(out.join("robust.csv")).unwrap_or_default();
     assert!(rows.is_empty(), "{rows}");
 }
+
+/// Standard output closed early (`… | head`) or full (`> /dev/full`): every command writes its
+/// results before it prints, a closed pipe ends it quietly (exit 0), a full one is a one-line
+/// error (exit 1), never a panic; the result files are there either way.
+#[test]
+fn closed_or_full_stdout_loses_no_result_and_does_not_panic() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let commands = |out: &Path| -> Vec<(Vec<String>, Option<&'static str>)> {
+        let o = out.display().to_string();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        vec![
+            (
+                s(&[
+                    "calibrate",
+                    "--models",
+                    "results/models/baseline",
+                    "--n",
+                    "50",
+                    "--out",
+                    &o,
+                ]),
+                Some("calibration.csv"),
+            ),
+            (
+                s(&[
+                    "robust",
+                    "--models",
+                    "results/models/baseline",
+                    "--attacks",
+                    "fgsm",
+                    "--steps",
+                    "0",
+                    "--eps",
+                    "0,0.1",
+                    "--n-examples",
+                    "5",
+                    "--out",
+                    &o,
+                ]),
+                Some("robust.csv"),
+            ),
+            (
+                s(&["eval", "--model", "results/models/baseline", "--n", "50"]),
+                None,
+            ),
+        ]
+    };
+    for how in ["closed", "full"] {
+        let out = dir.path().join(how);
+        for (args, file) in commands(&out) {
+            let _ = std::fs::remove_dir_all(&out);
+            let mut c = cli();
+            c.args(&args).stderr(Stdio::piped());
+            let o = if how == "closed" {
+                let mut child = c.stdout(Stdio::piped()).spawn().unwrap();
+                drop(child.stdout.take());
+                child.wait_with_output().unwrap()
+            } else {
+                c.stdout(std::fs::File::create("/dev/full").unwrap())
+                    .output()
+                    .unwrap()
+            };
+            let err = stderr(&o);
+            assert!(!err.contains("panicked"), "{how} {args:?}: {err}");
+            let expected = if how == "closed" { 0 } else { 1 };
+            assert_eq!(o.status.code(), Some(expected), "{how} {args:?}: {err}");
+            if how == "full" {
+                assert!(err.contains("cannot write to standard output"), "{err}");
+            }
+            if let Some(file) = file {
+                let written = std::fs::read_to_string(out.join(file)).unwrap();
+                assert!(
+                    written.lines().count() > 1,
+                    "{how} {args:?}: {file} is empty"
+                );
+            }
+        }
+    }
+}
