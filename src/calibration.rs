@@ -194,8 +194,7 @@ pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let device = backend::device();
     let prepared = args.prepare(&device)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    crate::output_folder::claim(&args.out, "calibrate")?;
     let mut rows = Vec::new();
     let mut bins = Vec::new();
     let mut results = Vec::new();

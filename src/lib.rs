@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod model;
 pub mod nonsense;
 pub mod ood;
+pub mod output_folder;
 pub mod plot;
 pub mod sample;
 pub mod tables;

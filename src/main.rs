@@ -104,6 +104,9 @@ struct ImportArgs {
     /// Output checkpoint NAME (writes NAME.safetensors and NAME.json).
     #[arg(long)]
     out: PathBuf,
+    /// Replace an existing checkpoint at --out (refused without it).
+    #[arg(long)]
+    overwrite: bool,
     #[arg(long, value_enum, default_value = "wide-resnet")]
     naming: PytorchNaming,
     /// Key of the state_dict inside a .pt file (JEM checkpoints: model_state_dict).
@@ -377,7 +380,15 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         },
     );
     // The same checks as every reader of the sidecar (std > 0 above all), before writing.
-    sidecar.validate(&Checkpoint::at(&args.out).sidecar)?;
+    let out = Checkpoint::at(&args.out);
+    sidecar.validate(&out.sidecar)?;
+    for file in [&out.weights, &out.sidecar] {
+        anyhow::ensure!(
+            args.overwrite || !file.exists(),
+            "--out: {} exists; pass --overwrite to replace that checkpoint, or choose another NAME",
+            file.display()
+        );
+    }
     let model = import_pytorch::<Inference>(
         &args.input,
         &arch,
@@ -389,7 +400,6 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     let (model, found) = to_f32(model);
     found.ensure_finite(&args.input)?;
     sidecar.training.settings["source_dtype"] = found.source_dtypes.join(",").into();
-    let out = Checkpoint::at(&args.out);
     out.save(&model, &sidecar)
         .context("writing the imported checkpoint")?;
     println!(

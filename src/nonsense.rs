@@ -145,8 +145,7 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
     }
     let device = backend::device();
     args.validate(&device)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    crate::output_folder::claim(&args.out, "nonsense")?;
     let mut rows = Vec::new();
     let mut searches = csv::Writer::from_writer(Vec::new());
     searches.write_record([

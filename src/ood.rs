@@ -290,8 +290,7 @@ pub fn run(mut args: OodArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let device = backend::device();
     let prepared = args.prepare(&device)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    crate::output_folder::claim(&args.out, "ood")?;
     let mut rows = Vec::new();
     let mut cells = Vec::new();
     for p in &prepared {

@@ -1103,3 +1103,137 @@ fn closed_or_full_stdout_loses_no_result_and_does_not_panic() {
         }
     }
 }
+
+/// An output folder belongs to the command that made it: another command's `--out` over it is
+/// refused before anything is written (a calibration over a sweep used to replace the sweep's
+/// settings.json); an existing checkpoint is replaced only with `import --overwrite`; a second
+/// `train` on a run folder in use is refused.
+#[test]
+fn output_folders_belong_to_the_command_that_made_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("sweep");
+    assert_ok(&small_sweep(&sweep, &[]));
+    let calibration = dir.path().join("calibration");
+    assert_ok(
+        &cli()
+            .args([
+                "calibrate",
+                "--models",
+                "results/models/baseline",
+                "--n",
+                "20",
+                "--out",
+            ])
+            .arg(&calibration)
+            .output()
+            .unwrap(),
+    );
+    let settings = std::fs::read(sweep.join("settings.json")).unwrap();
+    let model = "results/models/baseline";
+    for (args, over, maker) in [
+        (
+            vec!["calibrate", "--n", "20", "--models", model],
+            &sweep,
+            "robust",
+        ),
+        (
+            vec!["ood", "--n", "20", "--models", model],
+            &sweep,
+            "robust",
+        ),
+        (
+            vec!["nonsense", "--models", model],
+            &calibration,
+            "calibrate",
+        ),
+        (
+            vec![
+                "robust",
+                "--attacks",
+                "fgsm",
+                "--steps",
+                "0",
+                "--models",
+                model,
+            ],
+            &calibration,
+            "calibrate",
+        ),
+        (vec!["train", "--epochs", "1"], &sweep, "robust"),
+    ] {
+        let o = cli().args(&args).arg("--out").arg(over).output().unwrap();
+        assert_fails_with(&o, &[&format!("`jem-bench {maker}`"), "another --out"]);
+    }
+    assert_eq!(
+        std::fs::read(sweep.join("settings.json")).unwrap(),
+        settings
+    );
+    // The command's own folder is its to reuse.
+    assert_ok(
+        &cli()
+            .args([
+                "calibrate",
+                "--models",
+                "results/models/baseline",
+                "--n",
+                "20",
+                "--out",
+            ])
+            .arg(&calibration)
+            .output()
+            .unwrap(),
+    );
+
+    // import: an existing checkpoint is kept unless --overwrite says otherwise.
+    let imported = dir.path().join("imported");
+    let import = |extra: &[&str]| {
+        cli()
+            .arg("import")
+            .arg(root().join("results/models/baseline.safetensors"))
+            .args(["--depth", "10", "--width", "1", "--in-channels", "1"])
+            .args(["--data", "mnist", "--out"])
+            .arg(&imported)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert_ok(&import(&[]));
+    let before = std::fs::read(imported.with_extension("json")).unwrap();
+    assert_fails_with(&import(&[]), &["exists", "--overwrite"]);
+    assert_eq!(
+        std::fs::read(imported.with_extension("json")).unwrap(),
+        before
+    );
+    assert_ok(&import(&["--overwrite"]));
+
+    // train: one process per run folder.
+    let run = dir.path().join("run");
+    let train = || {
+        let mut c = cli();
+        c.args([
+            "train",
+            "--train-subset",
+            "256",
+            "--val-size",
+            "100",
+            "--epochs",
+            "50",
+        ])
+        .args(["--batch-size", "8", "--out"])
+        .arg(&run);
+        c
+    };
+    let mut first = train()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !run.join("train.lock").exists() && started.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let second = train().output().unwrap();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_fails_with(&second, &["in use by another jem-bench"]);
+}

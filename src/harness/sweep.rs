@@ -29,6 +29,7 @@ use crate::backend::{self, Inference, Train};
 use crate::batches;
 use crate::defended::{DefenceArgs, Defended};
 use crate::model::{write_atomic, WideResNet, SOFTWARE};
+use crate::output_folder::FolderLock;
 
 /// Stored in every sweep's settings.json; fields missing there (settings of an older version)
 /// take their command-line defaults, so stored references keep loading.
@@ -894,11 +895,11 @@ impl<N: Classifier<Train> + Module<Train>> Plan<N> {
 }
 
 /// Refuses a folder that holds a sweep with other settings, naming each setting that differs;
-/// records them in a new one. Call with the folder's [`SweepLock`] held.
+/// records them in a new one. Call with the folder's [`FolderLock`] held.
 fn claim_folder(
     out: &std::path::Path,
     settings: &serde_json::Value,
-    _lock: &SweepLock,
+    _lock: &FolderLock,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("cannot create {}", out.display()))?;
@@ -968,49 +969,6 @@ pub(crate) fn settings_differences(
     out
 }
 
-/// An exclusive lock on a sweep folder (`sweep.lock`, an OS file lock): a second process on
-/// the same folder is refused instead of computing the same cells. The operating system
-/// releases the lock when its holder exits, however it exits, so a killed sweep leaves no
-/// stale lock behind.
-pub(crate) struct SweepLock {
-    _file: std::fs::File,
-}
-
-impl SweepLock {
-    pub(crate) fn acquire(out: &std::path::Path) -> anyhow::Result<Self> {
-        use std::io::{Read, Seek, Write};
-        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-        let path = out.join("sweep.lock");
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                anyhow::bail!(
-                    "{} is in use by another jem-bench ({}); wait for it to finish (then the \
-                     same command resumes or reports), or use another --out",
-                    out.display(),
-                    holder.trim()
-                );
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
-            }
-        }
-        file.set_len(0)?;
-        file.rewind()?;
-        write!(file, "pid {}", std::process::id())?;
-        Ok(Self { _file: file })
-    }
-}
-
 /// `jem-bench robust`: the sweep of `--models` (default: the embedded models).
 pub fn run(args: RobustArgs) -> anyhow::Result<()> {
     let plan = Plan::from_args(&args)?;
@@ -1042,7 +1000,8 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     args: &RobustArgs,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let out = plan.out.clone();
-    let lock = SweepLock::acquire(&out)?;
+    crate::output_folder::claim(&out, "robust")?;
+    let lock = FolderLock::acquire(&out, "sweep.lock")?;
     claim_folder(&out, &plan.settings(&args), &lock)?;
     let mine: Vec<&Cell> = plan
         .cells
@@ -1174,7 +1133,8 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
         plan.settings(&args) == settings,
         "the shards were made by another jem-bench or from other models; rerun them"
     );
-    let lock = SweepLock::acquire(&m.out)?;
+    crate::output_folder::claim(&m.out, "robust")?;
+    let lock = FolderLock::acquire(&m.out, "sweep.lock")?;
     claim_folder(&m.out, &settings, &lock)?;
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {

@@ -219,8 +219,9 @@ where
         .map(|from| warm_start::<B>(from, &arch, device))
         .transpose()?;
     objective.prepare(&arch, &train, stream_seed(cfg.seed, OBJECTIVE_INIT, 0))?;
-    std::fs::create_dir_all(&cfg.out)
-        .with_context(|| format!("cannot create {}", cfg.out.display()))?;
+    crate::output_folder::claim(&cfg.out, "train")?;
+    // One process per run folder: a second would "resume" the same state and redo its work.
+    let _lock = crate::output_folder::FolderLock::acquire(&cfg.out, "train.lock")?;
     let settings = cfg.settings();
     let state = StateDir::new(&cfg.out);
     let schedule = cfg.schedule();

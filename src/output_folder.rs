@@ -1,0 +1,87 @@
+//! An output folder belongs to the command that made it.
+//!
+//! `calibrate --out` over a sweep folder used to overwrite the sweep's `settings.json` (after
+//! which the sweep could no longer resume), and two `train` runs on one folder both "resumed"
+//! it. So each command that writes a folder first [`claim`]s it: a folder holding another
+//! command's results (recognised by the file only that command writes) is refused, naming that
+//! command and file; the command's own folder is reused (to resume, or to refresh its results).
+//! [`FolderLock`] keeps a second process off a folder while one works in it.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+/// The file (or folder) each command writes into its output folder, and nobody else does.
+const SIGNATURES: [(&str, &str); 7] = [
+    ("robust", "robust.csv"),
+    ("robust", "cells"),
+    ("calibrate", "calibration.csv"),
+    ("ood", "ood.csv"),
+    ("nonsense", "nonsense.csv"),
+    ("train", "epochs.csv"),
+    ("train", "state"),
+];
+
+/// The command whose results `dir` holds, and the entry that says so.
+pub fn maker(dir: &Path) -> Option<(&'static str, &'static str)> {
+    SIGNATURES
+        .iter()
+        .find(|(_, entry)| dir.join(entry).exists())
+        .copied()
+}
+
+/// Refuses `dir` if another command than `command` made it; creates it otherwise.
+pub fn claim(dir: &Path, command: &str) -> anyhow::Result<()> {
+    if let Some((other, entry)) = maker(dir) {
+        anyhow::ensure!(
+            other == command,
+            "{} holds the results of `jem-bench {other}` (its {entry}); `{command}` would \
+             overwrite them: choose another --out",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
+}
+
+/// An exclusive lock on an output folder (an OS file lock on `dir/name`): a second process on
+/// the same folder is refused instead of computing the same work. The operating system releases
+/// the lock when its holder exits, however it exits, so a killed run leaves no stale lock.
+pub struct FolderLock {
+    _file: std::fs::File,
+}
+
+impl FolderLock {
+    /// Creates `dir` if needed and locks it through its file `name` (`sweep.lock`, …).
+    pub fn acquire(dir: &Path, name: &str) -> anyhow::Result<Self> {
+        use std::io::{Read, Seek, Write};
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(name);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                anyhow::bail!(
+                    "{} is in use by another jem-bench ({}); wait for it to finish (then the \
+                     same command resumes or reports), or use another --out",
+                    dir.display(),
+                    holder.trim()
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+        file.set_len(0)?;
+        file.rewind()?;
+        write!(file, "pid {}", std::process::id())?;
+        Ok(Self { _file: file })
+    }
+}
