@@ -382,13 +382,6 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     // The same checks as every reader of the sidecar (std > 0 above all), before writing.
     let out = Checkpoint::at(&args.out);
     sidecar.validate(&out.sidecar)?;
-    for file in [&out.weights, &out.sidecar] {
-        anyhow::ensure!(
-            args.overwrite || !file.exists(),
-            "--out: {} exists; pass --overwrite to replace that checkpoint, or choose another NAME",
-            file.display()
-        );
-    }
     let model = import_pytorch::<Inference>(
         &args.input,
         &arch,
@@ -400,6 +393,14 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     let (model, found) = to_f32(model);
     found.ensure_finite(&args.input)?;
     sidecar.training.settings["source_dtype"] = found.source_dtypes.join(",").into();
+    // Last, so that every problem with the input is reported first.
+    for file in [&out.weights, &out.sidecar] {
+        anyhow::ensure!(
+            args.overwrite || !file.exists(),
+            "--out: {} exists; pass --overwrite to replace that checkpoint, or choose another NAME",
+            file.display()
+        );
+    }
     out.save(&model, &sidecar)
         .context("writing the imported checkpoint")?;
     println!(

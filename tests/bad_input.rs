@@ -1237,3 +1237,16 @@ fn output_folders_belong_to_the_command_that_made_them() {
     first.wait().unwrap();
     assert_fails_with(&second, &["in use by another jem-bench"]);
 }
+
+/// A job array larger than the sweep: a shard with no cells has nothing to do, exits 0 and
+/// claims no folder.
+#[test]
+fn a_shard_without_cells_has_nothing_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shard");
+    // One model × one attack × K = 0: a single cell, so shard 3/4 holds none.
+    let o = small_sweep(&out, &["--shard", "3/4"]);
+    assert_ok(&o);
+    assert!(stderr(&o).contains("nothing to do"), "{}", stderr(&o));
+    assert!(!out.exists());
+}

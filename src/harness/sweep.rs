@@ -1000,9 +1000,6 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     args: &RobustArgs,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let out = plan.out.clone();
-    crate::output_folder::claim(&out, "robust")?;
-    let lock = FolderLock::acquire(&out, "sweep.lock")?;
-    claim_folder(&out, &plan.settings(&args), &lock)?;
     let mine: Vec<&Cell> = plan
         .cells
         .iter()
@@ -1010,6 +1007,19 @@ fn execute<N: Classifier<Train> + Module<Train>>(
         .filter(|(j, _)| args.shard.is_none_or(|s| j % s.count == s.index))
         .map(|(_, c)| c)
         .collect();
+    if let (Some(shard), true) = (args.shard, mine.is_empty()) {
+        // A job array larger than the sweep: this task has nothing to do, which is no error.
+        eprintln!(
+            "shard {}/{}: the sweep has {} cells, none of them this shard's; nothing to do",
+            shard.index,
+            shard.count,
+            plan.cells.len()
+        );
+        return Ok(Vec::new());
+    }
+    crate::output_folder::claim(&out, "robust")?;
+    let lock = FolderLock::acquire(&out, "sweep.lock")?;
+    claim_folder(&out, &plan.settings(&args), &lock)?;
 
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
     // `--jobs` worker threads. The CSVs always hold the finished cells in plan order.
