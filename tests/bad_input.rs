@@ -1250,3 +1250,57 @@ fn a_shard_without_cells_has_nothing_to_do() {
     assert!(stderr(&o).contains("nothing to do"), "{}", stderr(&o));
     assert!(!out.exists());
 }
+
+/// A sweep's identity is everything that decides its numbers, not only the weights: a model
+/// whose sidecar changed (input normalisation, SGLD settings) under the same path does not reuse
+/// the cells computed before, and with settings.json deleted a command with other settings is
+/// refused by the cell files themselves.
+#[test]
+fn cells_are_reused_only_by_the_sweep_that_computed_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = doctored(dir.path(), "m", "jem", |_| {});
+    let out = dir.path().join("sweep");
+    let run = |n: &str| {
+        cli()
+            .args([
+                "robust",
+                "--attacks",
+                "fgsm",
+                "--steps",
+                "0",
+                "--eps",
+                "0,0.1",
+            ])
+            .args(["--n-examples", n, "--models"])
+            .arg(&model)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    assert_ok(&run("5"));
+    // Same weights, another input normalisation: other numbers, so not the same sweep.
+    let sidecar = model.with_extension("json");
+    let original = std::fs::read_to_string(&sidecar).unwrap();
+    let mut edited: serde_json::Value = serde_json::from_str(&original).unwrap();
+    edited["architecture"]["input_normalization"]["mean"] = serde_json::json!([0.3]);
+    std::fs::write(&sidecar, edited.to_string()).unwrap();
+    assert_fails_with(&run("5"), &["input_normalization", "another --out"]);
+    // Its SGLD settings likewise.
+    let mut edited: serde_json::Value = serde_json::from_str(&original).unwrap();
+    edited["training"]["settings"]["jem"]["sgld_std"] = serde_json::json!(0.05);
+    std::fs::write(&sidecar, edited.to_string()).unwrap();
+    assert_fails_with(&run("5"), &["sgld", "another --out"]);
+    std::fs::write(&sidecar, &original).unwrap();
+    // settings.json deleted: the cell files still say which sweep computed them.
+    std::fs::remove_file(out.join("settings.json")).unwrap();
+    assert_fails_with(&run("3"), &["computed by another sweep", "cells"]);
+    assert!(
+        !out.join("settings.json").exists(),
+        "the refused command recorded its settings"
+    );
+    // The same command still resumes its own cells.
+    let again = run("5");
+    assert_ok(&again);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("ran 0 cells"));
+}

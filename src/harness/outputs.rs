@@ -85,6 +85,11 @@ pub struct ExampleRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellResult {
     pub cell: Cell,
+    /// The identity of the sweep that computed it (a hash of everything that decides its
+    /// numbers: models, their weights and configuration, data, attack and defence settings,
+    /// seed); empty in cell files of older versions, which are then never reused.
+    #[serde(default)]
+    pub identity: String,
     pub seconds: f64,
     pub rows: Vec<TidyRow>,
     pub examples: Vec<ExampleRow>,
@@ -101,8 +106,9 @@ pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
     )
 }
 
-/// The finished result of `cell`, if a previous run wrote it.
-pub fn load_cell(out: &Path, cell: &Cell) -> anyhow::Result<Option<CellResult>> {
+/// The finished result of `cell`, if a previous run of the sweep `identity` wrote it; an error
+/// if another sweep (other models, weights, data or settings) wrote it.
+pub fn load_cell(out: &Path, cell: &Cell, identity: &str) -> anyhow::Result<Option<CellResult>> {
     let p = cell_path(out, cell);
     if !p.exists() {
         return Ok(None);
@@ -121,6 +127,14 @@ pub fn load_cell(out: &Path, cell: &Cell) -> anyhow::Result<Option<CellResult>> 
         p.display(),
         r.cell
     );
+    anyhow::ensure!(
+        r.identity == identity,
+        "{} was computed by another sweep (other models, weights, model configuration, data, \
+         attack or defence settings, or seed: identity `{}`, this sweep's `{identity}`); delete \
+         the folder or use another --out",
+        p.display(),
+        r.identity
+    );
     Ok(Some(r))
 }
 
@@ -137,6 +151,7 @@ pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
 /// cell's own file is written.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     dir: Option<&Path>,
+    identity: &str,
     count: usize,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
 ) -> anyhow::Result<Vec<T>> {
@@ -144,6 +159,29 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
         return (0..count).map(compute).collect();
     };
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // The batches belong to one sweep, as the cell files do.
+    let owner = dir.join("identity");
+    match std::fs::read_to_string(&owner) {
+        Ok(found) => anyhow::ensure!(
+            found == identity,
+            "{} holds batches of another sweep (identity `{found}`, this sweep's `{identity}`); \
+             delete the folder or use another --out",
+            dir.display()
+        ),
+        Err(_) => {
+            let unowned = std::fs::read_dir(dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?
+                .next()
+                .is_some();
+            anyhow::ensure!(
+                !unowned,
+                "{} holds batches that name no sweep (an older jem-bench wrote them); delete the \
+                 folder to run the cell again",
+                dir.display()
+            );
+            write_atomic(&owner, identity.as_bytes())?
+        }
+    }
     (0..count)
         .map(|j| {
             let p = dir.join(format!("{j}.json"));
@@ -227,11 +265,11 @@ mod tests {
     fn an_interrupted_cell_resumes_at_its_first_unfinished_batch() {
         let dir = tempfile::tempdir().unwrap();
         let kept = dir.path().join("cell.batches");
-        let whole: Vec<Vec<f64>> = resumable_batches(None, 5, |j| Ok(batch(j))).unwrap();
+        let whole: Vec<Vec<f64>> = resumable_batches(None, "sweep", 5, |j| Ok(batch(j))).unwrap();
 
         // The first run dies in batch 3: batches 0–2 are on disk.
         let mut computed = Vec::new();
-        let died = resumable_batches(Some(&kept), 5, |j| {
+        let died = resumable_batches(Some(&kept), "sweep", 5, |j| {
             computed.push(j);
             anyhow::ensure!(j < 3, "killed in batch {j}");
             Ok(batch(j))
@@ -242,7 +280,7 @@ mod tests {
         // The same command again computes only batches 3 and 4, and ends where a run that
         // was never interrupted ends.
         computed.clear();
-        let resumed = resumable_batches(Some(&kept), 5, |j| {
+        let resumed = resumable_batches(Some(&kept), "sweep", 5, |j| {
             computed.push(j);
             Ok(batch(j))
         })
@@ -252,11 +290,17 @@ mod tests {
 
         // A damaged batch file is an error that names it, not a silent recomputation.
         std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
-        let err = resumable_batches(Some(&kept), 5, |j| Ok(batch(j))).unwrap_err();
+        let err = resumable_batches(Some(&kept), "sweep", 5, |j| Ok(batch(j))).unwrap_err();
         let message = format!("{err:#}");
         assert!(
             message.contains("1.json") && message.contains("delete it"),
             "{message}"
         );
+
+        // Another sweep's batches are never read as this one's.
+        let err = resumable_batches(Some(&kept), "another sweep", 5, |j| Ok(batch(j)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("another sweep"), "{err}");
     }
 }

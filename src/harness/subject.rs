@@ -36,6 +36,9 @@ pub struct Subject<N> {
     test: ImageSet,
     data_name: String,
     sgld: Option<SgldConfig>,
+    /// What besides its weights decides its outputs (a checkpoint's architecture with its input
+    /// normalisation, the defence's SGLD settings, the data), recorded in a sweep's identity.
+    configuration: serde_json::Value,
 }
 
 impl<N: Classifier<Train> + Module<Train>> Subject<N> {
@@ -70,6 +73,7 @@ impl<N: Classifier<Train> + Module<Train>> Subject<N> {
             name,
             network: Mutex::new(network),
             digest,
+            configuration: serde_json::json!({ "sgld": &sgld, "data": data }),
             data_name: data.to_string(),
             test,
             sgld: Some(sgld),
@@ -78,6 +82,7 @@ impl<N: Classifier<Train> + Module<Train>> Subject<N> {
 
     /// The SGLD settings of the defence (`steps` is set per cell to its K).
     pub fn with_sgld(mut self, sgld: SgldConfig) -> Self {
+        self.configuration["sgld"] = serde_json::json!(&sgld);
         self.sgld = Some(sgld);
         self
     }
@@ -107,6 +112,11 @@ impl<N: Module<Train>> Subject<N> {
     /// The SGLD settings of the defence, `None` when the model has none (K > 0 is refused).
     pub fn sgld(&self) -> Option<&SgldConfig> {
         self.sgld.as_ref()
+    }
+
+    /// What besides its weights decides the subject's outputs (see the field).
+    pub fn configuration(&self) -> &serde_json::Value {
+        &self.configuration
     }
 
     /// A copy of the network for one cell.
@@ -140,6 +150,11 @@ impl Subject<crate::model::WideResNet<Train>> {
         Ok(Self {
             name: path.to_string(),
             digest: weights_digest::<Train, _>(&network)?,
+            configuration: serde_json::json!({
+                "architecture": &sidecar.architecture,
+                "sgld": &sgld,
+                "data": &spec,
+            }),
             network: Mutex::new(network),
             data_name: spec,
             test,

@@ -310,6 +310,7 @@ fn check_subject<N: Module<Train>>(args: &RobustArgs, subject: &Subject<N>) -> a
 
 fn run_cell<N: Classifier<Train> + Module<Train>>(
     out: &std::path::Path,
+    identity: &str,
     args: &RobustArgs,
     subject: &Subject<N>,
     cell: &Cell,
@@ -343,7 +344,7 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
     // AutoAttack cascade on 1 000 images runs for hours on two cores).
     let keep = (chunks.len() > 1).then(|| outputs::batches_dir(out, cell));
     let mut seconds_now = 0.0;
-    let parts = outputs::resumable_batches(keep.as_deref(), chunks.len(), |j| {
+    let parts = outputs::resumable_batches(keep.as_deref(), identity, chunks.len(), |j| {
         let batch_started = Instant::now();
         let (x, y) = batch(chunks[j]);
         let batch_args = RobustArgs {
@@ -466,6 +467,7 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
     }
     Ok(CellResult {
         cell: cell.clone(),
+        identity: identity.to_string(),
         // Batches an earlier, interrupted run finished count with the time they took then.
         seconds: started.elapsed().as_secs_f64() - seconds_now + batch_seconds,
         rows,
@@ -890,17 +892,31 @@ impl<N: Classifier<Train> + Module<Train>> Plan<N> {
             "eps": &self.eps_grid,
             "models": self.subjects.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "weights": self.subjects.iter().map(|s| s.digest()).collect::<Vec<_>>(),
+            "subjects": self.subjects.iter().map(|s| s.configuration()).collect::<Vec<_>>(),
         })
+    }
+
+    /// `sha256:<hex>` of [`Plan::settings`]: what every cell file of the sweep carries, so that
+    /// a cell is reused only by the sweep that computed it (even with settings.json deleted).
+    fn identity(&self, args: &RobustArgs) -> String {
+        use sha2::{Digest, Sha256};
+        let settings = self.settings(args).to_string();
+        let hash = Sha256::digest(settings.as_bytes());
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
     }
 }
 
-/// Refuses a folder that holds a sweep with other settings, naming each setting that differs;
-/// records them in a new one. Call with the folder's [`FolderLock`] held.
+/// Refuses a folder that holds a sweep with other settings, naming each setting that differs,
+/// or cells of another sweep; records the settings in a new one, and returns the finished
+/// `cells` (`None` for those still to run). Call with the folder's [`FolderLock`] held.
 fn claim_folder(
     out: &std::path::Path,
     settings: &serde_json::Value,
+    identity: &str,
+    cells: &[&Cell],
     _lock: &FolderLock,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Option<CellResult>>> {
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("cannot create {}", out.display()))?;
     let settings_path = out.join("settings.json");
@@ -926,13 +942,21 @@ fn claim_folder(
             out.display(),
             differences.join("; ")
         );
-    } else {
+    }
+    // The cells finished before: each must have been computed by this very sweep (its file
+    // says so even where settings.json was deleted). Read before the settings are recorded,
+    // so that a refused command records nothing.
+    let done = cells
+        .iter()
+        .map(|cell| outputs::load_cell(out, cell, identity))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if !settings_path.exists() {
         write_atomic(
             &settings_path,
             serde_json::to_string_pretty(settings)?.as_bytes(),
         )?;
     }
-    Ok(())
+    Ok(done)
 }
 
 /// `field: the folder has A, this command B` for each leaf setting that differs.
@@ -1019,14 +1043,10 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     }
     crate::output_folder::claim(&out, "robust")?;
     let lock = FolderLock::acquire(&out, "sweep.lock")?;
-    claim_folder(&out, &plan.settings(&args), &lock)?;
-
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
     // `--jobs` worker threads. The CSVs always hold the finished cells in plan order.
-    let mut done: Vec<Option<CellResult>> = Vec::with_capacity(mine.len());
-    for cell in &mine {
-        done.push(outputs::load_cell(&out, cell)?);
-    }
+    let identity = plan.identity(args);
+    let mut done = claim_folder(&out, &plan.settings(args), &identity, &mine, &lock)?;
     // Longest first, so that the last cell running alone is a short one: cells with more SGLD
     // steps cost more (a K = 1 cell about 5× its K = 0 twin). Outputs keep the plan's order.
     let mut pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
@@ -1049,15 +1069,23 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     std::thread::scope(|scope| -> anyhow::Result<()> {
         for _ in 0..jobs {
             let tx = tx.clone();
-            let (next, failed, pending, mine, args, plan, out) =
-                (&next, &failed, &pending, &mine, &args, &plan, &out);
+            let (next, failed, pending, mine, args, plan, out, identity) = (
+                &next, &failed, &pending, &mine, &args, &plan, &out, &identity,
+            );
             scope.spawn(move || {
                 while !failed.load(Ordering::Relaxed) {
                     let Some(&i) = pending.get(next.fetch_add(1, Ordering::Relaxed)) else {
                         break;
                     };
                     let cell = mine[i];
-                    let result = run_cell(out, args, plan.subject(cell), cell, &plan.eps_grid);
+                    let result = run_cell(
+                        out,
+                        identity,
+                        args,
+                        plan.subject(cell),
+                        cell,
+                        &plan.eps_grid,
+                    );
                     if tx.send((i, result)).is_err() {
                         break;
                     }
@@ -1145,13 +1173,14 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
     );
     crate::output_folder::claim(&m.out, "robust")?;
     let lock = FolderLock::acquire(&m.out, "sweep.lock")?;
-    claim_folder(&m.out, &settings, &lock)?;
+    claim_folder(&m.out, &settings, &plan.identity(&args), &[], &lock)?;
+    let identity = plan.identity(&args);
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
         let found = m
             .shards
             .iter()
-            .map(|dir| outputs::load_cell(dir, cell))
+            .map(|dir| outputs::load_cell(dir, cell, &identity))
             .collect::<anyhow::Result<Vec<_>>>()?
             .into_iter()
             .flatten()
