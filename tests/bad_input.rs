@@ -1304,3 +1304,47 @@ fn cells_are_reused_only_by_the_sweep_that_computed_them() {
     assert_ok(&again);
     assert!(String::from_utf8_lossy(&again.stdout).contains("ran 0 cells"));
 }
+
+/// A tensor of the wrong shape is reported as the file holds it: a linear head stored as
+/// `[in, out]` instead of PyTorch's `[out, in]` reads "[64, 10] in the file", not burn's
+/// transposed view of it.
+#[test]
+fn import_reports_shapes_as_the_file_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(root().join("results/models/baseline.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let mut shape = view.shape().to_vec();
+            if name == "linear.weight" {
+                shape.reverse();
+            }
+            (name, shape, view.data().to_vec())
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                    .unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    let file = dir.path().join("transposed.safetensors");
+    std::fs::write(&file, safetensors::serialize(views, None).unwrap()).unwrap();
+    let o = cli()
+        .arg("import")
+        .arg(&file)
+        .args(["--depth", "10", "--width", "1", "--in-channels", "1"])
+        .args(["--data", "mnist", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert_fails_with(
+        &o,
+        &["`linear.weight` is [64, 10] in the file", "needs [10, 64]"],
+    );
+}

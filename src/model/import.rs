@@ -95,13 +95,16 @@ pub fn import_pytorch<B: Backend>(
         "safetensors" => {
             let mut store = SafetensorsStore::from_file(path)
                 .with_from_adapter(PyTorchToBurnAdapter)
-                .remap(naming.remapper());
+                .remap(naming.remapper())
+                .validate(false);
             model
                 .load_from(&mut store)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
         }
         "pt" | "pth" | "bin" => {
-            let mut store = PytorchStore::from_file(path).remap(naming.remapper());
+            let mut store = PytorchStore::from_file(path)
+                .remap(naming.remapper())
+                .validate(false);
             if let Some(key) = top_level_key {
                 store = store.with_top_level_key(key);
             }
@@ -128,11 +131,7 @@ pub fn import_pytorch<B: Backend>(
             path.display(),
             config.name(),
             naming,
-            result
-                .errors
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>(),
+            result.errors.iter().map(describe).collect::<Vec<_>>(),
             unexpected,
             missing
         );
@@ -193,4 +192,26 @@ pub fn stored_normalization(path: &Path) -> anyhow::Result<Option<InputNormaliza
         }
     }
     Ok(None)
+}
+
+/// One tensor that did not fit, in the file's terms. burn keeps a linear layer's weight as
+/// `[in, out]`, PyTorch (and so the file) as `[out, in]`: a 2-D shape is reported as the file
+/// has it and as the file should have it, not in burn's transposed layout.
+fn describe(error: &burn_store::ApplyError) -> String {
+    match error {
+        burn_store::ApplyError::ShapeMismatch {
+            path,
+            expected,
+            found,
+        } if expected.num_dims() == 2 && found.num_dims() == 2 => {
+            let pytorch = |dims: &[usize]| dims.iter().rev().copied().collect::<Vec<_>>();
+            format!(
+                "tensor `{path}` is {:?} in the file; the architecture needs {:?} (PyTorch's \
+                 [out, in] layout)",
+                pytorch(found.as_slice()),
+                pytorch(expected.as_slice())
+            )
+        }
+        other => other.to_string(),
+    }
 }
