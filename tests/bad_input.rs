@@ -893,6 +893,49 @@ fn checkpoints_of_any_float_type_compute_in_f32() {
         )
         .unwrap();
         let loaded = accuracy_of(&stem);
+        // Every other command that reads a checkpoint runs on it too (it used to panic).
+        for command in [
+            vec![
+                "robust",
+                "--attacks",
+                "fgsm",
+                "--steps",
+                "0",
+                "--n-examples",
+                "5",
+                "--models",
+            ],
+            vec!["calibrate", "--n", "20", "--models"],
+            vec!["ood", "--n", "20", "--ood", "uniform", "--models"],
+            vec![
+                "nonsense",
+                "--per-class",
+                "1",
+                "--max-iters",
+                "2",
+                "--models",
+            ],
+            vec![
+                "sample",
+                "--per-class",
+                "1",
+                "--steps",
+                "1",
+                "--judge",
+                "none",
+                "--model",
+            ],
+        ] {
+            let out = dir.path().join(format!("{name}-{}", command[0]));
+            let mut c = cli();
+            c.args(&command).arg(&stem).arg("--out");
+            if command[0] == "sample" {
+                c.arg(out.with_extension("png"));
+            } else {
+                c.arg(&out);
+            }
+            assert_ok(&c.output().unwrap());
+        }
         // Imported as a PyTorch state_dict (the checkpoint's names are PyTorch's).
         let imported = dir.path().join(format!("imported-{name}"));
         let o = cli()
