@@ -524,10 +524,7 @@ fn batch_seed(seed: u64, j: usize) -> u64 {
     if j == 0 {
         return seed;
     }
-    let mut z = seed ^ (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::seeds::splitmix64(seed ^ (j as u64).wrapping_mul(crate::seeds::GOLDEN))
 }
 
 impl Stage {
@@ -899,11 +896,7 @@ impl<N: Classifier<Train> + Module<Train>> Plan<N> {
     /// `sha256:<hex>` of [`Plan::settings`]: what every cell file of the sweep carries, so that
     /// a cell is reused only by the sweep that computed it (even with settings.json deleted).
     fn identity(&self, args: &RobustArgs) -> String {
-        use sha2::{Digest, Sha256};
-        let settings = self.settings(args).to_string();
-        let hash = Sha256::digest(settings.as_bytes());
-        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-        format!("sha256:{hex}")
+        crate::digest::of(self.settings(args).to_string().as_bytes())
     }
 }
 

@@ -374,8 +374,7 @@ pub fn weights_digest<B: Backend, M: ModuleSnapshot<B>>(model: &M) -> anyhow::Re
         hash.update([0]);
         hash.update(&data.bytes[..]);
     }
-    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!("sha256:{hex}"))
+    Ok(crate::digest::named(hash))
 }
 
 /// Loads safetensors `bytes` into `model`, after checking — in the project's words, naming the

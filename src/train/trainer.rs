@@ -40,13 +40,10 @@ pub struct TrainOutcome {
 
 /// Seeds for independent random streams derived from the run seed.
 pub(crate) fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
-    // SplitMix64 finaliser over the three numbers: nearby inputs give unrelated seeds.
-    let mut z = seed
-        ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ index.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::seeds::splitmix64(
+        seed ^ stream.wrapping_mul(crate::seeds::GOLDEN)
+            ^ index.wrapping_mul(0xBF58_476D_1CE4_E5B9),
+    )
 }
 
 const SHUFFLE: u64 = 1;
