@@ -117,20 +117,13 @@ impl CalibrateArgs {
         let mut prepared = Vec::new();
         for path in &self.models {
             let m = path.display().to_string();
-            let ckpt = Checkpoint::at(path);
-            ckpt.ensure_exists()
-                .with_context(|| format!("--models {m}"))?;
-            let sidecar = ckpt
-                .read_sidecar()
-                .with_context(|| format!("--models {m}"))?;
+            let (_, sidecar) =
+                Checkpoint::load_named::<backend::Inference>(path, "--models", device)?;
             for &k in &self.steps {
                 crate::defended::forward_settings(&sidecar, k, &self.defence)
                     .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
             }
             let data = test_set::load(&m, &sidecar, "--data", self.data.as_deref(), self.n)?;
-            // Loading the weights here too refuses a broken file before the run starts.
-            ckpt.load::<backend::Inference>(device)
-                .with_context(|| format!("--models {m}"))?;
             prepared.push(Prepared {
                 path: path.clone(),
                 sidecar,

@@ -107,12 +107,8 @@ impl NonsenseArgs {
         let mut shapes = Vec::new();
         for path in &self.models {
             let m = path.display().to_string();
-            let ckpt = Checkpoint::at(path);
-            ckpt.ensure_exists()
-                .with_context(|| format!("--models {m}"))?;
-            let (_, sidecar) = ckpt
-                .load::<crate::backend::Inference>(device)
-                .with_context(|| format!("--models {m}"))?;
+            let (_, sidecar) =
+                Checkpoint::load_named::<crate::backend::Inference>(path, "--models", device)?;
             let shape = sidecar.image_shape()?;
             if self.steps.iter().any(|&k| k > 0) {
                 crate::train::JemConfig::of(&sidecar)

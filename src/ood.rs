@@ -188,12 +188,8 @@ impl OodArgs {
         let mut prepared = Vec::new();
         for path in &self.models {
             let m = path.display().to_string();
-            let ckpt = Checkpoint::at(path);
-            ckpt.ensure_exists()
-                .with_context(|| format!("--models {m}"))?;
-            let sidecar = ckpt
-                .read_sidecar()
-                .with_context(|| format!("--models {m}"))?;
+            let (_, sidecar) =
+                Checkpoint::load_named::<backend::Inference>(path, "--models", device)?;
             for &k in &self.steps {
                 self.defence_settings(&sidecar, k)
                     .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
@@ -212,9 +208,6 @@ impl OodArgs {
                 .iter()
                 .map(|s| s.build(&data.set, &split, self.n, self.seed))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            // Loading the weights here too refuses a broken file before the run starts.
-            ckpt.load::<backend::Inference>(device)
-                .with_context(|| format!("--models {m}"))?;
             prepared.push(Prepared {
                 path: path.clone(),
                 sidecar,

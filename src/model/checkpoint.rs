@@ -329,6 +329,20 @@ impl Checkpoint {
         }
     }
 
+    /// The checkpoint `path` as a command's `flag` named it (`--models PATH`), loaded: it
+    /// exists, its sidecar and weights pass every check; errors name the flag and the path.
+    /// Commands call this before writing anything, so that a broken model stops them there.
+    pub fn load_named<B: Backend>(
+        path: &Path,
+        flag: &str,
+        device: &B::Device,
+    ) -> anyhow::Result<(WideResNet<B>, Sidecar)> {
+        let named = || format!("{flag} {}", path.display());
+        let ckpt = Checkpoint::at(path);
+        ckpt.ensure_exists().with_context(named)?;
+        ckpt.load::<B>(device).with_context(named)
+    }
+
     /// Builds the architecture named in the sidecar and loads the weights into it, after
     /// checking that the file holds exactly the tensors of that architecture.
     pub fn load<B: Backend>(&self, device: &B::Device) -> anyhow::Result<(WideResNet<B>, Sidecar)> {
