@@ -1,6 +1,6 @@
 //! [`FastConv`], the backend extension: burn's CPU backend runs this crate's kernels, burn's
-//! autodiff backend gets a backward node that calls them, and any other backend (CUDA) keeps
-//! burn's own convolution.
+//! autodiff backend gets a backward node that calls them, and the CUDA backend keeps burn's
+//! forward convolution with the portable gradients ([`crate::portable`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

@@ -24,8 +24,11 @@
 //! on every core; burn's autodiff records it as a composition of eight passes.
 //!
 //! [`FastConv`] is the extension trait: implemented with these kernels for `Flex`, with a
-//! backward node for `Autodiff<B>` over any `B: FastConv`, and with burn's own convolution for
-//! every other backend (CUDA). A model calls [`conv2d`] where it would call `Conv2d::forward`:
+//! backward node for `Autodiff<B>` over any `B: FastConv`, and with burn's own forward
+//! convolution for CUDA, whose two gradients are composed from that forward convolution and a
+//! matrix product ([`conv2d_input_grad_from_forward`], [`conv2d_weight_grad_from_matmul`]): burn
+//! 0.21's own CUDA backward kernels are wrong for some shapes. A model calls [`conv2d`] where it
+//! would call `Conv2d::forward`:
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
