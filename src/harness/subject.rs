@@ -36,9 +36,9 @@ pub struct Subject<N> {
     test: ImageSet,
     data_name: String,
     sgld: Option<SgldConfig>,
-    /// What besides its weights decides its outputs (a checkpoint's architecture with its input
-    /// normalisation, the defence's SGLD settings, the data), recorded in a sweep's identity.
-    configuration: serde_json::Value,
+    /// A checkpoint's architecture, with its input normalisation (which its weights do not
+    /// hold); `None` for a network given as is.
+    architecture: Option<crate::model::WideResNetConfig>,
 }
 
 impl<N: Classifier<Train> + Module<Train>> Subject<N> {
@@ -73,7 +73,7 @@ impl<N: Classifier<Train> + Module<Train>> Subject<N> {
             name,
             network: Mutex::new(network),
             digest,
-            configuration: serde_json::json!({ "sgld": &sgld, "data": data }),
+            architecture: None,
             data_name: data.to_string(),
             test,
             sgld: Some(sgld),
@@ -82,7 +82,6 @@ impl<N: Classifier<Train> + Module<Train>> Subject<N> {
 
     /// The SGLD settings of the defence (`steps` is set per cell to its K).
     pub fn with_sgld(mut self, sgld: SgldConfig) -> Self {
-        self.configuration["sgld"] = serde_json::json!(&sgld);
         self.sgld = Some(sgld);
         self
     }
@@ -114,9 +113,14 @@ impl<N: Module<Train>> Subject<N> {
         self.sgld.as_ref()
     }
 
-    /// What besides its weights decides the subject's outputs (see the field).
-    pub fn configuration(&self) -> &serde_json::Value {
-        &self.configuration
+    /// What besides its weights decides the subject's outputs — a checkpoint's architecture with
+    /// its input normalisation, the defence's SGLD settings, the data — as a sweep records it.
+    pub fn configuration(&self) -> serde_json::Value {
+        serde_json::json!({
+            "architecture": &self.architecture,
+            "sgld": &self.sgld,
+            "data": &self.data_name,
+        })
     }
 
     /// A copy of the network for one cell.
@@ -150,11 +154,7 @@ impl Subject<crate::model::WideResNet<Train>> {
         Ok(Self {
             name: path.to_string(),
             digest: weights_digest::<Train, _>(&network)?,
-            configuration: serde_json::json!({
-                "architecture": &sidecar.architecture,
-                "sgld": &sgld,
-                "data": &spec,
-            }),
+            architecture: Some(sidecar.architecture.clone()),
             network: Mutex::new(network),
             data_name: spec,
             test,
