@@ -1154,58 +1154,84 @@ fn closed_or_full_stdout_loses_no_result_and_does_not_panic() {
 #[test]
 fn output_folders_belong_to_the_command_that_made_them() {
     let dir = tempfile::tempdir().unwrap();
-    let sweep = dir.path().join("sweep");
-    assert_ok(&small_sweep(&sweep, &[]));
-    let calibration = dir.path().join("calibration");
-    assert_ok(
-        &cli()
-            .args([
-                "calibrate",
-                "--models",
-                "results/models/baseline",
-                "--n",
-                "20",
-                "--out",
-            ])
-            .arg(&calibration)
-            .output()
-            .unwrap(),
-    );
-    let settings = std::fs::read(sweep.join("settings.json")).unwrap();
     let model = "results/models/baseline";
-    for (args, over, maker) in [
+    // Each command, small enough to run in a second or two.
+    let commands: Vec<(&str, Vec<&str>)> = vec![
         (
-            vec!["calibrate", "--n", "20", "--models", model],
-            &sweep,
             "robust",
-        ),
-        (
-            vec!["ood", "--n", "20", "--models", model],
-            &sweep,
-            "robust",
-        ),
-        (
-            vec!["nonsense", "--models", model],
-            &calibration,
-            "calibrate",
-        ),
-        (
             vec![
                 "robust",
                 "--attacks",
                 "fgsm",
                 "--steps",
                 "0",
+                "--eps",
+                "0,0.1",
+                "--n-examples",
+                "5",
                 "--models",
                 model,
             ],
-            &calibration,
-            "calibrate",
         ),
-        (vec!["train", "--epochs", "1"], &sweep, "robust"),
-    ] {
-        let o = cli().args(&args).arg("--out").arg(over).output().unwrap();
-        assert_fails_with(&o, &[&format!("`jem-bench {maker}`"), "another --out"]);
+        (
+            "calibrate",
+            vec!["calibrate", "--n", "20", "--models", model],
+        ),
+        (
+            "ood",
+            vec!["ood", "--n", "20", "--ood", "uniform", "--models", model],
+        ),
+        (
+            "nonsense",
+            vec![
+                "nonsense",
+                "--per-class",
+                "1",
+                "--max-iters",
+                "2",
+                "--models",
+                model,
+            ],
+        ),
+        (
+            "train",
+            vec![
+                "train",
+                "--train-subset",
+                "64",
+                "--val-size",
+                "32",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "32",
+            ],
+        ),
+    ];
+    // One folder of each kind, made by its own command.
+    for (kind, args) in &commands {
+        let o = cli()
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join(kind))
+            .output()
+            .unwrap();
+        assert_ok(&o);
+    }
+    let sweep = dir.path().join("robust");
+    let calibration = dir.path().join("calibrate");
+    let settings = std::fs::read(sweep.join("settings.json")).unwrap();
+    // Every command refuses every other command's folder, naming its maker.
+    for (command, args) in &commands {
+        for (maker, _) in commands.iter().filter(|(kind, _)| kind != command) {
+            let o = cli()
+                .args(args)
+                .arg("--out")
+                .arg(dir.path().join(maker))
+                .output()
+                .unwrap();
+            assert_fails_with(&o, &[&format!("`jem-bench {maker}`"), "another --out"]);
+        }
     }
     assert_eq!(
         std::fs::read(sweep.join("settings.json")).unwrap(),
