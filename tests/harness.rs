@@ -157,6 +157,7 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
         defence: "{\"sgld\":{\"steps\":10}}".into(),
         stochastic: false,
         zero_gradients: 0,
+        upper_bound: false,
         data: "mnist".into(),
         software: "jem-bench 0.1.0".into(),
         backend: "burn-flex".into(),
@@ -289,6 +290,41 @@ fn regress_refuses_a_run_computed_with_other_settings() {
         err.contains("warning: comparing cells computed with other settings"),
         "{err}"
     );
+}
+
+/// Rows whose gradients through K > 0 SGLD steps were approximated by BPDA are upper bounds:
+/// marked in robust.csv (`upper_bound`), in summary.json's curves and in the printed table;
+/// CSVs written before the column read the same.
+#[test]
+fn bpda_rows_at_k_above_0_are_marked_as_upper_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = sweep(dir.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rs = rows(dir.path());
+    assert!(rs.iter().any(|r| r.k == 1) && rs.iter().any(|r| r.k == 0));
+    for r in &rs {
+        assert_eq!(r.upper_bound, r.k > 0 && r.grad == "bpda", "{r:?}");
+    }
+    let header = std::fs::read_to_string(dir.path().join("robust.csv")).unwrap();
+    assert!(header.lines().next().unwrap().contains("upper_bound"));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("bpda*") && table.contains("an upper bound"),
+        "{table}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    for c in summary["curves"].as_array().unwrap() {
+        assert_eq!(c["upper_bound"], c["k"].as_u64().unwrap() > 0, "{c}");
+    }
+    // The committed reference predates the column: read as if written now.
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/reference/linf-small");
+    let old = rows(&reference);
+    assert!(old.iter().any(|r| r.upper_bound));
+    assert!(old
+        .iter()
+        .all(|r| r.upper_bound == (r.k > 0 && r.grad == "bpda")));
 }
 
 /// `report` rebuilds a sweep's summary and plots from its `robust.csv` alone; the plots are a

@@ -310,6 +310,7 @@ mod tests {
             defence: "{}".into(),
             stochastic: false,
             zero_gradients: 0,
+            upper_bound: false,
             data: "mnist".into(),
             software: "test".into(),
             backend: "test".into(),

@@ -56,9 +56,21 @@ pub struct TidyRow {
     /// gradients).
     #[serde(default)]
     pub zero_gradients: usize,
+    /// The gradients through the K > 0 SGLD steps were approximated by BPDA: the robust
+    /// accuracy is an upper bound, which an adaptive attack (`--grad full` with EOT) may lower.
+    #[serde(default)]
+    pub upper_bound: bool,
     pub data: String,
     pub software: String,
     pub backend: String,
+}
+
+impl TidyRow {
+    /// Whether the row's robust accuracy is only an upper bound from a non-adaptive gradient
+    /// (BPDA through K > 0 SGLD steps, see [`TidyRow::upper_bound`]).
+    pub fn is_bpda_bound(&self) -> bool {
+        self.k > 0 && self.grad == "bpda"
+    }
 }
 
 /// One row per example of a cell; `eps` is empty for minimum-perturbation attacks.
@@ -244,9 +256,12 @@ pub fn read_tidy(path: &Path) -> anyhow::Result<Vec<TidyRow>> {
     r.deserialize()
         .enumerate()
         .map(|(i, row)| {
-            row.with_context(|| {
+            let mut row: TidyRow = row.with_context(|| {
                 format!("{}: row {} does not fit the schema", path.display(), i + 2)
-            })
+            })?;
+            // CSVs written before the column read as they would be written now.
+            row.upper_bound = row.is_bpda_bound();
+            Ok(row)
         })
         .collect()
 }

@@ -25,6 +25,8 @@ pub struct Curve {
     /// Gradient mode of the worst case: `none` (K = 0), `bpda`, `full`, or `all` when the
     /// sweep ran several.
     pub grad: String,
+    /// Every point comes from BPDA gradients through K > 0 SGLD steps: an upper bound.
+    pub upper_bound: bool,
     pub n: usize,
     pub clean_accuracy: f64,
     pub clean_interval: (f64, f64),
@@ -106,6 +108,7 @@ pub fn curves(rows: &[TidyRow]) -> anyhow::Result<Vec<Curve>> {
                 model: m.clone(),
                 k,
                 grad: first.grad.clone(),
+                upper_bound: mine.iter().all(|r| r.upper_bound),
                 n: first.n,
                 clean_accuracy: first.clean_accuracy,
                 clean_interval: (first.clean_lo, first.clean_hi),
@@ -257,12 +260,18 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
         t += &format!(" {:>16}", format!("ε={e}"));
     }
     t += "\n";
+    // BPDA rows at K > 0 are upper bounds: marked in the table as in robust.csv.
     for c in &curves {
+        let grad = if c.upper_bound {
+            format!("{}*", c.grad)
+        } else {
+            c.grad.clone()
+        };
         t += &format!(
             "{:<28} {:>3} {:>5} {:>16}",
             c.model,
             c.k,
-            c.grad,
+            grad,
             cell(c.clean_accuracy, c.clean_interval)
         );
         for &e in &grid {
@@ -272,6 +281,11 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
             }
         }
         t += "\n";
+    }
+    if curves.iter().any(|c| c.upper_bound) {
+        t +=
+            "* BPDA through the SGLD steps: an upper bound on robust accuracy; an adaptive attack \
+              (--grad full with --eot) may find more (robust.csv: upper_bound)\n";
     }
     for c in &checks {
         t += &format!("[{}] {}: {}\n", c.status, c.name, c.detail);

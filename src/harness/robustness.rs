@@ -244,6 +244,9 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
             }
         }
     }
+    for row in &mut out {
+        row.upper_bound = row.is_bpda_bound();
+    }
     Ok(out)
 }
 

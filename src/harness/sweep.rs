@@ -420,6 +420,8 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             defence: defence_settings.to_string(),
             stochastic: probe.stochastic,
             zero_gradients: probe.zero_gradients,
+            // Set for every row alike where the rows are assembled (robustness::tidy_rows).
+            upper_bound: false,
             data: loaded.spec.to_string(),
             software: SOFTWARE.into(),
             backend: backend::name(),
