@@ -74,11 +74,11 @@ impl BenchOp {
 ///   copy of the batch costs F per forward pass, so n chains cost n·F:
 ///   - `bpda`: K SGLD steps (2F each) and the gradient at x_K (2F): n·(2K + 2)F;
 ///   - `full`: as `bpda`, plus, per step on the way back, the Hessian-vector product that
-///     `jem_attacks::SgldDefence` forms without double backward (burn has none): one forward
-///     pass over x ± hû and x together (3F) and one input gradient (2F), so n·(7K + 2)F.
-///     PyTorch's exact double backward costs about 2F per step back instead (a backward of
-///     the step's forward and backward passes), n·(4K + 2)F: ops.py reports that count for
-///     its side, so that each side's GFLOP/s is of the arithmetic it does.
+///     `jem_attacks::SgldDefence` forms without double backward (burn has none): the WRN's
+///     linearisation at the step's state (recorded during the step's forward pass) run forward
+///     on the vector (F) and back to its input (F), so n·(4K + 2)F — the count of PyTorch's
+///     exact double backward too (a backward of the step's forward and backward passes, about
+///     2F per step back), which ops.py reports for its side.
 fn flops(args: &BenchArgs, forward: u64) -> u64 {
     let n = args.chains as u64;
     let k = args.k as u64;
@@ -90,7 +90,7 @@ fn flops(args: &BenchArgs, forward: u64) -> u64 {
         BenchOp::PgdStep if k == 0 => 2 * forward,
         BenchOp::PgdStep => match args.grad {
             GradMode::Bpda => n * (2 * k + 2) * forward,
-            GradMode::Full => n * (7 * k + 2) * forward,
+            GradMode::Full => n * (4 * k + 2) * forward,
         },
     }
 }

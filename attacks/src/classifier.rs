@@ -8,7 +8,25 @@ use burn::tensor::Tensor;
 pub trait Classifier<B: Backend> {
     /// Logits `[N, K]` of the pixels `x`, `[N, C, H, W]` in [0, 1].
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2>;
+
+    /// For a network that is piecewise linear in its input (ReLU / LeakyReLU, convolutions,
+    /// pooling, affine normalisation): the logits at `x`, computed as [`logits`](Self::logits)
+    /// does (gradients flow through them), together with the network linearised at `x`: the map
+    /// v ↦ J(x) v, one forward pass with the biases dropped and every activation replaced by its
+    /// slope at `x`. Exact, with no finite-difference step, so the SGLD defence's Hessian-vector
+    /// products can use it ([`crate::HessianVector::PiecewiseLinear`]).
+    ///
+    /// `None`, the default, where the network does not provide it; the defence then forms J v by
+    /// central differences of the logits.
+    fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, Linearised<'_, B>)> {
+        let _ = x;
+        None
+    }
 }
+
+/// A network's Jacobian at a point as a function, v ↦ J v (see [`Classifier::linearise`]).
+/// Linear in v; gradients flow through it, so reverse mode on it gives Jᵀ u.
+pub type Linearised<'a, B> = Box<dyn Fn(Tensor<B, 4>) -> Tensor<B, 2> + 'a>;
 
 /// The gradient of `Σ_i score(logits)_i` with respect to the input, and the logits.
 ///

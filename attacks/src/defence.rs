@@ -4,8 +4,11 @@
 //!
 //! - `Full`: reverse mode through all K steps. The step x ← x + D ⊙ ∇ₓLSE f(x) + noise
 //!   (D = α s² per channel) has Jacobian I + diag(D) H(x), H the Hessian of LSE∘f. burn has
-//!   no double backward, so the Hessian-vector products are formed as [`HessianVector`] says
-//!   (tests check the whole map against finite differences for K = 1 and 10).
+//!   no double backward, so the Hessian-vector products are formed as [`HessianVector`] says:
+//!   for a piecewise-linear network that can linearise itself ([`Classifier::linearise`]),
+//!   exactly, from the activation pattern recorded on the way forward, at the cost of one
+//!   forward and one backward pass of the linearised network per step (tests check the whole
+//!   map against finite differences for K = 1 and 10).
 //! - `Bpda`: the K steps are the identity on the backward pass; the gradient is taken at x_K
 //!   (what the official JEM attack effectively did).
 
@@ -16,7 +19,7 @@ use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::classifier::{input_gradient, log_sum_exp, Classifier};
+use crate::classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
 use crate::model::{LossFn, Model};
 use crate::norm::Norm;
 use crate::sgld::{SgldSampler, SgldTarget};
@@ -79,10 +82,14 @@ pub struct SgldDefenceConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum HessianVector {
     /// For networks that are piecewise linear in their input (ReLU / LeakyReLU, average
-    /// pooling, convolutions and linear layers without normalisation: every WRN here), the
+    /// pooling, convolutions, linear layers and affine normalisation: every WRN here), the
     /// Hessian of LSE∘f is Jᵀ(diag p − p pᵀ)J almost everywhere (f's own second derivative
-    /// vanishes between kinks). J v comes from central differences of the logits, the rest
-    /// from reverse mode. Differencing gradients instead would blow up at every kink crossed.
+    /// vanishes between kinks). Where the classifier linearises itself
+    /// ([`Classifier::linearise`]), J v is one forward pass of the network linearised at x
+    /// (its activation pattern recorded during the SGLD step) and Jᵀ(·) one reverse pass of
+    /// it: exact, about two forward passes per step. Otherwise J v comes from central
+    /// differences of the logits (step `hvp_step`) and Jᵀ(·) from reverse mode through the
+    /// network. Differencing gradients instead would blow up at every kink crossed.
     PiecewiseLinear,
     /// Central differences of exact input gradients, (∇(x + h û) − ∇(x − h û)) / 2h · ‖v‖:
     /// for networks that are smooth in their input (softplus, tanh, …).
@@ -100,10 +107,19 @@ pub struct SgldDefence<M> {
     pub config: SgldDefenceConfig,
 }
 
-/// One batch of chains: the states x_0..x_K (Full mode keeps them all) and the final state.
-struct Chains<B: AutodiffBackend> {
-    states: Vec<Tensor<Inner<B>, 4>>,
+/// One batch of chains: what the backward pass needs of each step (Full mode keeps them all)
+/// and the final state.
+struct Chains<'a, B: AutodiffBackend> {
+    steps: Vec<StepRecord<'a, B>>,
     last: Tensor<Inner<B>, 4>,
+}
+
+/// One SGLD step as the backward pass through it needs it.
+struct StepRecord<'a, B: AutodiffBackend> {
+    /// x_t, the state the step started from.
+    state: Tensor<Inner<B>, 4>,
+    /// The network linearised at x_t and its softmax there, where the classifier offers it.
+    linearised: Option<(Linearised<'a, B>, Tensor<Inner<B>, 2>)>,
 }
 
 impl<M> SgldDefence<M> {
@@ -130,7 +146,7 @@ impl<M> SgldDefence<M> {
         chains: usize,
         keep: bool,
         rng: &mut StdRng,
-    ) -> Chains<B>
+    ) -> Chains<'_, B>
     where
         M: Classifier<B>,
     {
@@ -140,24 +156,61 @@ impl<M> SgldDefence<M> {
             let scale = self.per_channel::<B>(self.config.init_noise, &state.device());
             state = state.clone() + self.sampler.draw_noise(&state, rng) * scale;
         }
-        let mut states = Vec::new();
+        let linearise = keep && self.config.hvp == HessianVector::PiecewiseLinear;
+        let mut steps = Vec::new();
         for _ in 0..self.sampler.config.steps {
             let eps = self.sampler.draw_noise(&state, rng);
-            let next = self.sampler.step::<B, M>(
-                &self.classifier,
-                state.clone(),
-                &SgldTarget::Marginal,
-                eps,
-            );
+            let linearised = if linearise {
+                self.linearised_step::<B>(state.clone())
+            } else {
+                None
+            };
+            let next = match &linearised {
+                Some((g, ..)) => self.sampler.update(state.clone(), g.clone(), eps),
+                None => self.sampler.step::<B, M>(
+                    &self.classifier,
+                    state.clone(),
+                    &SgldTarget::Marginal,
+                    eps,
+                ),
+            };
             if keep {
-                states.push(state);
+                steps.push(StepRecord {
+                    state,
+                    linearised: linearised.map(|(_, jacobian, p)| (jacobian, p)),
+                });
             }
             state = next;
         }
-        Chains {
-            states,
-            last: state,
-        }
+        Chains { steps, last: state }
+    }
+
+    /// ∇ₓ LSE f at `x` (the SGLD step's gradient) from the same forward pass that linearises
+    /// the network there, with the softmax at `x`; `None` if the classifier cannot linearise.
+    #[allow(clippy::type_complexity)]
+    fn linearised_step<B: AutodiffBackend>(
+        &self,
+        x: Tensor<Inner<B>, 4>,
+    ) -> Option<(Tensor<Inner<B>, 4>, Linearised<'_, B>, Tensor<Inner<B>, 2>)>
+    where
+        M: Classifier<B>,
+    {
+        let x = Tensor::<B, 4>::from_inner(x).require_grad();
+        let (logits, jacobian) = self.classifier.linearise(x.clone())?;
+        let grads = log_sum_exp(logits.clone()).sum().backward();
+        let g = x
+            .grad(&grads)
+            .expect("the input was marked as requiring a gradient");
+        Some((g, jacobian, softmax(logits.inner(), 1)))
+    }
+
+    /// (diag p − p pᵀ) u, row by row: the softmax's Jacobian, the middle factor of the
+    /// Hessian of LSE∘f.
+    fn softmax_jacobian<I: burn::tensor::backend::Backend>(
+        p: Tensor<I, 2>,
+        u: Tensor<I, 2>,
+    ) -> Tensor<I, 2> {
+        p.clone() * u.clone() - p.clone() * (p * u).sum_dim(1)
     }
 
     fn per_channel<B: AutodiffBackend>(
@@ -170,15 +223,28 @@ impl<M> SgldDefence<M> {
         Tensor::from_data(TensorData::new(v, [1, s.len(), 1, 1]), device)
     }
 
-    /// H(x) v for the Hessian H of Σ LSE f at x, per example (see [`HessianVector`]).
+    /// H(x_t) v for the Hessian H of Σ LSE f at a step's state x_t, per example (see
+    /// [`HessianVector`]).
     fn hessian_vector<B: AutodiffBackend>(
         &self,
-        x: Tensor<Inner<B>, 4>,
+        step: &StepRecord<'_, B>,
         v: Tensor<Inner<B>, 4>,
     ) -> Tensor<Inner<B>, 4>
     where
         M: Classifier<B>,
     {
+        if let Some((jacobian, p)) = &step.linearised {
+            // J v forward through the linearised network, then Jᵀ(diag p − p pᵀ)(J v) by
+            // reverse mode through the same pass (the middle factor held constant).
+            let v = Tensor::<B, 4>::from_inner(v).require_grad();
+            let jv = jacobian(v.clone());
+            let w = Self::softmax_jacobian(p.clone(), jv.clone().inner());
+            let grads = (jv * Tensor::from_inner(w)).sum().backward();
+            return v
+                .grad(&grads)
+                .expect("the input was marked as requiring a gradient");
+        }
+        let x = step.state.clone();
         let [n, ..] = x.dims();
         let len = Norm::L2.size(v.clone()).reshape([n, 1, 1, 1]);
         let unit = v / len.clone().clamp_min(1e-30);
@@ -196,7 +262,7 @@ impl<M> SgldDefence<M> {
                     / (2.0 * h)
                     * len.reshape([n, 1]);
                 let p = softmax(logits.slice([2 * n..3 * n]), 1);
-                let w = p.clone() * jv.clone() - p.clone() * (p * jv).sum_dim(1);
+                let w = Self::softmax_jacobian(p, jv);
                 let (jtw, _) = input_gradient::<B, M>(&self.classifier, x, |l| {
                     (l * Tensor::from_inner(w.clone())).sum_dim(1).reshape([n])
                 });
@@ -274,7 +340,7 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
             let drift = self.per_channel::<B>(1.0, &x.device()).powf_scalar(2.0)
                 * self.sampler.config.step_size;
             let mut next = run.last;
-            for state in run.states.iter().rev() {
+            for step in run.steps.iter().rev() {
                 if self.sampler.config.clamp {
                     // Clamping passes the gradient only where it did not bind.
                     let inside = next
@@ -285,8 +351,8 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
                 }
                 // x_{t+1} = x_t + D ⊙ ∇(x_t) + noise has Jacobian I + diag(D) H, whose
                 // transpose (H symmetric) maps v to v + H (D ⊙ v).
-                v = v.clone() + self.hessian_vector::<B>(state.clone(), v * drift.clone());
-                next = state.clone();
+                v = v.clone() + self.hessian_vector::<B>(step, v * drift.clone());
+                next = step.state.clone();
             }
         }
         (Self::sum_chains(v, chains), logits)

@@ -70,7 +70,7 @@ pub use apgd::{
 };
 pub use attack::{Attack, Cascade, FixedEpsilon, MinimumNorm, MinimumPerturbation};
 pub use boundary::BoundaryConfig;
-pub use classifier::{input_gradient, log_sum_exp, Classifier};
+pub use classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use fab::{hyperplane_step_l2, hyperplane_step_linf, FabConfig};

@@ -33,10 +33,22 @@ impl<B: Backend> LinearClassifier<B> {
     }
 }
 
+impl<B: Backend> LinearClassifier<B> {
+    /// W·vec(x), without the bias.
+    fn apply_weight(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let [n, c, h, w] = x.dims();
+        x.reshape([n, c * h * w])
+            .matmul(self.weight.val().transpose())
+    }
+}
+
 impl<B: Backend> Classifier<B> for LinearClassifier<B> {
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        let [n, c, h, w] = x.dims();
-        let flat = x.reshape([n, c * h * w]);
-        flat.matmul(self.weight.val().transpose()) + self.bias.val().unsqueeze_dim(0)
+        self.apply_weight(x) + self.bias.val().unsqueeze_dim(0)
+    }
+
+    /// Linear everywhere: J = W at every point.
+    fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, crate::Linearised<'_, B>)> {
+        Some((self.logits(x), Box::new(|v| self.apply_weight(v))))
     }
 }

@@ -102,11 +102,23 @@ impl SgldSampler {
         B: AutodiffBackend,
         M: Classifier<B>,
     {
+        let (g, _) = input_gradient::<B, M>(model, x.clone(), |l| target.score::<B>(l));
+        self.update(x, g, eps)
+    }
+
+    /// The step from `x` given the score's input gradient `g` there and the standard-normal
+    /// noise `eps`: x + α s² g + σ s eps, clamped if the settings say so. For callers that take
+    /// the gradient themselves (the defence, which also linearises the network there).
+    pub fn update<I: Backend>(
+        &self,
+        x: Tensor<I, 4>,
+        g: Tensor<I, 4>,
+        eps: Tensor<I, 4>,
+    ) -> Tensor<I, 4> {
         let device = x.device();
         let (a, sigma) = (self.config.step_size, self.config.noise);
-        let (g, _) = input_gradient::<B, M>(model, x.clone(), |l| target.score::<B>(l));
-        let drift = self.per_channel::<B::InnerBackend>(|s| a * s * s, &device);
-        let spread = self.per_channel::<B::InnerBackend>(|s| sigma * s, &device);
+        let drift = self.per_channel::<I>(|s| a * s * s, &device);
+        let spread = self.per_channel::<I>(|s| sigma * s, &device);
         let next = x + g * drift + eps * spread;
         if self.config.clamp {
             next.clamp(0.0, 1.0)

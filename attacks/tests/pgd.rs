@@ -209,9 +209,24 @@ fn check_full_gradient<M: Classifier<B> + Module<B> + Clone>(
     }
 }
 
+/// A classifier that only offers its logits (no [`Classifier::linearise`]), so that the
+/// defence falls back to central differences of the logits for J v.
+#[derive(Module, Debug, Clone)]
+struct LogitsOnly<Bk: burn::tensor::backend::Backend> {
+    inner: LinearClassifier<Bk>,
+}
+
+impl<Bk: burn::tensor::backend::Backend> Classifier<Bk> for LogitsOnly<Bk> {
+    fn logits(&self, x: Tensor<Bk, 4>) -> Tensor<Bk, 2> {
+        self.inner.logits(x)
+    }
+}
+
 #[test]
 fn full_gradient_through_sgld_on_a_linear_model_matches_finite_differences() {
-    // LSE∘(Wx + b) has Hessian Wᵀ(diag p − p pᵀ)W everywhere: both product forms are exact.
+    // LSE∘(Wx + b) has Hessian Wᵀ(diag p − p pᵀ)W everywhere: every product form is exact —
+    // the linearised network's (the linear model linearises itself), central differences of
+    // the logits (the fallback for networks that cannot), and differences of gradients.
     let mut rng = StdRng::seed_from_u64(7);
     for hvp in [
         HessianVector::PiecewiseLinear,
@@ -219,6 +234,8 @@ fn full_gradient_through_sgld_on_a_linear_model_matches_finite_differences() {
     ] {
         check_full_gradient(random_linear(D, 3, 0.6, &mut rng), hvp, 3);
     }
+    let inner = random_linear(D, 3, 0.6, &mut rng);
+    check_full_gradient(LogitsOnly { inner }, HessianVector::PiecewiseLinear, 3);
 }
 
 #[test]

@@ -173,8 +173,9 @@ def write_tables():
                 f"(PGD rows: {a.pgd_batch} images × {a.chains} chains); ratio = ours / PyTorch (below 1: faster)")
         if burn:
             f.write("; burn ops = jem-bench with burn's own convolutions and LeakyReLU (`--kernels burn`), the state before jem-kernels")
-        f.write(". GFLOP/s: each side's FLOP count (docs/performance.md) over its time; for `pgd-step … full` the "
-                "counts differ (jem-bench forms Hessian-vector products by a difference of logits, PyTorch by double backward).\n")
+        f.write(". GFLOP/s: each side's FLOP count (docs/performance.md) over its time; for `pgd-step … full` "
+                "both sides count 2F per Hessian-vector product (jem-bench: forward and back through the network "
+                "linearised at the step; PyTorch: double backward).\n")
         for model, shape in dict.fromkeys((r["model"], r["input"]) for r in rows):
             f.write(f"\n## {model} on {shape} images\n\n")
             head = ["row", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]

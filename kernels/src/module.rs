@@ -1,4 +1,5 @@
-//! [`conv2d`] and [`leaky_relu_conv2d`]: a burn `Conv2d` module applied through [`FastConv`].
+//! [`conv2d`], [`leaky_relu_conv2d`] and [`conv2d_without_bias`]: a burn `Conv2d` module
+//! applied through [`FastConv`].
 
 use burn::nn::conv::Conv2d;
 use burn::nn::PaddingConfig2d;
@@ -10,7 +11,13 @@ use crate::backend::FastConv;
 /// `conv.forward(x)`, computed by the backend's [`FastConv`] kernels. Asymmetric padding (which
 /// `PaddingConfig2d::Same` gives for even kernels) goes through burn's own module.
 pub fn conv2d<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    fused_conv2d(conv, x, None)
+    fused_conv2d(conv, x, None, true)
+}
+
+/// The convolution's linear part, `conv.forward(x)` without its bias: what a linearised
+/// network (a Jacobian-vector product) applies.
+pub fn conv2d_without_bias<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    fused_conv2d(conv, x, None, false)
 }
 
 /// `conv.forward(leaky_relu(x, slope))` with the activation fused into the convolution: the
@@ -22,30 +29,38 @@ pub fn leaky_relu_conv2d<B: FastConv>(
     x: Tensor<B, 4>,
     slope: f64,
 ) -> Tensor<B, 4> {
-    fused_conv2d(conv, x, Some(slope))
+    fused_conv2d(conv, x, Some(slope), true)
 }
 
 fn fused_conv2d<B: FastConv>(
     conv: &Conv2d<B>,
     x: Tensor<B, 4>,
     slope: Option<f64>,
+    with_bias: bool,
 ) -> Tensor<B, 4> {
     let [_, _, height, width] = x.dims();
+    let bias = conv.bias.as_ref().filter(|_| with_bias);
     let Some(padding) = symmetric_padding(conv, height, width) else {
         let x = match slope {
             Some(slope) => burn::tensor::activation::leaky_relu(x, slope),
             None => x,
         };
-        return conv.forward(x);
+        let out = conv.forward(x);
+        // burn's module always adds its bias, uniformly per channel: take it off again.
+        return match conv.bias.as_ref().filter(|_| !with_bias) {
+            Some(b) => {
+                let c = b.dims()[0];
+                out - b.val().reshape([1, c, 1, 1])
+            }
+            None => out,
+        };
     };
     let options = ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups);
     let primitive = |t: Tensor<B, 4>| t.into_primitive().tensor();
     let out = B::fast_conv2d(
         primitive(x),
         primitive(conv.weight.val()),
-        conv.bias
-            .as_ref()
-            .map(|b| b.val().into_primitive().tensor()),
+        bias.map(|b| b.val().into_primitive().tensor()),
         options,
         slope,
     );

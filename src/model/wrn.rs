@@ -16,8 +16,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
-use jem_kernels::{conv2d, leaky_relu, leaky_relu_conv2d, Kernels};
+use burn::tensor::{Bool, Tensor, TensorData};
+use jem_kernels::{conv2d, conv2d_without_bias, leaky_relu, leaky_relu_conv2d, Kernels};
 use serde::{Deserialize, Serialize};
 
 /// Per-channel `(x − mean) / std` applied to [0, 1] pixels before the network.
@@ -294,16 +294,146 @@ impl WideResNetConfig {
 /// a block's activation before the (Leaky)ReLU, which the next convolution fuses. The statistics
 /// are used even under autodiff, where burn's `BatchNorm` would switch to batch statistics: an
 /// attacked or sampled model must not depend on its batch.
-fn normalize<B: Kernels>(x: Tensor<B, 4>, norm: &Option<BatchNorm<B>>) -> Tensor<B, 4> {
+fn normalize<B: Kernels>(
+    pass: &impl Pass<B>,
+    x: Tensor<B, 4>,
+    norm: &Option<BatchNorm<B>>,
+) -> Tensor<B, 4> {
     match norm {
         Some(bn) => {
             let c = x.dims()[1];
             let per_channel = |t: Tensor<B, 1>| t.reshape([1, c, 1, 1]);
             let scale = bn.gamma.val() / (bn.running_var.value() + bn.epsilon).sqrt();
             let shift = bn.beta.val() - bn.running_mean.value() * scale.clone();
-            x * per_channel(scale) + per_channel(shift)
+            pass.scale_shift(x, per_channel(scale), per_channel(shift))
         }
         None => x,
+    }
+}
+
+/// What one walk over the network's layers ([`WideResNet::run`]) computes at each of them: the
+/// network itself ([`Network`]), or the network linearised at a recorded activation pattern
+/// ([`Linearisation`]: shifts and biases dropped, every activation replaced by its slope
+/// there, i.e. v ↦ J(x) v). One walk serves both, so the two cannot drift apart.
+trait Pass<B: Kernels> {
+    /// `conv(act(x))`, or `conv(x)` when `leak` is `None`.
+    fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4>;
+    /// The activation on its own (the last one, before pooling).
+    fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4>;
+    /// `(x − mean) · inv_std` per channel: the input normalisation.
+    fn standardise(
+        &self,
+        x: Tensor<B, 4>,
+        mean: Tensor<B, 4>,
+        inv_std: Tensor<B, 4>,
+    ) -> Tensor<B, 4>;
+    /// `x · scale + shift` per channel: BatchNorm with running statistics.
+    fn scale_shift(
+        &self,
+        x: Tensor<B, 4>,
+        scale: Tensor<B, 4>,
+        shift: Tensor<B, 4>,
+    ) -> Tensor<B, 4>;
+    /// The linear head.
+    fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2>;
+}
+
+/// The network itself. With `pattern`, each activation's input sign (`x > 0`) is recorded, in
+/// the order of the walk, for a [`Linearisation`] at the same point.
+struct Network<B: Backend> {
+    pattern: Option<Vec<Tensor<B, 4, Bool>>>,
+}
+
+impl<B: Backend> Network<B> {
+    fn record(&mut self, x: &Tensor<B, 4>) {
+        if let Some(pattern) = &mut self.pattern {
+            pattern.push(x.clone().greater_elem(0.0));
+        }
+    }
+}
+
+impl<B: Kernels> Pass<B> for Network<B> {
+    fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4> {
+        match leak {
+            Some(leak) => {
+                self.record(&x);
+                leaky_relu_conv2d(conv, x, leak)
+            }
+            None => conv2d(conv, x),
+        }
+    }
+
+    fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
+        self.record(&x);
+        leaky_relu(x, leak)
+    }
+
+    fn standardise(
+        &self,
+        x: Tensor<B, 4>,
+        mean: Tensor<B, 4>,
+        inv_std: Tensor<B, 4>,
+    ) -> Tensor<B, 4> {
+        (x - mean) * inv_std
+    }
+
+    fn scale_shift(
+        &self,
+        x: Tensor<B, 4>,
+        scale: Tensor<B, 4>,
+        shift: Tensor<B, 4>,
+    ) -> Tensor<B, 4> {
+        x * scale + shift
+    }
+
+    fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        linear.forward(x)
+    }
+}
+
+/// The network linearised at the point whose activation pattern [`Network`] recorded.
+struct Linearisation<'a, B: Backend> {
+    pattern: &'a [Tensor<B, 4, Bool>],
+    next: usize,
+}
+
+impl<B: Backend> Linearisation<'_, B> {
+    /// `x` times the slope of the next activation of the pattern: 1 where its input was
+    /// positive, `leak` elsewhere.
+    fn slope(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
+        let positive = self
+            .pattern
+            .get(self.next)
+            .expect("the linearisation walks the network its pattern was recorded on")
+            .clone();
+        self.next += 1;
+        x * positive.float().mul_scalar(1.0 - leak).add_scalar(leak)
+    }
+}
+
+impl<B: Kernels> Pass<B> for Linearisation<'_, B> {
+    fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4> {
+        let x = match leak {
+            Some(leak) => self.slope(x, leak),
+            None => x,
+        };
+        conv2d_without_bias(conv, x)
+    }
+
+    fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
+        self.slope(x, leak)
+    }
+
+    fn standardise(&self, x: Tensor<B, 4>, _: Tensor<B, 4>, inv_std: Tensor<B, 4>) -> Tensor<B, 4> {
+        x * inv_std
+    }
+
+    fn scale_shift(&self, x: Tensor<B, 4>, scale: Tensor<B, 4>, _: Tensor<B, 4>) -> Tensor<B, 4> {
+        x * scale
+    }
+
+    fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        burn::tensor::module::linear(x, linear.weight.val(), None)
     }
 }
 
@@ -326,13 +456,18 @@ impl<B: Kernels> WideBasic<B> {
     /// `conv2(act(conv1(act(x)))) + shortcut`, each activation fused into the convolution
     /// that reads it ([`leaky_relu_conv2d`]).
     pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
-        let normalized = normalize(x.clone(), &self.bn1);
-        let out = leaky_relu_conv2d(&self.conv1, normalized.clone(), leak);
-        let out = leaky_relu_conv2d(&self.conv2, normalize(out, &self.bn2), leak);
+        self.run(&mut Network { pattern: None }, x, leak)
+    }
+
+    fn run(&self, pass: &mut impl Pass<B>, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
+        let normalized = normalize(pass, x.clone(), &self.bn1);
+        let out = pass.conv(&self.conv1, normalized.clone(), Some(leak));
+        let out = normalize(pass, out, &self.bn2);
+        let out = pass.conv(&self.conv2, out, Some(leak));
         let skip = match self.shortcut.first() {
             // RobustBench's block projects the activated input, JEM's the raw one.
-            Some(conv) if self.bn1.is_some() => leaky_relu_conv2d(conv, normalized, leak),
-            Some(conv) => conv2d(conv, x),
+            Some(conv) if self.bn1.is_some() => pass.conv(conv, normalized, Some(leak)),
+            Some(conv) => pass.conv(conv, x, None),
             None => x,
         };
         out + skip
@@ -362,12 +497,22 @@ impl<B: Backend> WideResNet<B> {
 impl<B: Kernels> WideResNet<B> {
     /// Logits of a batch of [0, 1] images.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        self.linear.forward(self.features(x))
+        self.run(&mut Network { pattern: None }, x)
     }
 
     /// The penultimate layer: the globally pooled activations the linear head reads
     /// (`[batch, channels]`), e.g. the feature space of a Fréchet distance between image sets.
     pub fn features(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        self.features_in(&mut Network { pattern: None }, x)
+    }
+
+    /// The logits as `pass` computes them: the network's, or its linearisation's.
+    fn run(&self, pass: &mut impl Pass<B>, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let features = self.features_in(pass, x);
+        pass.head(&self.linear, features)
+    }
+
+    fn features_in(&self, pass: &mut impl Pass<B>, x: Tensor<B, 4>) -> Tensor<B, 2> {
         let cfg = self.config();
         let norm = &cfg.input_normalization;
         let c = norm.mean.len();
@@ -378,11 +523,13 @@ impl<B: Kernels> WideResNet<B> {
             TensorData::new(norm.std.iter().map(|s| 1.0 / s).collect(), [1, c, 1, 1]),
             &device,
         );
-        let mut out = conv2d(&self.conv1, (x - mean) * inv_std);
+        let input = pass.standardise(x, mean, inv_std);
+        let mut out = pass.conv(&self.conv1, input, None);
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
-            out = block.forward(out, cfg.leak);
+            out = block.run(pass, out, cfg.leak);
         }
-        let out = leaky_relu(normalize(out, &self.bn1), cfg.leak);
+        let out = normalize(pass, out, &self.bn1);
+        let out = pass.activation(out, cfg.leak);
         let [n, ch, _, _] = out.dims();
         // Global average pool (the official code's avg_pool2d(out, 8) on 8×8 maps).
         out.mean_dim(3).mean_dim(2).reshape([n, ch])
@@ -393,5 +540,23 @@ impl<B: Kernels> WideResNet<B> {
 impl<B: Kernels> jem_attacks::Classifier<B> for WideResNet<B> {
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         self.forward(x)
+    }
+
+    /// Exact: every layer is linear or (Leaky)ReLU, so recording which side of 0 each
+    /// activation's input lies on fixes J(x).
+    fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, jem_attacks::Linearised<'_, B>)> {
+        let mut network = Network {
+            pattern: Some(Vec::new()),
+        };
+        let logits = self.run(&mut network, x);
+        let pattern = network.pattern.unwrap_or_default();
+        let jacobian = move |v| {
+            let mut pass = Linearisation {
+                pattern: &pattern,
+                next: 0,
+            };
+            self.run(&mut pass, v)
+        };
+        Some((logits, Box::new(jacobian)))
     }
 }
