@@ -8,13 +8,13 @@
 # 2026-11-26: 57 min for every part but k1-eot, with builds and tests beside it; k1-eot 29 min).
 #
 #   bash results/regenerate.sh            # everything
-#   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | k1-eot | autoattack | nonsense | calibration | ood
+#   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | k1-eot | k-curve | autoattack | nonsense | calibration | ood
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release
 bin=target/release/jem-bench
-parts=("${@:-reference sweeps jem-1to1 k1-eot autoattack nonsense calibration ood}")
+parts=("${@:-reference sweeps jem-1to1 k1-eot k-curve autoattack nonsense calibration ood}")
 
 # Each part writes to a fresh folder under runs/regenerate/ and replaces the committed folder
 # only when it finished, so an interrupted regeneration leaves the old results whole (and
@@ -58,6 +58,19 @@ for part in ${parts[*]}; do
             --jobs 2 --out "$work/linf-k1-full-eot4"
         replace "$work/linf-k1-full-eot4" results/sweeps/linf-k1-full-eot4
         ;;
+    k-curve)
+        # Robust accuracy against the number of SGLD steps K (the paper's key figure) under the
+        # adaptive default (full gradients through every step, EOT, convergence checks): K = 2,
+        # 5, 10 at ε = 0.2 for the two JEMs and the baseline, beside the default sweep's K = 0
+        # and 1 (`report` joins them into k-curve.csv / .svg / .png). Hours on two cores (a K = 10
+        # gradient costs about 7 of K = 1); it resumes cell by cell, and the committed folder
+        # may hold only the cells finished so far (results/README.md says which).
+        "$bin" robust --norm linf --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
+            --steps 2,5,10 --eps 0,0.2 --n-examples 100 --jobs 2 --out "$work/k-curve-linf"
+        replace "$work/k-curve-linf" results/sweeps/k-curve-linf
+        "$bin" report results/sweeps/linf results/sweeps/jem-1to1-linf results/sweeps/k-curve-linf \
+            --out results/sweeps/k-curve
+        ;;
     autoattack)
         # The strongest evaluation that runs here in reasonable time: AutoAttack's cascade on the
         # plain networks (K = 0), one cell at a time (about 40 min on one core).
@@ -83,7 +96,7 @@ for part in ${parts[*]}; do
         replace "$work/ood" results/ood
         ;;
     *)
-        echo "unknown part '$part': expected reference, sweeps, jem-1to1, k1-eot, autoattack, nonsense, calibration or ood" >&2
+        echo "unknown part '$part': expected reference, sweeps, jem-1to1, k1-eot, k-curve, autoattack, nonsense, calibration or ood" >&2
         exit 2
         ;;
     esac

@@ -26,6 +26,8 @@ fn sweep(out: &Path) -> Command {
         "pgd,fgsm",
         "--steps",
         "0,1",
+        "--grad",
+        "bpda",
         "--eps",
         "0,0.1,0.3",
         "--n-examples",
@@ -158,6 +160,10 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
         stochastic: false,
         zero_gradients: 0,
         upper_bound: false,
+        check_sampled: None,
+        check_broken_eot: None,
+        check_broken_iterations: None,
+        check_broken: None,
         data: "mnist".into(),
         software: "jem-bench 0.1.0".into(),
         backend: "burn-flex".into(),
@@ -756,4 +762,182 @@ fn batches_count_every_example_once_and_one_batch_changes_nothing() {
         .output()
         .unwrap();
     assert_fails_with(&o, "--batch-size: expected at least 1");
+}
+
+/// With no attack flags a sweep is adaptive: AutoAttack's cascade at K = 0; at K > 0 its
+/// version for randomised defences with gradients through the SGLD steps, EOT for 20 noise
+/// samples per gradient, and a convergence check on the survivors; its time estimated up front.
+#[test]
+fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cli()
+        .args(["robust", "--models", "results/models/jem", "--steps", "0,1"])
+        .args([
+            "--eps",
+            "0,0.05",
+            "--n-examples",
+            "4",
+            "--apgd-iterations",
+            "3",
+        ])
+        .args([
+            "--fab-iterations",
+            "2",
+            "--square-queries",
+            "10",
+            "--chains",
+            "2",
+        ])
+        .args([
+            "--recheck-chains",
+            "2",
+            "--convergence-sample",
+            "2",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("2 cells to run, estimated at most"), "{err}");
+
+    let rs = rows(dir.path());
+    let attacks = |k: usize| -> Vec<&str> {
+        let mut a: Vec<&str> = rs
+            .iter()
+            .filter(|r| r.k == k && r.attack != "worst-case")
+            .map(|r| r.attack.as_str())
+            .collect();
+        a.dedup();
+        a
+    };
+    assert_eq!(
+        attacks(0),
+        [
+            "autoattack/apgd-ce",
+            "autoattack/apgd-t",
+            "autoattack/fab-t",
+            "autoattack/square"
+        ]
+    );
+    assert_eq!(
+        attacks(1),
+        ["autoattack-rand/apgd-ce", "autoattack-rand/apgd-dlr"]
+    );
+    for r in rs.iter().filter(|r| r.attack != "worst-case") {
+        let gradient = !r.attack.ends_with("square");
+        let (grad, eot) = match r.k {
+            0 => ("none", if gradient { 1 } else { 0 }),
+            // ⌈20 / 2 chains⌉ draws.
+            _ => ("full", 10),
+        };
+        assert_eq!((r.grad.as_str(), r.eot), (grad, eot), "{r:?}");
+        assert!(!r.upper_bound);
+    }
+    let settings = std::fs::read_to_string(dir.path().join("settings.json")).unwrap();
+    let settings: serde_json::Value = serde_json::from_str(&settings).unwrap();
+    assert_eq!(settings["eot_at_k"], serde_json::json!([[0, 1], [1, 10]]));
+
+    // The check ran on the last stage of the stochastic cell, on up to 2 survivors per ε > 0.
+    for r in &rs {
+        let survivors = (r.robust_accuracy * r.n as f64).round() as usize;
+        let checked = r.k == 1 && r.attack == "autoattack-rand/apgd-dlr" && r.eps > 0.0;
+        let expected = (checked && survivors > 0).then_some(survivors.min(2));
+        assert_eq!(r.check_sampled, expected, "{r:?}");
+        if let (Some(s), Some(b)) = (r.check_sampled, r.check_broken) {
+            assert!(
+                b <= s
+                    && b >= r
+                        .check_broken_eot
+                        .unwrap()
+                        .max(r.check_broken_iterations.unwrap())
+            );
+        }
+    }
+    let summary = std::fs::read_to_string(dir.path().join("summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    let listed = summary["convergence_checks"].as_array().unwrap().len();
+    assert_eq!(
+        listed,
+        rs.iter().filter(|r| r.check_sampled.is_some()).count()
+    );
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("more EOT draws and iterations do not lower robust accuracy"),
+        "{table}"
+    );
+}
+
+/// `report` over sweeps that together hold three or more K draws robust accuracy against K,
+/// one line per model and ε, and writes it as CSV; two K are no such curve.
+#[test]
+fn report_draws_robust_accuracy_against_k() {
+    let sweep_at = |steps: &str, dir: &Path| {
+        let o = cli()
+            .args([
+                "robust",
+                "--models",
+                "results/models/jem",
+                "--attacks",
+                "fgsm",
+            ])
+            .args(["--grad", "bpda", "--steps", steps, "--eps", "0,0.1"])
+            .args([
+                "--n-examples",
+                "4",
+                "--chains",
+                "2",
+                "--recheck-chains",
+                "2",
+            ])
+            .args(["--convergence-sample", "0", "--out"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (low, high, joined) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    sweep_at("0,1", low.path());
+    sweep_at("2", high.path());
+    assert!(!low.path().join("k-curve.csv").exists());
+    let o = cli()
+        .arg("report")
+        .args([low.path(), high.path()])
+        .arg("--out")
+        .arg(joined.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(joined.path().join("k-curve.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "model,norm,eps,k,grad,n,robust_accuracy,robust_lo,robust_hi,upper_bound"
+    );
+    // One line per K at ε = 0.1, in order of K, each the worst case of its sweep.
+    let ks: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').nth(3).unwrap())
+        .collect();
+    assert_eq!(ks, ["0", "1", "2"], "{csv}");
+    for (line, dir, k) in [(lines[2], &low, 1), (lines[3], &high, 2)] {
+        let worst = rows(dir.path())
+            .into_iter()
+            .find(|r| r.attack == "worst-case" && r.k == k && r.eps == 0.1)
+            .unwrap();
+        let robust: f64 = line.split(',').nth(6).unwrap().parse().unwrap();
+        assert_eq!(robust, worst.robust_accuracy, "{line}");
+        assert!(
+            line.ends_with(",true"),
+            "BPDA at K > 0 is an upper bound: {line}"
+        );
+    }
+    assert!(
+        joined.path().join("k-curve.svg").exists() && joined.path().join("k-curve.png").exists()
+    );
 }

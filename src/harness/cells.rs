@@ -3,7 +3,9 @@
 //! at every larger ε); a minimum-perturbation attack runs once and answers every ε. Cells are
 //! listed in a fixed order, so that a re-run finds the same cells and skips the finished ones.
 //! A preset (`autoattack`, `autoattack-rand`) is one cell that runs its attacks as a cascade:
-//! each on the examples the ones before it left standing at each ε.
+//! each on the examples the ones before it left standing at each ε. `adaptive`, the default,
+//! stands for one of them per K: `autoattack` on the plain classifier (K = 0), `autoattack-rand`
+//! through the stochastic SGLD defence (K > 0).
 
 use jem_attacks::GradMode;
 use serde::{Deserialize, Serialize};
@@ -38,10 +40,14 @@ pub enum AttackKind {
     #[serde(rename = "autoattack")]
     AutoAttack,
     /// Preset: AutoAttack's version for randomised defences: APGD-CE, then APGD-DLR on what it
-    /// left standing, with EOT over 20 draws (unless --eot says otherwise).
+    /// left standing, each gradient averaged over EOT draws (see --eot).
     #[value(name = "autoattack-rand")]
     #[serde(rename = "autoattack-rand")]
     AutoAttackRand,
+    /// Preset, the default: an adaptive evaluation (Tramer et al. 2020; Croce et al. 2022).
+    /// `autoattack` at K = 0; at K > 0, where the SGLD steps make the model stochastic,
+    /// `autoattack-rand` with gradients through the steps (--grad full) and EOT.
+    Adaptive,
 }
 
 impl AttackKind {
@@ -59,6 +65,17 @@ impl AttackKind {
             AttackKind::Pointwise => "pointwise",
             AttackKind::AutoAttack => "autoattack",
             AttackKind::AutoAttackRand => "autoattack-rand",
+            AttackKind::Adaptive => "adaptive",
+        }
+    }
+
+    /// The attack a cell at K runs: `adaptive` resolved (`autoattack` at K = 0,
+    /// `autoattack-rand` at K > 0), any other attack itself.
+    pub fn at(self, k: usize) -> AttackKind {
+        match self {
+            AttackKind::Adaptive if k == 0 => AttackKind::AutoAttack,
+            AttackKind::Adaptive => AttackKind::AutoAttackRand,
+            attack => attack,
         }
     }
 
@@ -72,6 +89,14 @@ impl AttackKind {
                 AttackKind::Square,
             ],
             AttackKind::AutoAttackRand => vec![AttackKind::ApgdCe, AttackKind::ApgdDlr],
+            // Every attack it may run, at one K or another.
+            AttackKind::Adaptive => vec![
+                AttackKind::ApgdCe,
+                AttackKind::ApgdT,
+                AttackKind::FabT,
+                AttackKind::Square,
+                AttackKind::ApgdDlr,
+            ],
             single => vec![single],
         }
     }
@@ -127,7 +152,8 @@ impl Cell {
     }
 }
 
-/// Every cell of a sweep, in order: models, then K, then attacks, then gradient modes.
+/// Every cell of a sweep, in order: models, then K, then attacks (`adaptive` resolved for
+/// the K; an attack named twice that way runs once), then gradient modes.
 pub fn list(
     models: &[String],
     attacks: &[AttackKind],
@@ -137,19 +163,22 @@ pub fn list(
     let mut cells = Vec::new();
     for model in models {
         for &k in ks {
-            for &attack in attacks {
+            for attack in attacks.iter().map(|a| a.at(k)) {
                 let modes: Vec<Option<GradMode>> = if attack.uses_gradients() && k > 0 {
                     grads.iter().copied().map(Some).collect()
                 } else {
                     vec![None]
                 };
                 for grad in modes {
-                    cells.push(Cell {
+                    let cell = Cell {
                         model: model.clone(),
                         attack,
                         k,
                         grad,
-                    });
+                    };
+                    if !cells.contains(&cell) {
+                        cells.push(cell);
+                    }
                 }
             }
         }

@@ -279,6 +279,43 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             )
         },
     });
+
+    // The attack had converged on stochastic models: re-attacking survivors with 4× the EOT
+    // draws or 2× the iterations does not push robust accuracy below its interval.
+    let checked: Vec<&TidyRow> = rows.iter().filter(|r| r.check_sampled.is_some()).collect();
+    let problems: Vec<String> = checked
+        .iter()
+        .filter(|r| r.check_moved())
+        .map(|r| {
+            format!(
+                "{} K={} {} {} ε={}: {:.1} % → {:.1} % ({}; the first estimate's interval starts at {:.1} %): raise --eot / --apgd-iterations and rerun",
+                r.model,
+                r.k,
+                r.grad,
+                r.attack,
+                r.eps,
+                100.0 * r.robust_accuracy,
+                100.0 * r.checked_robust_accuracy().unwrap_or(f64::NAN),
+                r.check_detail().unwrap_or_default(),
+                100.0 * r.robust_lo
+            )
+        })
+        .collect();
+    let mut check = verdict(
+        "more EOT draws and iterations do not lower robust accuracy (stochastic models)",
+        checked.len(),
+        problems,
+        "convergence checks (stochastic cells, --convergence-sample > 0)",
+    );
+    if check.status == "pass" {
+        let broken: usize = checked.iter().filter_map(|r| r.check_broken).sum();
+        let sampled: usize = checked.iter().filter_map(|r| r.check_sampled).sum();
+        check.detail = format!(
+            "{} checks; the re-attacks broke {broken} of {sampled} sampled survivors",
+            checked.len()
+        );
+    }
+    checks.push(check);
     checks
 }
 
@@ -311,6 +348,10 @@ mod tests {
             stochastic: false,
             zero_gradients: 0,
             upper_bound: false,
+            check_sampled: None,
+            check_broken_eot: None,
+            check_broken_iterations: None,
+            check_broken: None,
             data: "mnist".into(),
             software: "test".into(),
             backend: "test".into(),
@@ -344,5 +385,58 @@ mod tests {
 
         let absent = run(&[row("pgd", 0.1, 0.50)], 10);
         assert_eq!(check(&absent, name).status, "not run");
+    }
+
+    /// A stochastic cell's row at 50 % [40, 60] whose sampled survivors the re-attacks broke.
+    fn checked(
+        sampled: usize,
+        broken_eot: usize,
+        broken_iterations: usize,
+        broken: usize,
+    ) -> TidyRow {
+        TidyRow {
+            k: 1,
+            grad: "full".into(),
+            robust_lo: 0.40,
+            robust_hi: 0.60,
+            check_sampled: Some(sampled),
+            check_broken_eot: Some(broken_eot),
+            check_broken_iterations: Some(broken_iterations),
+            check_broken: Some(broken),
+            ..row("autoattack-rand/apgd-dlr", 0.2, 0.50)
+        }
+    }
+
+    #[test]
+    fn the_stochastic_convergence_check_flags_an_estimate_that_more_eot_moves() {
+        let name = "more EOT draws and iterations do not lower robust accuracy (stochastic models)";
+        // 2 of 20 broken: 50 % × 18/20 = 45 %, inside [40, 60].
+        let steady = checked(20, 2, 0, 2);
+        assert_eq!(steady.checked_robust_accuracy(), Some(0.45));
+        assert!(!steady.check_moved());
+        let c = run(&[steady], 10);
+        assert_eq!(check(&c, name).status, "pass", "{}", check(&c, name).detail);
+
+        // 8 of 20 broken, 7 of them by 4× EOT: 50 % × 12/20 = 30 %, below 40 %.
+        let moved = checked(20, 7, 2, 8);
+        assert!((moved.checked_robust_accuracy().unwrap() - 0.30).abs() < 1e-12);
+        assert!(moved.check_moved());
+        let c = run(&[moved], 10);
+        let c = check(&c, name);
+        assert_eq!(c.status, "warn");
+        assert!(
+            c.detail
+                .contains("m K=1 full autoattack-rand/apgd-dlr ε=0.2")
+                && c.detail
+                    .contains("4× EOT broke 7 of 20 sampled survivors, 2× iterations 2"),
+            "{}",
+            c.detail
+        );
+
+        // Nothing left standing to sample, or no check: not run.
+        let nothing = checked(0, 0, 0, 0);
+        assert_eq!(nothing.checked_robust_accuracy(), None);
+        let c = run(&[row("apgd-ce", 0.2, 0.5)], 10);
+        assert_eq!(check(&c, name).status, "not run");
     }
 }

@@ -7,6 +7,7 @@
 
 mod cells;
 mod checks;
+mod estimate;
 mod outputs;
 mod regress;
 mod report;

@@ -60,6 +60,21 @@ pub struct TidyRow {
     /// accuracy is an upper bound, which an adaptive attack (`--grad full` with EOT) may lower.
     #[serde(default)]
     pub upper_bound: bool,
+    /// The convergence check of a stochastic cell, on the rows of its attack's last stage (a
+    /// cascade's joint outcome): how many of the examples still standing at this ε were
+    /// sampled and attacked again, once with 4× the EOT draws and once with 2× the
+    /// iterations. Empty where no check ran (deterministic models, nothing left standing).
+    #[serde(default)]
+    pub check_sampled: Option<usize>,
+    /// Of the sampled examples, those the 4× EOT re-attack broke.
+    #[serde(default)]
+    pub check_broken_eot: Option<usize>,
+    /// Of the sampled examples, those the 2× iterations re-attack broke.
+    #[serde(default)]
+    pub check_broken_iterations: Option<usize>,
+    /// Of the sampled examples, those either re-attack broke.
+    #[serde(default)]
+    pub check_broken: Option<usize>,
     pub data: String,
     pub software: String,
     pub backend: String,
@@ -70,6 +85,30 @@ impl TidyRow {
     /// (BPDA through K > 0 SGLD steps, see [`TidyRow::upper_bound`]).
     pub fn is_bpda_bound(&self) -> bool {
         self.k > 0 && self.grad == "bpda"
+    }
+
+    /// The robust accuracy with the convergence check's breaks counted: the first estimate
+    /// times the fraction of the sampled survivors that withstood both re-attacks.
+    pub fn checked_robust_accuracy(&self) -> Option<f64> {
+        let (sampled, broken) = (self.check_sampled?, self.check_broken?);
+        (sampled > 0)
+            .then(|| self.robust_accuracy * (sampled - broken.min(sampled)) as f64 / sampled as f64)
+    }
+
+    /// The convergence check's estimate fell below the first estimate's 95 % interval: the
+    /// attack had not converged.
+    pub fn check_moved(&self) -> bool {
+        self.checked_robust_accuracy()
+            .is_some_and(|checked| checked < self.robust_lo)
+    }
+
+    /// What moved the estimate, e.g. `4× EOT broke 3 of 20 sampled survivors, 2× iterations 1`.
+    pub fn check_detail(&self) -> Option<String> {
+        let sampled = self.check_sampled?;
+        Some(format!(
+            "4× EOT broke {} of {sampled} sampled survivors, 2× iterations {}",
+            self.check_broken_eot?, self.check_broken_iterations?
+        ))
     }
 }
 

@@ -1,6 +1,7 @@
 //! What a sweep reports, computed from its tidy rows alone: the worst-case robustness curves and
-//! sanity checks (`summary.json`), the robustness-curve plots (`curves.svg`, `curves.png`) and
-//! the terminal table. `jem-bench robust` and `merge` end here; `jem-bench report DIR…`
+//! sanity checks (`summary.json`), the robustness-curve plots (`curves.svg`, `curves.png`),
+//! robust accuracy against K where the rows hold at least three K (`k-curve.csv`, `.svg`,
+//! `.png`) and the terminal table. `jem-bench robust` and `merge` end here; `jem-bench report DIR…`
 //! regenerates the same from a run's CSV, and can draw several runs (L∞ and L2) in one figure.
 
 use std::path::{Path, PathBuf};
@@ -203,6 +204,102 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
     }
 }
 
+/// Robust accuracy against the number of SGLD steps K — how much test-time sampling buys — for
+/// rows that hold at least [`K_CURVE_MIN`] distinct K: one panel per norm and ε > 0, one line
+/// per model, each point the worst case over every attack and gradient mode of that model, K
+/// and ε, with its 95 % interval. Also as CSV. `None` for fewer K.
+pub fn against_k(rows: &[TidyRow], title: &str) -> anyhow::Result<Option<(Figure, String)>> {
+    if distinct(rows.iter().map(|r| r.k)).len() < K_CURVE_MIN {
+        return Ok(None);
+    }
+    let models = distinct(rows.iter().map(|r| &r.model));
+    let labels = model_labels(&models);
+    let mut csv =
+        String::from("model,norm,eps,k,grad,n,robust_accuracy,robust_lo,robust_hi,upper_bound\n");
+    let mut panels = Vec::new();
+    for norm in distinct(rows.iter().map(|r| r.norm.as_str())) {
+        let of_norm: Vec<TidyRow> = rows.iter().filter(|r| r.norm == norm).cloned().collect();
+        let curves = curves(&of_norm)?;
+        let grid = eps_grid(&of_norm.iter().collect::<Vec<_>>());
+        for &eps in grid.iter().filter(|&&e| e > 0.0) {
+            let mut series = Vec::new();
+            for (mi, m) in models.iter().enumerate() {
+                let mut points: Vec<(usize, &Curve, &CurvePoint)> = curves
+                    .iter()
+                    .filter(|c| &c.model == *m)
+                    .filter_map(|c| {
+                        c.worst_case
+                            .iter()
+                            .find(|p| p.eps == eps)
+                            .map(|p| (c.k, c, p))
+                    })
+                    .collect();
+                points.sort_by_key(|(k, ..)| *k);
+                for (k, c, p) in &points {
+                    csv += &format!(
+                        "{},{norm},{eps},{k},{},{},{},{},{},{}\n",
+                        c.model,
+                        c.grad,
+                        c.n,
+                        p.robust_accuracy,
+                        p.interval.0,
+                        p.interval.1,
+                        c.upper_bound
+                    );
+                }
+                if points.is_empty() {
+                    continue;
+                }
+                series.push(Series {
+                    label: labels[mi].clone(),
+                    color: PALETTE[mi % PALETTE.len()],
+                    dash: Dash::Solid,
+                    points: points
+                        .iter()
+                        .map(|(k, _, p)| (*k as f64, 100.0 * p.robust_accuracy))
+                        .collect(),
+                    intervals: points
+                        .iter()
+                        .map(|(_, _, p)| (100.0 * p.interval.0, 100.0 * p.interval.1))
+                        .collect(),
+                });
+            }
+            let largest = rows.iter().map(|r| r.k).max().unwrap_or(1).max(1);
+            panels.push(Panel {
+                title: format!("{} ε = {eps}, worst case", norm_title(norm)),
+                x_label: "SGLD steps K".into(),
+                y_label: "robust accuracy (%)".into(),
+                x_range: Some((0.0, largest as f64)),
+                y_range: Some((0.0, 100.0)),
+                series,
+                bars: Vec::new(),
+            });
+        }
+    }
+    let columns = panels.len().clamp(1, 3);
+    Ok(Some((
+        Figure {
+            title: title.to_string(),
+            columns,
+            panels,
+        },
+        csv,
+    )))
+}
+
+/// Distinct K from which a sweep's outputs include robust accuracy against K.
+pub const K_CURVE_MIN: usize = 3;
+
+/// Writes `k-curve.csv` and `k-curve.{svg,png}` into `dir` when the rows hold enough K.
+fn write_against_k(dir: &Path, rows: &[TidyRow], title: &str) -> anyhow::Result<bool> {
+    let Some((figure, csv)) = against_k(rows, title)? else {
+        return Ok(false);
+    };
+    write_atomic(&dir.join("k-curve.csv"), csv.as_bytes())?;
+    figure.write(&dir.join("k-curve"))?;
+    Ok(true)
+}
+
 /// Number of classes of the data the rows were measured on (for the chance level).
 fn classes(rows: &[TidyRow]) -> anyhow::Result<usize> {
     let mut classes = 0;
@@ -212,6 +309,31 @@ fn classes(rows: &[TidyRow]) -> anyhow::Result<usize> {
         classes = classes.max(source.class_names().len());
     }
     Ok(classes)
+}
+
+/// Both estimates of every cell whose convergence check ran: the attack's, and the one with
+/// the check's re-attacks of a sample of the survivors counted.
+fn convergence_checks(rows: &[TidyRow]) -> Vec<serde_json::Value> {
+    rows.iter()
+        .filter(|r| r.check_sampled.is_some())
+        .map(|r| {
+            serde_json::json!({
+                "model": r.model,
+                "attack": r.attack,
+                "k": r.k,
+                "grad": r.grad,
+                "eps": r.eps,
+                "robust_accuracy": r.robust_accuracy,
+                "interval": (r.robust_lo, r.robust_hi),
+                "sampled_survivors": r.check_sampled,
+                "broken_with_4x_eot": r.check_broken_eot,
+                "broken_with_2x_iterations": r.check_broken_iterations,
+                "broken": r.check_broken,
+                "checked_robust_accuracy": r.checked_robust_accuracy(),
+                "moved_below_interval": r.check_moved(),
+            })
+        })
+        .collect()
 }
 
 /// Writes `summary.json` and `curves.{svg,png}` of one sweep into `dir` and returns the table.
@@ -230,6 +352,7 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
         "seed": first.seed,
         "data": first.data,
         "curves": &curves,
+        "convergence_checks": convergence_checks(rows),
         "sanity_checks": &checks,
         "seconds": seconds,
     });
@@ -245,6 +368,7 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
         first.seed
     );
     figure(rows, &title).write(&dir.join("curves"))?;
+    write_against_k(dir, rows, &format!("robust accuracy against K, {}", title))?;
 
     let grid = eps_grid(&rows.iter().collect::<Vec<_>>());
     let mut t = format!(
@@ -276,11 +400,22 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
         );
         for &e in &grid {
             match c.worst_case.iter().find(|p| p.eps == e) {
-                Some(p) => t += &format!(" {:>16}", cell(p.robust_accuracy, p.interval)),
+                Some(p) => {
+                    let moved = rows
+                        .iter()
+                        .any(|r| r.model == c.model && r.k == c.k && r.eps == e && r.check_moved());
+                    let mark = if moved { "†" } else { "" };
+                    t += &format!(" {:>16}", cell(p.robust_accuracy, p.interval) + mark)
+                }
                 None => t += &format!(" {:>16}", "-"),
             }
         }
         t += "\n";
+    }
+    if rows.iter().any(TidyRow::check_moved) {
+        t += "† the convergence check (survivors attacked again with 4× EOT, 2× iterations) fell \
+              below this estimate's interval: the attack had not converged (summary.json: \
+              convergence_checks)\n";
     }
     if curves.iter().any(|c| c.upper_bound) {
         t +=
@@ -301,7 +436,9 @@ pub struct ReportArgs {
     #[arg(required = true)]
     pub runs: Vec<PathBuf>,
     /// Also draw all the runs into one figure here (e.g. the L∞ and L2 sweeps side by side):
-    /// writes OUT/curves.svg and OUT/curves.png.
+    /// writes OUT/curves.svg and OUT/curves.png, and, when the runs together hold at least 3
+    /// values of K (e.g. the default sweep's K = 0, 1 and a sweep at K = 2, 5, 10), robust
+    /// accuracy against K as OUT/k-curve.csv, .svg and .png.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -339,6 +476,9 @@ pub fn report(a: ReportArgs) -> anyhow::Result<()> {
         );
         figure(&all, &title).write(&out.join("curves"))?;
         println!("wrote {}", out.join("curves.{svg,png}").display());
+        if write_against_k(out, &all, &format!("robust accuracy against K, {title}"))? {
+            println!("wrote {}", out.join("k-curve.{csv,svg,png}").display());
+        }
     }
     Ok(())
 }

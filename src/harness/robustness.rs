@@ -234,6 +234,11 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
                     eot: 0,
                     restarts: 0,
                     attack_settings: serde_json::json!({ "worst_case_over": names }).to_string(),
+                    // The cells' convergence checks stay on their own rows.
+                    check_sampled: None,
+                    check_broken_eot: None,
+                    check_broken_iterations: None,
+                    check_broken: None,
                     ..template.clone()
                 };
                 out.push(with_rates(

@@ -21,6 +21,7 @@ use jem_datasets::ImageSet;
 use serde::{Deserialize, Serialize};
 
 use super::cells::{self, AttackKind, Cell};
+use super::estimate;
 use super::outputs::{self, CellResult, ExampleRow, TidyRow};
 use super::report;
 use super::robustness::wilson;
@@ -44,11 +45,11 @@ pub struct RobustArgs {
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<PathBuf>,
     /// Attacks, comma-separated; presets `autoattack` (APGD-CE → APGD-T → FAB-T → Square) and
-    /// `autoattack-rand` (APGD-CE → APGD-DLR, EOT 20) run their attacks as a cascade, each on
-    /// what the ones before left standing. The default, APGD-CE, is the strongest attack that
-    /// fits a 2-core CPU for three models at K = 0 and 1 on 100 images in ten minutes (about
-    /// eight); use `autoattack` and `--eot` for a stronger, slower evaluation.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "apgd-ce")]
+    /// `autoattack-rand` (APGD-CE → APGD-DLR, with EOT) run their attacks as a cascade, each on
+    /// what the ones before left standing. The default, `adaptive`, is `autoattack` at K = 0
+    /// and `autoattack-rand` at K > 0 with gradients through the SGLD steps (--grad full)
+    /// averaged over EOT draws: the evaluation a stochastic test-time defence has to survive.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "adaptive")]
     pub attacks: Vec<AttackKind>,
     /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
     #[arg(long, value_delimiter = ',')]
@@ -58,11 +59,15 @@ pub struct RobustArgs {
     /// time.)
     #[arg(long = "steps", value_delimiter = ',', default_value = "0,1")]
     pub ks: Vec<usize>,
-    /// Gradient modes through the SGLD steps (K > 0): full, bpda.
-    #[arg(long, value_delimiter = ',', default_value = "bpda")]
+    /// Gradient modes through the SGLD steps (K > 0): full (exact reverse mode through every
+    /// step), bpda (the steps taken as the identity on the way back: a weaker attack, whose
+    /// robust accuracies are upper bounds).
+    #[arg(long, value_delimiter = ',', default_value = "full")]
     pub grad: Vec<GradMode>,
-    /// Gradient draws averaged per step of the gradient attacks (EOT) (default: 1, or 20 with
-    /// the autoattack-rand preset).
+    /// Gradient draws averaged per step of the gradient attacks (EOT). Default: 1 at K = 0
+    /// (a deterministic model); at K > 0 enough draws for 20 SGLD noise samples per gradient,
+    /// AutoAttack's count for randomised defences, each draw averaging --chains chains
+    /// (4 with the default 5 chains).
     #[arg(long)]
     pub eot: Option<usize>,
     #[arg(long, default_value_t = 1)]
@@ -89,6 +94,13 @@ pub struct RobustArgs {
     /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
     #[arg(long, default_value_t = 100)]
     pub n_examples: usize,
+    /// Convergence check of every stochastic cell (K > 0): at each ε, up to this many of the
+    /// examples the attack left standing (a seeded sample) are attacked again, once with 4×
+    /// the EOT draws and once with 2× the iterations (steps, queries); a robust accuracy that
+    /// then falls below the first estimate's 95 % interval is flagged in the table and in
+    /// summary.json. 0: no check.
+    #[arg(long, default_value_t = 20)]
+    pub convergence_sample: usize,
     /// Examples attacked at once (default: all of a cell's). Bounds memory for a large
     /// --n-examples: a batch holds its images × chains activations. Batch j > 0 seeds its
     /// attacks from (--seed, j), so the numbers depend on the batch size as on the seed.
@@ -122,6 +134,10 @@ pub struct RobustArgs {
     pub jobs: usize,
 }
 
+/// SGLD noise samples per gradient that the default EOT aims at: AutoAttack's 20 draws for
+/// randomised defences (Croce & Hein 2020).
+const EOT_NOISE_SAMPLES: usize = 20;
+
 fn default_jobs() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -145,7 +161,7 @@ impl RobustArgs {
 
     /// PGD steps and step size (fraction of ε) of a PGD cell; `pgd-long` takes 4× the steps,
     /// each 4× shorter, so that it can cross the ball as often but more finely.
-    fn pgd_schedule(&self, attack: AttackKind) -> (usize, f32) {
+    pub(super) fn pgd_schedule(&self, attack: AttackKind) -> (usize, f32) {
         let factor = if attack == AttackKind::PgdLong { 4 } else { 1 };
         let steps = self.pgd_steps * factor;
         let rel = self
@@ -168,25 +184,32 @@ impl RobustArgs {
 
     /// Every single attack the sweep runs, presets opened up.
     fn single_attacks(&self) -> Vec<AttackKind> {
-        self.attack_list()
-            .into_iter()
-            .flat_map(AttackKind::stages)
-            .collect()
+        let mut out = Vec::new();
+        for attack in self.attack_list() {
+            for &k in &self.ks {
+                for single in attack.at(k).stages() {
+                    if !out.contains(&single) {
+                        out.push(single);
+                    }
+                }
+            }
+        }
+        out
     }
 
-    /// EOT draws of the gradient attacks: `--eot`, else 20 with the `autoattack-rand` preset
-    /// (AutoAttack's setting for randomised defences), else 1.
-    pub fn eot(&self) -> usize {
-        self.eot
-            .unwrap_or(if self.attacks.contains(&AttackKind::AutoAttackRand) {
-                20
-            } else {
-                1
-            })
+    /// EOT draws of the gradient attacks at K: `--eot`, else 1 at K = 0 and, at K > 0, enough
+    /// draws of `--chains` chains each for 20 noise samples per gradient (AutoAttack's count
+    /// for randomised defences).
+    pub fn eot_at(&self, k: usize) -> usize {
+        self.eot.unwrap_or(if k == 0 {
+            1
+        } else {
+            EOT_NOISE_SAMPLES.div_ceil(self.defence.chains.max(1))
+        })
     }
 
     /// Restarts of an attack: `pgd-long` doubles PGD's; single runs elsewhere.
-    fn restarts_of(&self, attack: AttackKind) -> usize {
+    pub(super) fn restarts_of(&self, attack: AttackKind) -> usize {
         match attack {
             AttackKind::Pgd | AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
                 self.restarts
@@ -213,7 +236,7 @@ impl RobustArgs {
         for (flag, value) in [
             ("--n-examples", self.n_examples),
             ("--batch-size", self.batch_size.unwrap_or(1)),
-            ("--eot", self.eot()),
+            ("--eot", self.eot.unwrap_or(1)),
             ("--apgd-iterations", self.apgd_iterations),
             ("--square-queries", self.square_queries),
             ("--fab-iterations", self.fab_iterations),
@@ -385,6 +408,12 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
 
     let probe = probe(&defended, &loaded, args.seed, &device)
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
+    let last = stages.last().expect("every cell runs an attack");
+    let convergence = if probe.stochastic && args.convergence_sample > 0 {
+        convergence_checks(args, cell, &defended, last, &grid, &batch)?
+    } else {
+        Vec::new()
+    };
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
         let (clean_lo, clean_hi) = wilson(clean, n);
@@ -404,7 +433,7 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             robust_lo,
             robust_hi,
             eot: if stage.kind.uses_gradients() {
-                args.eot()
+                args.eot_at(cell.k)
             } else {
                 0
             },
@@ -422,6 +451,10 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             zero_gradients: probe.zero_gradients,
             // Set for every row alike where the rows are assembled (robustness::tidy_rows).
             upper_bound: false,
+            check_sampled: None,
+            check_broken_eot: None,
+            check_broken_iterations: None,
+            check_broken: None,
             data: loaded.spec.to_string(),
             software: SOFTWARE.into(),
             backend: backend::name(),
@@ -467,6 +500,15 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
             }));
         }
     }
+    // The convergence check is of the cell's last stage (a cascade's joint outcome).
+    for r in rows.iter_mut().filter(|r| r.attack == last.name) {
+        if let Some(c) = convergence.iter().find(|c| c.eps == r.eps) {
+            r.check_sampled = Some(c.sampled);
+            r.check_broken_eot = Some(c.broken_eot);
+            r.check_broken_iterations = Some(c.broken_iterations);
+            r.check_broken = Some(c.broken);
+        }
+    }
     Ok(CellResult {
         cell: cell.clone(),
         identity: identity.to_string(),
@@ -475,6 +517,102 @@ fn run_cell<N: Classifier<Train> + Module<Train>>(
         rows,
         examples,
     })
+}
+
+/// One ε of a cell's convergence check (see [`RobustArgs::convergence_sample`]).
+struct ConvergenceCheck {
+    eps: f32,
+    sampled: usize,
+    broken_eot: usize,
+    broken_iterations: usize,
+    broken: usize,
+}
+
+/// The examples of one outcome standing at ε: correctly classified and not broken within ε
+/// (a minimum-perturbation outcome answers every ε by its distance).
+fn standing(outcome: &AttackOutcome, at: Option<f32>, norm: Norm, eps: f32) -> Vec<bool> {
+    outcome
+        .examples
+        .iter()
+        .map(|x| match at {
+            Some(_) => x.clean_correct && !x.adversarial,
+            None => x.robust_at(norm, eps),
+        })
+        .collect()
+}
+
+/// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
+/// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
+/// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
+/// attack that had converged breaks (almost) none of them.
+fn convergence_checks<M: Model<Train>>(
+    args: &RobustArgs,
+    cell: &Cell,
+    defended: &M,
+    last: &Stage,
+    grid: &[f32],
+    batch: &dyn Fn(&[usize]) -> (Tensor<Inference, 4>, Tensor<Inference, 1, Int>),
+) -> anyhow::Result<Vec<ConvergenceCheck>> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let more_eot = RobustArgs {
+        eot: Some(4 * args.eot_at(cell.k)),
+        seed: crate::seeds::splitmix64(args.seed ^ 0xC0_4EE7),
+        ..args.clone()
+    };
+    let more_iterations = RobustArgs {
+        apgd_iterations: 2 * args.apgd_iterations,
+        pgd_steps: 2 * args.pgd_steps,
+        fab_iterations: 2 * args.fab_iterations,
+        square_queries: 2 * args.square_queries,
+        boundary_steps: 2 * args.boundary_steps,
+        seed: crate::seeds::splitmix64(args.seed ^ 0x17E7),
+        ..args.clone()
+    };
+    let mut checks = Vec::new();
+    for (i, &eps) in grid.iter().enumerate().filter(|(_, &e)| e > 0.0) {
+        let (at, outcome) = last
+            .outcomes
+            .iter()
+            .find(|(at, _)| at.is_none_or(|a| a == eps))
+            .expect("a stage answers every ε of the grid");
+        let mut survivors: Vec<usize> = standing(outcome, *at, args.norm, eps)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(row, ok)| ok.then_some(row))
+            .collect();
+        if survivors.is_empty() {
+            continue;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(batch_seed(args.seed, 1 + i));
+        survivors.shuffle(&mut rng);
+        survivors.truncate(args.convergence_sample);
+        survivors.sort_unstable();
+        let broken_by = |strong: &RobustArgs| -> anyhow::Result<Vec<bool>> {
+            let (x, y) = batch(&survivors);
+            let stages = attack_batch(strong, cell, defended, x, y, &[eps])?;
+            let last = stages.last().expect("every cell runs an attack");
+            let (at, outcome) = &last.outcomes[0];
+            Ok(standing(outcome, *at, args.norm, eps)
+                .into_iter()
+                .map(|ok| !ok)
+                .collect())
+        };
+        let (eot, iterations) = (broken_by(&more_eot)?, broken_by(&more_iterations)?);
+        let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
+        checks.push(ConvergenceCheck {
+            eps,
+            sampled: survivors.len(),
+            broken_eot: count(&eot),
+            broken_iterations: count(&iterations),
+            broken: eot
+                .iter()
+                .zip(&iterations)
+                .filter(|(a, b)| **a || **b)
+                .count(),
+        });
+    }
+    Ok(checks)
 }
 
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
@@ -487,7 +625,7 @@ fn attack_batch<M: Model<Train>>(
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
     let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
-    Ok(match configure(args, cell.attack)? {
+    Ok(match configure(args, cell.attack, args.eot_at(cell.k))? {
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {
@@ -580,6 +718,7 @@ enum Configured<'a, M: Model<Train>> {
 fn configure<'a, M: Model<Train> + 'a>(
     args: &RobustArgs,
     attack: AttackKind,
+    eot: usize,
 ) -> anyhow::Result<Configured<'a, M>> {
     let norm = args.norm;
     if attack.is_preset() {
@@ -587,7 +726,7 @@ fn configure<'a, M: Model<Train> + 'a>(
         let attacks = kinds
             .iter()
             .map(|&kind| {
-                Ok(match configure::<M>(args, kind)? {
+                Ok(match configure::<M>(args, kind, eot)? {
                     Configured::PerEps(a) => a,
                     // Inside a cascade a minimum-norm attack answers each ε by its distance.
                     Configured::Minimum(a) => Box::new(MinimumNorm { attack: a, norm }) as _,
@@ -617,7 +756,7 @@ fn configure<'a, M: Model<Train> + 'a>(
                     }
                 }
             };
-            cfg.eot = args.eot();
+            cfg.eot = eot;
             cfg.seed = args.seed;
             Configured::PerEps(Box::new(cfg))
         }
@@ -630,7 +769,7 @@ fn configure<'a, M: Model<Train> + 'a>(
             let mut cfg = ApgdConfig::new(norm, loss);
             cfg.iterations = args.apgd_iterations;
             cfg.restarts = args.restarts_of(attack);
-            cfg.eot = args.eot();
+            cfg.eot = eot;
             cfg.seed = args.seed;
             Configured::PerEps(Box::new(cfg))
         }
@@ -643,7 +782,7 @@ fn configure<'a, M: Model<Train> + 'a>(
         AttackKind::FabT => {
             let mut cfg = FabConfig::new(norm);
             cfg.iterations = args.fab_iterations;
-            cfg.eot = args.eot();
+            cfg.eot = eot;
             cfg.seed = args.seed;
             Configured::Minimum(Box::new(cfg))
         }
@@ -656,7 +795,7 @@ fn configure<'a, M: Model<Train> + 'a>(
             seed: args.seed,
             ..Default::default()
         })),
-        AttackKind::AutoAttack | AttackKind::AutoAttackRand => {
+        AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
             unreachable!("presets are configured as cascades above")
         }
     })
@@ -888,6 +1027,9 @@ impl<N: Classifier<Train> + Module<Train>> Plan<N> {
             "software": SOFTWARE,
             "backend": backend::name(),
             "args": &a,
+            // The EOT each K gets, `--eot` or its default, spelled out: a folder of a version
+            // whose default differed must not resume.
+            "eot_at_k": args.ks.iter().map(|&k| (k, args.eot_at(k))).collect::<Vec<_>>(),
             "eps": &self.eps_grid,
             "models": self.subjects.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "weights": self.subjects.iter().map(|s| s.digest()).collect::<Vec<_>>(),
@@ -1046,15 +1188,27 @@ fn execute<N: Classifier<Train> + Module<Train>>(
     // steps cost more (a K = 1 cell about 5× its K = 0 twin). Outputs keep the plan's order.
     let mut pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
-    let bar = ProgressBar::new(mine.len() as u64);
+    let estimates = estimate_cells(plan, args, &mine, &pending)?;
+    let total: f64 = estimates.iter().sum();
+    if !pending.is_empty() {
+        eprintln!(
+            "{} cells to run, estimated at most {} here (one timed gradient per model, K and \
+             gradient mode, every example attacked at every ε to the last iteration; broken \
+             examples drop out, so it usually takes less)",
+            pending.len(),
+            estimate::duration(total)
+        );
+    }
+    // Counted in estimated milliseconds, so that the remaining time weighs cells by cost.
+    let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
     bar.set_style(
         ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} cells  ETA {eta}  {msg}",
+            "{elapsed_precise} [{bar:30}] {prefix}  about {eta} left  {msg}",
         )
         .expect("template"),
     );
-    bar.set_position((mine.len() - pending.len()) as u64);
-    bar.reset_eta();
+    let mut cells_done = mine.len() - pending.len();
+    bar.set_prefix(format!("{cells_done}/{} cells", mine.len()));
     outputs::write_csvs(&out, done.iter().flatten())?;
 
     let next = AtomicUsize::new(0);
@@ -1111,7 +1265,13 @@ fn execute<N: Classifier<Train> + Module<Train>>(
             }
             done[i] = Some(r);
             outputs::write_csvs(&out, done.iter().flatten())?;
-            bar.inc(1);
+            cells_done += 1;
+            bar.set_prefix(format!("{cells_done}/{} cells", mine.len()));
+            let at = pending
+                .iter()
+                .position(|&p| p == i)
+                .expect("a pending cell");
+            bar.inc((1000.0 * estimates[at]).ceil() as u64);
         }
         Ok(())
     })?;
@@ -1123,6 +1283,61 @@ fn execute<N: Classifier<Train> + Module<Train>>(
         mine.len() - pending.len()
     );
     finish(plan, &results)
+}
+
+/// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
+/// model, K and gradient mode, times the gradients its attack takes at most.
+fn estimate_cells<N: Classifier<Train> + Module<Train>>(
+    plan: &Plan<N>,
+    args: &RobustArgs,
+    mine: &[&Cell],
+    pending: &[usize],
+) -> anyhow::Result<Vec<f64>> {
+    let device = backend::device();
+    let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
+    let mut timed: Vec<((&str, usize, Option<GradMode>), f64)> = Vec::new();
+    let mut out = Vec::new();
+    for &i in pending {
+        let cell = mine[i];
+        let subject = plan.subject(cell);
+        let key = (cell.model.as_str(), cell.k, cell.grad);
+        let seconds = match timed.iter().find(|(k, _)| *k == key) {
+            Some((_, s)) => *s,
+            None => {
+                let grad = cell.grad.unwrap_or(GradMode::Bpda);
+                let defended = Defended::new(
+                    subject.network(),
+                    subject.sgld(),
+                    cell.k,
+                    grad,
+                    &args.defence,
+                )?;
+                let data = subject.test_set();
+                let idx: Vec<usize> = (0..args.n_examples.min(16)).collect();
+                let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
+                let x = batches::images::<Inference>(data, &idx, &device);
+                let y = Tensor::<Inference, 1, Int>::from_data(
+                    TensorData::new(labels, [idx.len()]),
+                    &device,
+                );
+                let s = estimate::seconds_per_gradient(&defended, x, y);
+                timed.push((key, s));
+                s
+            }
+        };
+        let classes = subject.test_set().num_classes();
+        let gradients = estimate::gradients_per_example(args, cell, eps, classes);
+        // The convergence check of a stochastic cell attacks up to its sample again, with 4×
+        // the EOT draws and with 2× the iterations.
+        let n = args.n_examples as f64;
+        let check = if cell.k > 0 && args.convergence_sample > 0 {
+            (4.0 + 2.0) * (args.convergence_sample as f64).min(n) / n
+        } else {
+            0.0
+        };
+        out.push(seconds * gradients * n * (1.0 + check));
+    }
+    Ok(out)
 }
 
 /// Checks a sweep's flags, models and data without touching the disk (what `robust` does

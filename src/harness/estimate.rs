@@ -1,0 +1,92 @@
+//! How long a sweep will take, printed before it starts: one timed gradient of each defended
+//! model the pending cells attack (model, K and gradient mode), times the gradient evaluations
+//! their attacks take at most — every example attacked at every ε to the last iteration, and
+//! the convergence checks of stochastic cells on their whole samples.
+//! Broken examples drop out early, so a sweep takes at most about that; the progress bar
+//! counts in the same units, so its remaining time corrects itself as cells finish.
+
+use std::time::Instant;
+
+use burn::tensor::{Int, Tensor};
+use jem_attacks::{AttackLoss, Model};
+use rand::SeedableRng;
+
+use super::cells::{AttackKind, Cell};
+use super::sweep::RobustArgs;
+use crate::backend::{Inference, Train};
+
+/// Targets of the targeted attacks (APGD-T, FAB-T): the 9 most likely other classes.
+const TARGETS: usize = 9;
+
+/// A forward pass costs about half an input gradient (a backward pass costs about as much as
+/// the forward one); score- and decision-based attacks are counted so.
+const FORWARD: f64 = 0.5;
+
+/// Decision-based pointwise attack: about this many model queries per example.
+const POINTWISE_QUERIES: f64 = 2_000.0;
+
+/// Input gradients of the cell's model one example takes at most, over the `eps` budgets > 0
+/// of the grid, each counted with its EOT draws.
+pub fn gradients_per_example(args: &RobustArgs, cell: &Cell, eps: usize, classes: usize) -> f64 {
+    let eot = args.eot_at(cell.k) as f64;
+    let targets = TARGETS.min(classes.saturating_sub(1)) as f64;
+    let eps = eps as f64;
+    let restarts = |kind| args.restarts_of(kind) as f64;
+    cell.attack
+        .stages()
+        .into_iter()
+        .map(|kind| match kind {
+            AttackKind::Pgd | AttackKind::PgdLong => {
+                args.pgd_schedule(kind).0 as f64 * restarts(kind) * eot * eps
+            }
+            AttackKind::Fgsm => eot * eps,
+            AttackKind::ApgdCe | AttackKind::ApgdDlr => {
+                args.apgd_iterations as f64 * restarts(kind) * eot * eps
+            }
+            AttackKind::ApgdT => args.apgd_iterations as f64 * restarts(kind) * eot * targets * eps,
+            // Once for every ε on its own, per ε inside a cascade.
+            AttackKind::FabT if cell.attack.is_preset() => {
+                args.fab_iterations as f64 * targets * eot * eps
+            }
+            AttackKind::FabT => args.fab_iterations as f64 * targets * eot,
+            AttackKind::Square => args.square_queries as f64 * FORWARD * eps,
+            AttackKind::Boundary => args.boundary_steps as f64 * FORWARD,
+            AttackKind::Pointwise => POINTWISE_QUERIES * FORWARD,
+            AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
+                unreachable!("a preset's stages are single attacks")
+            }
+        })
+        .sum()
+}
+
+/// Seconds one example's loss gradient takes through `model`, from the second of two timed
+/// gradients of the batch `x` (the first warms caches and allocation pools up).
+pub fn seconds_per_gradient<M: Model<Train>>(
+    model: &M,
+    x: Tensor<Inference, 4>,
+    y: Tensor<Inference, 1, Int>,
+) -> f64 {
+    let n = x.dims()[0].max(1);
+    let y = Tensor::<Train, 1, Int>::from_inner(y);
+    let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y.clone());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let mut seconds = 0.0;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let (g, _) = model.loss_gradient(x.clone(), &loss, &mut rng);
+        // Wait for the result (an asynchronous backend would return at once).
+        let _ = g.into_data();
+        seconds = started.elapsed().as_secs_f64();
+    }
+    seconds / n as f64
+}
+
+/// `1 h 05 min`, `12 min`, `40 s`.
+pub fn duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=89 => format!("{s} s"),
+        90..=3599 => format!("{} min", (s + 30) / 60),
+        _ => format!("{} h {:02} min", s / 3600, (s % 3600 + 30) / 60),
+    }
+}
