@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use clap::ValueEnum;
+
+use super::cells::AttackKind;
 use super::outputs::TidyRow;
 use super::robustness::WORST_CASE;
 
@@ -30,12 +33,15 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
     }
 }
 
-/// Attacks that follow gradients of the (defended) model.
-const WHITE_BOX: [&str; 7] = [
-    "pgd", "pgd-long", "apgd-ce", "apgd-dlr", "apgd-t", "fab-t", "fgsm",
-];
-/// Attacks that see only scores or decisions.
-const BLACK_BOX: [&str; 3] = ["square", "boundary", "pointwise"];
+/// Whether a row's attack follows gradients of the (defended) model (`Some(true)`), sees only
+/// scores or decisions (`Some(false)`), or is no single attack (`worst-case`): what each
+/// attack declares ([`AttackKind::uses_gradients`]).
+fn white_box(attack: &str) -> Option<bool> {
+    AttackKind::from_str(base(attack), false)
+        .ok()
+        .filter(|kind| !kind.is_preset())
+        .map(AttackKind::uses_gradients)
+}
 
 /// The attack a row is of: a cascade's stage (`autoattack/square`) is of its own attack. A
 /// stage's row holds the joint outcome of it and the stages before it, so a black-box stage
@@ -183,11 +189,11 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     // are masked: the white-box attacks are not finding what exists).
     let mut compared = 0;
     let mut problems = Vec::new();
-    for r in rows.iter().filter(|r| BLACK_BOX.contains(&base(&r.attack))) {
+    for r in rows.iter().filter(|r| white_box(&r.attack) == Some(false)) {
         let best_white = rows
             .iter()
             .filter(|p| {
-                WHITE_BOX.contains(&base(&p.attack))
+                white_box(&p.attack) == Some(true)
                     && p.model == r.model
                     && p.k == r.k
                     && p.eps == r.eps
@@ -248,7 +254,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
     // Stochastic models are attacked with EOT.
     let stochastic: Vec<&TidyRow> = rows
         .iter()
-        .filter(|r| r.stochastic && WHITE_BOX.contains(&base(&r.attack)))
+        .filter(|r| r.stochastic && white_box(&r.attack) == Some(true))
         .collect();
     let mut without: Vec<String> = Vec::new();
     let mut lacking = 0;

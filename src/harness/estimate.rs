@@ -12,7 +12,7 @@ use jem_attacks::{AttackLoss, Model};
 use rand::SeedableRng;
 
 use super::cells::{AttackKind, Cell};
-use super::sweep::RobustArgs;
+use super::robust_args::RobustArgs;
 use crate::backend::{Inference, Train};
 
 /// Targets of the targeted attacks (APGD-T, FAB-T): the 9 most likely other classes.

@@ -5,20 +5,28 @@
 //! Robustness-curve plots and `report` (regenerating summary, table and plots from CSV),
 //! `--shard` with `merge`, and `regress` against a stored reference.
 
+mod attack_config;
+mod cell_run;
 mod cells;
 mod checks;
+mod convergence;
 mod estimate;
+mod merge;
 mod outputs;
+mod plan;
 mod regress;
 mod report;
+mod robust_args;
 mod robustness;
 mod subject;
 mod sweep;
 
 pub use cells::{AttackKind, Cell};
+pub use merge::{merge, MergeArgs};
 pub use outputs::{read_tidy, ExampleRow, TidyRow};
 pub use regress::{compare, regress, RegressArgs};
 pub use report::{report, ReportArgs};
+pub use robust_args::{RobustArgs, Shard};
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use subject::Subject;
-pub use sweep::{merge, run, sweep, MergeArgs, RobustArgs, Shard};
+pub use sweep::{run, sweep};

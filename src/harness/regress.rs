@@ -12,7 +12,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::outputs::{read_tidy, TidyRow};
-use super::sweep::{check, run, RobustArgs};
+use super::robust_args::RobustArgs;
+use super::sweep::{check, run};
 use crate::model::write_atomic;
 
 #[derive(Debug, Clone, Args)]

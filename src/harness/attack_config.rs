@@ -1,0 +1,109 @@
+//! The attack a cell runs, built from the sweep's settings: a fixed-ε attack, a
+//! minimum-perturbation attack, or a preset's cascade of them.
+
+use jem_attacks::{
+    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, FabConfig, MinimumNorm,
+    MinimumPerturbation, Model, PgdConfig, PointwiseConfig, SquareConfig,
+};
+
+use super::cells::AttackKind;
+use super::robust_args::RobustArgs;
+use crate::backend::Train;
+
+/// The attack a cell runs, configured from the sweep's flags.
+pub(super) enum Configured<'a, M: Model<Train>> {
+    /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
+    /// broke.
+    PerEps(Box<dyn Attack<Train, M> + 'a>),
+    /// A minimum-perturbation attack: one run answers every ε.
+    Minimum(Box<dyn MinimumPerturbation<Train, M> + 'a>),
+    /// A preset: its attacks one after another, each at each ε on what the ones before left
+    /// standing.
+    Cascade(Vec<AttackKind>, Cascade<'a, Train, M>),
+}
+
+pub(super) fn configure<'a, M: Model<Train> + 'a>(
+    args: &RobustArgs,
+    attack: AttackKind,
+    eot: usize,
+) -> anyhow::Result<Configured<'a, M>> {
+    let norm = args.norm;
+    if attack.is_preset() {
+        let kinds = attack.stages();
+        let attacks = kinds
+            .iter()
+            .map(|&kind| {
+                Ok(match configure::<M>(args, kind, eot)? {
+                    Configured::PerEps(a) => a,
+                    // Inside a cascade a minimum-norm attack answers each ε by its distance.
+                    Configured::Minimum(a) => Box::new(MinimumNorm { attack: a, norm }) as _,
+                    Configured::Cascade(..) => anyhow::bail!("presets do not nest"),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return Ok(Configured::Cascade(
+            kinds,
+            Cascade {
+                name: attack.name(),
+                attacks,
+            },
+        ));
+    }
+    Ok(match attack {
+        AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
+            let mut cfg = match attack {
+                AttackKind::Fgsm => PgdConfig::fgsm(norm),
+                pgd => {
+                    let (steps, rel_stepsize) = args.pgd_schedule(pgd);
+                    PgdConfig {
+                        steps,
+                        restarts: args.restarts_of(pgd),
+                        rel_stepsize,
+                        ..PgdConfig::pgd(norm)
+                    }
+                }
+            };
+            cfg.eot = eot;
+            cfg.seed = args.seed;
+            Configured::PerEps(Box::new(cfg))
+        }
+        AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
+            let loss = match attack {
+                AttackKind::ApgdCe => ApgdLoss::CrossEntropy,
+                AttackKind::ApgdDlr => ApgdLoss::Dlr,
+                _ => ApgdLoss::TargetedDlr,
+            };
+            let mut cfg = ApgdConfig::new(norm, loss);
+            cfg.iterations = args.apgd_iterations;
+            cfg.restarts = args.restarts_of(attack);
+            cfg.eot = eot;
+            cfg.seed = args.seed;
+            Configured::PerEps(Box::new(cfg))
+        }
+        AttackKind::Square => {
+            let mut cfg = SquareConfig::new(norm);
+            cfg.queries = args.square_queries;
+            cfg.seed = args.seed;
+            Configured::PerEps(Box::new(cfg))
+        }
+        AttackKind::FabT => {
+            let mut cfg = FabConfig::new(norm);
+            cfg.iterations = args.fab_iterations;
+            cfg.eot = eot;
+            cfg.seed = args.seed;
+            Configured::Minimum(Box::new(cfg))
+        }
+        AttackKind::Boundary => Configured::Minimum(Box::new(BoundaryConfig {
+            steps: args.boundary_steps,
+            seed: args.seed,
+            ..Default::default()
+        })),
+        AttackKind::Pointwise => Configured::Minimum(Box::new(PointwiseConfig {
+            seed: args.seed,
+            ..Default::default()
+        })),
+        AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
+            unreachable!("presets are configured as cascades above")
+        }
+    })
+}

@@ -1,0 +1,450 @@
+//! One cell of a sweep: its attack run batch by batch on the cell's examples (each batch kept as
+//! it finishes, so a killed cell resumes), the model probed for stochasticity and zero
+//! gradients, the convergence check where the model is stochastic, and the rows and
+//! per-example records it adds to the outputs.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::module::Module;
+use burn::tensor::{Int, Tensor, TensorData};
+use jem_attacks::{AttackOutcome, Classifier, GradMode, MinimumPerturbation, Model};
+use jem_datasets::ImageSet;
+use serde::{Deserialize, Serialize};
+
+use super::attack_config::{configure, Configured};
+use super::cells::{AttackKind, Cell};
+use super::convergence::convergence_checks;
+use super::outputs::{self, CellResult, ExampleRow, TidyRow};
+use super::robust_args::RobustArgs;
+use super::robustness::wilson;
+use super::subject::Subject;
+use crate::backend::{self, Inference, Train};
+use crate::batches;
+use crate::defended::Defended;
+use crate::model::{write_atomic, SOFTWARE};
+
+/// A batch of test images and their labels.
+pub(super) type Examples = (Tensor<Inference, 4>, Tensor<Inference, 1, Int>);
+
+/// The test images a cell attacks: the first `--n-examples` of its subject's test set.
+pub(super) struct Loaded<'a> {
+    pub(super) data: &'a ImageSet,
+    pub(super) spec: &'a str,
+    pub(super) indices: Vec<usize>,
+}
+
+impl<'a> Loaded<'a> {
+    pub(super) fn of<N: Module<Train>>(args: &RobustArgs, subject: &'a Subject<N>) -> Self {
+        Loaded {
+            data: subject.test_set(),
+            spec: subject.data_name(),
+            indices: (0..args.n_examples).collect(),
+        }
+    }
+}
+
+pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
+    out: &std::path::Path,
+    identity: &str,
+    args: &RobustArgs,
+    subject: &Subject<N>,
+    cell: &Cell,
+    eps_grid: &[f32],
+) -> anyhow::Result<CellResult> {
+    let started = Instant::now();
+    let device = backend::device();
+    let loaded = Loaded::of(args, subject);
+    let n = loaded.indices.len();
+    let grad_mode = cell.grad.unwrap_or(GradMode::Bpda);
+    let sgld = subject.sgld();
+    let defence_settings = crate::defended::settings(sgld, cell.k, grad_mode, &args.defence)?;
+    let defended = Defended::new(subject.network(), sgld, cell.k, grad_mode, &args.defence)?;
+    let norm = args.norm;
+    let batch = |rows: &[usize]| {
+        let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
+        let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
+        (
+            batches::images::<Inference>(loaded.data, &idx, &device),
+            Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), &device),
+        )
+    };
+
+    // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
+    // attack): every example's outcome, batch after batch.
+    let all: Vec<usize> = (0..n).collect();
+    let mut grid = eps_grid.to_vec();
+    grid.sort_by(f32::total_cmp);
+    let chunks: Vec<&[usize]> = all.chunks(args.batch_size.unwrap_or(n).max(1)).collect();
+    // Several batches: each is kept as it finishes, so a killed sweep resumes mid-cell (an
+    // AutoAttack cascade on 1 000 images runs for hours on two cores).
+    let keep = (chunks.len() > 1).then(|| outputs::batches_dir(out, cell));
+    let mut seconds_now = 0.0;
+    let parts = outputs::resumable_batches(keep.as_deref(), identity, chunks.len(), |j| {
+        let batch_started = Instant::now();
+        let (x, y) = batch(chunks[j]);
+        let batch_args = RobustArgs {
+            seed: batch_seed(args.seed, j),
+            ..args.clone()
+        };
+        let mut stages = attack_batch(&batch_args, cell, &defended, x, y, &grid)?;
+        if !args.save_adversarials {
+            // Only saved adversarials need the inputs; batch files stay small without them.
+            for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {
+                outcome.inputs = Vec::new();
+            }
+        }
+        let seconds = batch_started.elapsed().as_secs_f64();
+        seconds_now += seconds;
+        Ok(BatchResult { seconds, stages })
+    })?;
+    let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
+    let mut stages: Vec<Stage> = Vec::new();
+    for part in parts {
+        stages = if stages.is_empty() {
+            part.stages
+        } else {
+            stages
+                .into_iter()
+                .zip(part.stages)
+                .map(|(s, p)| s.append(p))
+                .collect()
+        };
+    }
+    if args.save_adversarials {
+        // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
+        let last = stages.last().expect("every cell runs an attack");
+        for (eps, out) in &last.outcomes {
+            save_adversarials(args, cell, *eps, &loaded, &all, out)?;
+        }
+    }
+
+    let probe = probe(&defended, &loaded, args.seed, &device)
+        .with_context(|| format!("{} K={}", cell.model, cell.k))?;
+    let last = stages.last().expect("every cell runs an attack");
+    let convergence = if probe.stochastic && args.convergence_sample > 0 {
+        convergence_checks(args, cell, &defended, last, &grid, &batch)?
+    } else {
+        Vec::new()
+    };
+    let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
+    let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
+        let (clean_lo, clean_hi) = wilson(clean, n);
+        let (robust_lo, robust_hi) = wilson(robust, n);
+        TidyRow {
+            model: cell.model.clone(),
+            attack: stage.name.clone(),
+            norm: norm.name().into(),
+            eps,
+            k: cell.k,
+            grad: grad.clone(),
+            n,
+            clean_accuracy: clean as f64 / n as f64,
+            clean_lo,
+            clean_hi,
+            robust_accuracy: robust as f64 / n as f64,
+            robust_lo,
+            robust_hi,
+            eot: if stage.kind.uses_gradients() {
+                args.eot_at(cell.k)
+            } else {
+                0
+            },
+            restarts: args.restarts_of(stage.kind),
+            chains: if cell.k > 0 { args.defence.chains } else { 0 },
+            recheck_chains: if cell.k > 0 {
+                args.defence.recheck_chains
+            } else {
+                0
+            },
+            seed: args.seed,
+            attack_settings: stage.settings.to_string(),
+            defence: defence_settings.to_string(),
+            stochastic: probe.stochastic,
+            zero_gradients: probe.zero_gradients,
+            // Set for every row alike where the rows are assembled (robustness::tidy_rows).
+            upper_bound: false,
+            check_sampled: None,
+            check_broken_eot: None,
+            check_broken_iterations: None,
+            check_broken: None,
+            data: loaded.spec.to_string(),
+            software: SOFTWARE.into(),
+            backend: backend::name(),
+        }
+    };
+    let mut rows = Vec::new();
+    let mut examples = Vec::new();
+    for stage in &stages {
+        for (eps, outcome) in &stage.outcomes {
+            let ex = &outcome.examples;
+            let clean = ex.iter().filter(|e| e.clean_correct).count();
+            match eps {
+                Some(e) => {
+                    let robust = ex
+                        .iter()
+                        .filter(|x| x.clean_correct && !x.adversarial)
+                        .count();
+                    rows.push(row(stage, *e, clean, robust));
+                }
+                None => {
+                    for &e in eps_grid {
+                        let robust = ex.iter().filter(|x| x.robust_at(norm, e)).count();
+                        rows.push(row(stage, e, clean, robust));
+                    }
+                }
+            }
+            examples.extend(ex.iter().zip(&loaded.indices).map(|(e, &i)| ExampleRow {
+                model: cell.model.clone(),
+                attack: stage.name.clone(),
+                norm: norm.name().into(),
+                eps: *eps,
+                k: cell.k,
+                grad: grad.clone(),
+                example: i,
+                label: loaded.data.labels[i],
+                clean_correct: e.clean_correct,
+                adversarial: e.adversarial,
+                l0: e.l0,
+                l2: e.l2,
+                linf: e.linf,
+                gradient_evals: e.gradient_evals,
+                forward_evals: e.forward_evals,
+            }));
+        }
+    }
+    // The convergence check is of the cell's last stage (a cascade's joint outcome).
+    for r in rows.iter_mut().filter(|r| r.attack == last.name) {
+        if let Some(c) = convergence.iter().find(|c| c.eps == r.eps) {
+            r.check_sampled = Some(c.sampled);
+            r.check_broken_eot = Some(c.broken_eot);
+            r.check_broken_iterations = Some(c.broken_iterations);
+            r.check_broken = Some(c.broken);
+        }
+    }
+    Ok(CellResult {
+        cell: cell.clone(),
+        identity: identity.to_string(),
+        // Batches an earlier, interrupted run finished count with the time they took then.
+        seconds: started.elapsed().as_secs_f64() - seconds_now + batch_seconds,
+        rows,
+        examples,
+    })
+}
+
+/// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
+pub(super) fn attack_batch<M: Model<Train>>(
+    args: &RobustArgs,
+    cell: &Cell,
+    defended: &M,
+    x: Tensor<Inference, 4>,
+    y: Tensor<Inference, 1, Int>,
+    grid: &[f32],
+) -> anyhow::Result<Vec<Stage>> {
+    let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
+    Ok(match configure(args, cell.attack, args.eot_at(cell.k))? {
+        Configured::PerEps(attack) => {
+            let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
+            vec![Stage {
+                kind: cell.attack,
+                name: cell.attack.name().into(),
+                settings: attack.settings(),
+                outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
+            }]
+        }
+        Configured::Minimum(attack) => vec![Stage {
+            kind: cell.attack,
+            name: cell.attack.name().into(),
+            settings: attack.settings(),
+            outcomes: vec![(None, attack.run_once(defended, x, y))],
+        }],
+        Configured::Cascade(kinds, cascade) => {
+            let joint = cascade.stages(defended, x, y, grid).map_err(failed)?;
+            kinds
+                .iter()
+                .zip(&cascade.attacks)
+                .zip(joint)
+                .map(|((&kind, attack), per_eps)| Stage {
+                    kind,
+                    name: format!("{}/{}", cell.attack.name(), kind.name()),
+                    settings: attack.settings(),
+                    outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
+                })
+                .collect()
+        }
+    })
+}
+
+/// The attacks' seed for batch `j`: the sweep's own for the first batch (so one batch gives
+/// the numbers of an unbatched run), a SplitMix64 mix of (seed, j) for the others.
+pub(super) fn batch_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        return seed;
+    }
+    crate::seeds::splitmix64(seed ^ (j as u64).wrapping_mul(crate::seeds::GOLDEN))
+}
+
+impl Stage {
+    /// This stage's outcomes followed by the next batch's.
+    pub(super) fn append(self, next: Stage) -> Stage {
+        let outcomes = self
+            .outcomes
+            .into_iter()
+            .zip(next.outcomes)
+            .map(|((eps, mut a), (_, b))| {
+                a.examples.extend(b.examples);
+                a.inputs.extend(b.inputs);
+                a.shape[0] += b.shape[0];
+                (eps, a)
+            })
+            .collect();
+        Stage { outcomes, ..self }
+    }
+}
+
+/// One batch of a cell: its stages and the seconds it took.
+#[derive(Serialize, Deserialize)]
+pub(super) struct BatchResult {
+    pub(super) seconds: f64,
+    pub(super) stages: Vec<Stage>,
+}
+
+/// One attack's outcomes in a cell: the cell's attack, or one stage of a preset's cascade
+/// (`autoattack/apgd-t`: the joint outcome of APGD-T and the attacks before it).
+#[derive(Serialize, Deserialize)]
+pub(super) struct Stage {
+    pub(super) kind: AttackKind,
+    pub(super) name: String,
+    pub(super) settings: serde_json::Value,
+    /// Per ε of the grid, ascending; one entry with no ε for a minimum-perturbation attack.
+    pub(super) outcomes: Vec<(Option<f32>, AttackOutcome)>,
+}
+
+/// What two clean passes and one gradient say about the defended model (AutoAttack's checks
+/// for randomness and for masked gradients), on the first [`PROBED`] attacked images; an error
+/// where the logits or the gradient are not finite, from which no accuracy means anything.
+pub(super) struct Probe {
+    /// Two passes on the same inputs gave different logits: attack with EOT.
+    pub(super) stochastic: bool,
+    /// Correctly classified probed images whose loss gradient is exactly zero.
+    pub(super) zero_gradients: usize,
+}
+
+pub(super) const PROBED: usize = 16;
+
+pub(super) fn probe<M: Model<Train>>(
+    model: &M,
+    loaded: &Loaded,
+    seed: u64,
+    device: &backend::Device,
+) -> anyhow::Result<Probe> {
+    use jem_attacks::AttackLoss;
+    use rand::SeedableRng;
+    let idx = &loaded.indices[..loaded.indices.len().min(PROBED)];
+    let x = batches::images::<Inference>(loaded.data, idx, device);
+    let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
+    let n = labels.len();
+    let y = Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels.clone(), [n]), device);
+    // A stream of its own, so that probing does not change any attack's draws.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5052_4f42_4521);
+    let first = model.logits(x.clone(), &mut rng);
+    let second = model.logits(x.clone(), &mut rng);
+    let differ = batches::to_vec((first.clone() - second).abs().max());
+    let y_tracked = Tensor::<Train, 1, Int>::from_inner(y);
+    let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y_tracked.clone());
+    let (g, _) = model.loss_gradient(x, &loss, &mut rng);
+    for (what, values) in [
+        ("logits", batches::to_vec(first.clone())),
+        ("input gradient", batches::to_vec(g.clone())),
+    ] {
+        anyhow::ensure!(
+            values.iter().all(|v| v.is_finite()),
+            "the model's {what} on the first {n} test images are not finite: no accuracy \
+             computed from it would mean anything"
+        );
+    }
+    let largest = batches::to_vec(g.abs().flatten::<2>(1, 3).max_dim(1));
+    let predicted = batches::to_vec(first.argmax(1).float());
+    let zero_gradients = (0..n)
+        .filter(|&i| predicted[i] as i64 == labels[i] && largest[i] == 0.0)
+        .count();
+    Ok(Probe {
+        stochastic: differ[0] > 1e-6,
+        zero_gradients,
+    })
+}
+
+/// `--save-adversarials`: the inputs an attack returned for the examples at `rows` (of the
+/// sweep's examples) at one ε, and a picture of a few breaks.
+pub(super) fn save_adversarials(
+    args: &RobustArgs,
+    cell: &Cell,
+    eps: Option<f32>,
+    loaded: &Loaded,
+    rows: &[usize],
+    outcome: &AttackOutcome,
+) -> anyhow::Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)))
+        .join("adversarials");
+    let [n, c, h, w] = outcome.shape;
+    let indices: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
+    let clean: Vec<f32> = indices
+        .iter()
+        .flat_map(|&i| loaded.data.image(i).iter().copied())
+        .collect();
+    let labels: Vec<u8> = indices.iter().map(|&i| loaded.data.labels[i]).collect();
+    let examples: Vec<u32> = indices.iter().map(|&i| i as u32).collect();
+    let broken: Vec<u8> = outcome
+        .examples
+        .iter()
+        .map(|e| u8::from(e.adversarial))
+        .collect();
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let u32_bytes = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (inputs_b, clean_b, examples_b) = (
+        f32_bytes(&outcome.inputs),
+        f32_bytes(&clean),
+        u32_bytes(&examples),
+    );
+    fn view(dtype: Dtype, shape: Vec<usize>, data: &[u8]) -> anyhow::Result<TensorView<'_>> {
+        TensorView::new(dtype, shape, data).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+    let tensors = vec![
+        ("inputs", view(Dtype::F32, vec![n, c, h, w], &inputs_b)?),
+        ("clean", view(Dtype::F32, vec![n, c, h, w], &clean_b)?),
+        ("labels", view(Dtype::U8, vec![n], &labels)?),
+        ("examples", view(Dtype::U32, vec![n], &examples_b)?),
+        ("adversarial", view(Dtype::U8, vec![n], &broken)?),
+    ];
+    let bytes = safetensors::serialize(tensors, None)?;
+    // Cell ids contain dots (`eps0.2`): append the extension rather than replace one.
+    let stem = match eps {
+        Some(e) => format!("{}.eps{e}", cell.id()),
+        None => cell.id(),
+    };
+    let file = |ext: &str| out.join(format!("{stem}.{ext}"));
+    write_atomic(&file("safetensors"), &bytes)?;
+    let len = c * h * w;
+    let shown: Vec<usize> = (0..n).filter(|&i| broken[i] == 1).take(8).collect();
+    if !shown.is_empty() {
+        let mut pixels = Vec::with_capacity(2 * shown.len() * len);
+        for source in [&clean, &outcome.inputs] {
+            for &i in &shown {
+                pixels.extend_from_slice(&source[i * len..(i + 1) * len]);
+            }
+        }
+        let batch = crate::image_grid::ImageBatch {
+            pixels: &pixels,
+            channels: c,
+            height: h,
+            width: w,
+        };
+        crate::image_grid::write_grid(&file("png"), &batch, 2, shown.len())?;
+    }
+    Ok(())
+}

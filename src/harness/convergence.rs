@@ -1,0 +1,111 @@
+//! The convergence check of a stochastic cell: a seeded sample of the examples its attack left
+//! standing, attacked again with 4× the EOT draws and with 2× the iterations. An attack that
+//! had converged breaks (almost) none of them.
+
+use jem_attacks::{AttackOutcome, Model, Norm};
+
+use super::cell_run::{attack_batch, batch_seed, Examples, Stage};
+use super::cells::Cell;
+use super::robust_args::RobustArgs;
+use crate::backend::Train;
+
+/// One ε of a cell's convergence check (see [`RobustArgs::convergence_sample`]).
+pub(super) struct ConvergenceCheck {
+    pub(super) eps: f32,
+    pub(super) sampled: usize,
+    pub(super) broken_eot: usize,
+    pub(super) broken_iterations: usize,
+    pub(super) broken: usize,
+}
+
+/// The examples of one outcome standing at ε: correctly classified and not broken within ε
+/// (a minimum-perturbation outcome answers every ε by its distance).
+pub(super) fn standing(
+    outcome: &AttackOutcome,
+    at: Option<f32>,
+    norm: Norm,
+    eps: f32,
+) -> Vec<bool> {
+    outcome
+        .examples
+        .iter()
+        .map(|x| match at {
+            Some(_) => x.clean_correct && !x.adversarial,
+            None => x.robust_at(norm, eps),
+        })
+        .collect()
+}
+
+/// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
+/// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
+/// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
+/// attack that had converged breaks (almost) none of them.
+pub(super) fn convergence_checks<M: Model<Train>>(
+    args: &RobustArgs,
+    cell: &Cell,
+    defended: &M,
+    last: &Stage,
+    grid: &[f32],
+    batch: &dyn Fn(&[usize]) -> Examples,
+) -> anyhow::Result<Vec<ConvergenceCheck>> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let more_eot = RobustArgs {
+        eot: Some(4 * args.eot_at(cell.k)),
+        seed: crate::seeds::splitmix64(args.seed ^ 0xC0_4EE7),
+        ..args.clone()
+    };
+    let more_iterations = RobustArgs {
+        apgd_iterations: 2 * args.apgd_iterations,
+        pgd_steps: 2 * args.pgd_steps,
+        fab_iterations: 2 * args.fab_iterations,
+        square_queries: 2 * args.square_queries,
+        boundary_steps: 2 * args.boundary_steps,
+        seed: crate::seeds::splitmix64(args.seed ^ 0x17E7),
+        ..args.clone()
+    };
+    let mut checks = Vec::new();
+    for (i, &eps) in grid.iter().enumerate().filter(|(_, &e)| e > 0.0) {
+        let (at, outcome) = last
+            .outcomes
+            .iter()
+            .find(|(at, _)| at.is_none_or(|a| a == eps))
+            .expect("a stage answers every ε of the grid");
+        let mut survivors: Vec<usize> = standing(outcome, *at, args.norm, eps)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(row, ok)| ok.then_some(row))
+            .collect();
+        if survivors.is_empty() {
+            continue;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(batch_seed(args.seed, 1 + i));
+        survivors.shuffle(&mut rng);
+        survivors.truncate(args.convergence_sample);
+        survivors.sort_unstable();
+        let broken_by = |strong: &RobustArgs| -> anyhow::Result<Vec<bool>> {
+            let (x, y) = batch(&survivors);
+            let stages = attack_batch(strong, cell, defended, x, y, &[eps])?;
+            let last = stages.last().expect("every cell runs an attack");
+            let (at, outcome) = &last.outcomes[0];
+            Ok(standing(outcome, *at, args.norm, eps)
+                .into_iter()
+                .map(|ok| !ok)
+                .collect())
+        };
+        let (eot, iterations) = (broken_by(&more_eot)?, broken_by(&more_iterations)?);
+        let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
+        checks.push(ConvergenceCheck {
+            eps,
+            sampled: survivors.len(),
+            broken_eot: count(&eot),
+            broken_iterations: count(&iterations),
+            broken: eot
+                .iter()
+                .zip(&iterations)
+                .filter(|(a, b)| **a || **b)
+                .count(),
+        });
+    }
+    Ok(checks)
+}

@@ -1,0 +1,74 @@
+//! `jem-bench merge`: the folders of a sharded sweep joined into one, as if it had run whole.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::outputs;
+use super::plan::{claim_folder, Plan};
+use super::robust_args::RobustArgs;
+use super::sweep::finish;
+use crate::output_folder::FolderLock;
+
+/// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
+#[derive(Debug, Clone, Args)]
+pub struct MergeArgs {
+    /// The shards' output folders.
+    #[arg(required = true)]
+    pub shards: Vec<PathBuf>,
+    /// The merged folder.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
+    let read = |dir: &PathBuf| -> anyhow::Result<serde_json::Value> {
+        let p = dir.join("settings.json");
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: unreadable", p.display()))
+    };
+    let settings = read(&m.shards[0])?;
+    for dir in &m.shards[1..] {
+        anyhow::ensure!(
+            read(dir)? == settings,
+            "{} ran another sweep than {} (settings.json differ); only shards of one sweep merge",
+            dir.display(),
+            m.shards[0].display()
+        );
+    }
+    let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
+        .context("settings.json: `args` is not a robust sweep's arguments")?;
+    args.out = Some(m.out.clone());
+    let plan = Plan::from_args(&args)?;
+    anyhow::ensure!(
+        plan.settings(&args) == settings,
+        "the shards were made by another jem-bench or from other models; rerun them"
+    );
+    crate::output_folder::claim(&m.out, "robust")?;
+    let lock = FolderLock::acquire(&m.out, "sweep.lock")?;
+    claim_folder(&m.out, &settings, &plan.identity(&args), &[], &lock)?;
+    let identity = plan.identity(&args);
+    let mut results = Vec::with_capacity(plan.cells.len());
+    for cell in &plan.cells {
+        let found = m
+            .shards
+            .iter()
+            .map(|dir| outputs::load_cell(dir, cell, &identity))
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .next()
+            .with_context(|| {
+                format!(
+                    "no shard holds the finished cell {}: finish that shard first",
+                    cell.id()
+                )
+            })?;
+        outputs::save_cell(&m.out, &found)?;
+        results.push(found);
+    }
+    outputs::write_csvs(&m.out, &results)?;
+    finish(&plan, &results).map(|_| ())
+}
