@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Regenerates every committed result that depends on the embedded models (results/models/):
 # the CI reference sweep, the default L∞ and L2 sweeps with their curves, the same L∞ sweep of the
-# 1 : 1 JEM, the K = 1 cells under the full gradient with EOT, AutoAttack at K = 0, the nonsense
-# table, and the calibration and OOD-detection tables.
+# 1 : 1 JEM, the K = 1 cells under the full gradient with EOT, robust accuracy against K,
+# AutoAttack at K = 0, the nonsense table, and the calibration and OOD-detection tables.
 # Run it from the repository root after an embedded model changes (`regress` refuses a reference
-# swept with other weights). About 90 minutes on two cores with the WRN-10-1 models (on
-# 2026-11-26: 57 min for every part but k1-eot, with builds and tests beside it; k1-eot 29 min).
+# swept with other weights). Many hours on two cores with the WRN-10-1 models: under the adaptive
+# default the L∞ sweep alone took 1 h 46 min on 2026-11-26 (the L2 one about as long), jem-1to1
+# about an hour, k1-eot 29 min, autoattack 40 min, the rest minutes; k-curve (K = 10 through
+# exact gradients with EOT) runs for many hours and resumes.
 #
 #   bash results/regenerate.sh            # everything
 #   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | k1-eot | k-curve | autoattack | nonsense | calibration | ood
@@ -65,8 +67,13 @@ for part in ${parts[*]}; do
         # and 1 (`report` joins them into k-curve.csv / .svg / .png). Hours on two cores (a K = 10
         # gradient costs about 7 of K = 1); it resumes cell by cell, and the committed folder
         # may hold only the cells finished so far (results/README.md says which).
+        # Batches of 10 keep each finished batch, so a session that ends mid-cell loses little;
+        # a partial folder committed under results/ is picked up and continued here.
+        if [ ! -e "$work/k-curve-linf" ] && [ -e results/sweeps/k-curve-linf ]; then
+            cp -r results/sweeps/k-curve-linf "$work/k-curve-linf"
+        fi
         "$bin" robust --norm linf --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
-            --steps 2,5,10 --eps 0,0.2 --n-examples 100 --jobs 2 --out "$work/k-curve-linf"
+            --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k-curve-linf"
         replace "$work/k-curve-linf" results/sweeps/k-curve-linf
         "$bin" report results/sweeps/linf results/sweeps/jem-1to1-linf results/sweeps/k-curve-linf \
             --out results/sweeps/k-curve
