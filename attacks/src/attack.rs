@@ -439,7 +439,7 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
                     } else if needed[i] != Some(j) {
                         (ex.gradient_evals, ex.forward_evals) = (0, 0);
                     }
-                    if ex.adversarial && ex.distance(self.norm) > e * (1.0 + 1e-5) + 1e-7 {
+                    if ex.adversarial && !Norm::within(ex.distance(self.norm), e) {
                         // Too far for this ε: the clean input stands, at distance 0.
                         ex.adversarial = false;
                         (ex.l0, ex.l2, ex.linf) = (0.0, 0.0, 0.0);

@@ -24,6 +24,13 @@ pub enum Norm {
 const TINY: f32 = 1e-12;
 
 impl Norm {
+    /// Whether a perturbation of size `distance` (in this norm) lies within the budget `eps`,
+    /// up to the f32 rounding of a projection onto the ball (relative 1e-5, absolute 1e-7):
+    /// the one rule by which every break within ε is counted.
+    pub fn within(distance: f32, eps: f32) -> bool {
+        distance <= eps * (1.0 + 1e-5) + 1e-7
+    }
+
     /// `linf` or `l2`, as displayed and parsed.
     pub fn name(self) -> &'static str {
         match self {

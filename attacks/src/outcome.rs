@@ -56,8 +56,7 @@ impl ExampleOutcome {
     /// Still correctly classified under every perturbation of size ≤ `eps` this attack tried.
     /// A fixed-ε attack answers only for its own ε; a minimum-perturbation attack for any.
     pub fn robust_at(&self, norm: Norm, eps: f32) -> bool {
-        self.clean_correct
-            && !(self.adversarial && self.distance(norm) <= eps * (1.0 + 1e-5) + 1e-7)
+        self.clean_correct && !(self.adversarial && Norm::within(self.distance(norm), eps))
     }
 }
 

@@ -77,7 +77,7 @@ impl AttackRun<'_> {
                                 Norm::Linf => ex.linf,
                                 Norm::L2 => ex.l2,
                             };
-                            d <= eps * (1.0 + 1e-5) + 1e-7
+                            Norm::within(d, eps)
                         }
                     };
                 let ok = ex.clean_correct && !broken;
