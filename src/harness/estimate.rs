@@ -90,3 +90,56 @@ pub fn duration(seconds: f64) -> String {
         _ => format!("{} h {:02} min", s / 3600, (s % 3600 + 30) / 60),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jem_attacks::GradMode;
+
+    fn cell(attack: AttackKind, k: usize) -> Cell {
+        Cell {
+            model: "m".into(),
+            attack: attack.at(k),
+            k,
+            grad: (k > 0).then_some(GradMode::Full),
+        }
+    }
+
+    #[test]
+    fn gradients_are_counted_per_attack_eot_and_eps() {
+        let args = RobustArgs {
+            pgd_steps: 20,
+            ..RobustArgs::default()
+        };
+        // PGD: 20 steps × 1 restart × 1 draw, at each of 3 ε.
+        assert_eq!(
+            gradients_per_example(&args, &cell(AttackKind::Pgd, 0), 3, 10),
+            60.0
+        );
+        // The default at K = 1: APGD-CE and APGD-DLR, 100 iterations each, 4 draws (5 chains).
+        assert_eq!(args.eot_at(1), 4);
+        assert_eq!(
+            gradients_per_example(&args, &cell(AttackKind::Adaptive, 1), 3, 10),
+            2.0 * 100.0 * 4.0 * 3.0
+        );
+        // At K = 0: APGD-CE, APGD-T (9 targets), FAB-T (9 targets, per ε in the cascade) and
+        // Square (5 000 queries at half a gradient each), one draw.
+        assert_eq!(
+            gradients_per_example(&args, &cell(AttackKind::Adaptive, 0), 1, 10),
+            100.0 + 900.0 + 900.0 + 2_500.0
+        );
+        // Two classes leave one target.
+        assert_eq!(
+            gradients_per_example(&args, &cell(AttackKind::ApgdT, 0), 1, 2),
+            100.0
+        );
+    }
+
+    #[test]
+    fn durations_read_as_seconds_minutes_or_hours() {
+        assert_eq!(duration(40.2), "40 s");
+        assert_eq!(duration(720.0), "12 min");
+        assert_eq!(duration(3900.0), "1 h 05 min");
+        assert_eq!(duration(-3.0), "0 s");
+    }
+}
