@@ -190,7 +190,36 @@ pub trait FixedEpsilon<B: AutodiffBackend, M: Model<B>> {
     ) -> Result<AttackOutcome, String>;
 }
 
-/// Every fixed-ε attack is an [`Attack`] over a list of ε through [`ascending`]. (One macro
+/// A [`FixedEpsilon`] attack as an [`Attack`] over a list of ε: run at each ε in ascending
+/// order on the examples no smaller ε broke, each settled example's outcome carried to every
+/// larger ε, and after `earlier` attacks in a [`Cascade`] only on what they left standing. The
+/// way an attack defined outside this crate joins cascades and per-ε curves (the crate's own
+/// fixed-ε attacks are [`Attack`]s through it already).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerEpsilon<A>(pub A);
+
+impl<B: AutodiffBackend, M: Model<B>, A: FixedEpsilon<B, M>> Attack<B, M> for PerEpsilon<A> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        self.0.settings()
+    }
+
+    fn attack_after(
+        &self,
+        model: &M,
+        x: Tensor<Inner<B>, 4>,
+        y: Tensor<Inner<B>, 1, Int>,
+        eps: &[f32],
+        earlier: Option<&[AttackOutcome]>,
+    ) -> Result<Vec<AttackOutcome>, String> {
+        ascending::<B>(x, y, eps, earlier, |x, y, e| self.0.run_at(model, x, y, e))
+    }
+}
+
+/// The crate's fixed-ε attacks are [`Attack`]s directly, through [`PerEpsilon`]. (One macro
 /// rather than a blanket impl: the compiler cannot tell that [`MinimumNorm`] and [`Cascade`]
 /// are not fixed-ε attacks, so a blanket impl would conflict with theirs.)
 macro_rules! attack_over_eps {
@@ -212,7 +241,8 @@ macro_rules! attack_over_eps {
                 eps: &[f32],
                 earlier: Option<&[AttackOutcome]>,
             ) -> Result<Vec<AttackOutcome>, String> {
-                ascending::<B>(x, y, eps, earlier, |x, y, e| self.run_at(model, x, y, e))
+                // A copy of the settings, not of any data.
+                PerEpsilon(self.clone()).attack_after(model, x, y, eps, earlier)
             }
         }
     )*};
