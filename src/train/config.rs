@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use jem_datasets::{DataSource, ImageSet, Split};
+
 use super::{AdvConfig, Augmentation, GuardConfig, JemConfig, LrSchedule};
+use crate::model::{TrainingRecord, WideResNetConfig};
 
 /// Which objective trains the network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -171,6 +174,63 @@ impl TrainConfig {
         Augmentation {
             pad: self.pad,
             flip: self.flip.unwrap_or(data_name.starts_with("cifar")),
+        }
+    }
+
+    /// Loads the training and validation sets the config names: the training split less its
+    /// last `val_size` images (which validate), cut to `train_subset` if set.
+    pub fn load_data(&self) -> anyhow::Result<(DataSource, ImageSet, ImageSet)> {
+        let source = DataSource::parse(&self.data)?;
+        let full = source.load(Split::Train)?;
+        anyhow::ensure!(
+            self.val_size < full.len(),
+            "--val-size {} leaves no training images ({} in {})",
+            self.val_size,
+            full.len(),
+            full.name
+        );
+        let (mut train, val) = full.split_last(self.val_size);
+        if let Some(n) = self.train_subset {
+            anyhow::ensure!(
+                n >= 1 && n <= train.len(),
+                "--train-subset {n}: expected 1 to {} (the training images left after --val-size {})",
+                train.len(),
+                self.val_size
+            );
+            train = train.select(&(0..n).collect::<Vec<_>>());
+        }
+        Ok((source, train, val))
+    }
+
+    /// The network the config trains on images like `data`'s.
+    pub fn architecture(&self, data: &ImageSet) -> WideResNetConfig {
+        WideResNetConfig::new(self.depth, self.width, data.channels, data.num_classes())
+    }
+
+    /// How a checkpoint of this run was made, for its sidecar.
+    pub(super) fn record(
+        &self,
+        kind: &str,
+        source: &DataSource,
+        wall: f64,
+        settings: &serde_json::Value,
+    ) -> TrainingRecord {
+        TrainingRecord {
+            kind: kind.into(),
+            data: source.spec(),
+            data_split: match self.train_subset {
+                Some(n) => format!(
+                    "train: first {n} images; validation: last {} train images",
+                    self.val_size
+                ),
+                None => format!(
+                    "train minus its last {} images, which validate",
+                    self.val_size
+                ),
+            },
+            seed: self.seed,
+            settings: settings.clone(),
+            wall_seconds: wall,
         }
     }
 }

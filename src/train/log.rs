@@ -1,11 +1,15 @@
 //! An append-only CSV log that survives interruption: each row is flushed as it is written, and
-//! a resumed run first drops any row past the point it resumes from, so no row is duplicated.
+//! a resumed run first drops any row past the point it resumes from, so no row is duplicated;
+//! and the window of iterations whose means make one row of a training log.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::Context;
+
+use super::objective::StepStats;
 
 pub struct CsvLog {
     path: PathBuf,
@@ -129,5 +133,64 @@ mod tests {
         assert!(std::fs::read_to_string(&path)
             .unwrap()
             .starts_with("epoch,acc,robust,best\n"));
+    }
+}
+
+/// Sums of the per-iteration statistics since the last row of `log.csv`: each row is their mean
+/// over the `--log-every` iterations it covers.
+pub(super) struct LogWindow {
+    loss: f64,
+    cross_entropy: f64,
+    accuracy: f64,
+    extra: Vec<f64>,
+    iterations: usize,
+    since: Instant,
+}
+
+impl LogWindow {
+    pub(super) fn new() -> Self {
+        LogWindow {
+            loss: 0.0,
+            cross_entropy: 0.0,
+            accuracy: 0.0,
+            extra: Vec::new(),
+            iterations: 0,
+            since: Instant::now(),
+        }
+    }
+
+    pub(super) fn add(&mut self, stats: &StepStats) {
+        self.loss += stats.loss;
+        self.cross_entropy += stats.cross_entropy;
+        self.accuracy += stats.accuracy;
+        if self.extra.len() < stats.extra.len() {
+            self.extra.resize(stats.extra.len(), 0.0);
+        }
+        self.extra
+            .iter_mut()
+            .zip(&stats.extra)
+            .for_each(|(a, b)| *a += b);
+        self.iterations += 1;
+    }
+
+    /// The log row of the window's means, after `iteration` iterations in `epoch` at `lr`.
+    pub(super) fn row(&self, iteration: usize, epoch: usize, lr: f64) -> Vec<String> {
+        let k = self.iterations as f64;
+        let mut row = vec![
+            iteration.to_string(),
+            epoch.to_string(),
+            format!("{lr:.3e}"),
+            format!("{:.5}", self.loss / k),
+            format!("{:.5}", self.cross_entropy / k),
+            format!("{:.4}", self.accuracy / k),
+        ];
+        row.extend(self.extra.iter().map(|v| format!("{:.5}", v / k)));
+        row.push(format!("{:.4}", self.since.elapsed().as_secs_f64() / k));
+        row
+    }
+
+    pub(super) fn message(&self) -> String {
+        let k = self.iterations as f64;
+        format!("loss {:.4} acc {:.3}", self.loss / k, self.accuracy / k)
     }
 }

@@ -11,6 +11,7 @@ mod jem;
 mod log;
 mod objective;
 mod replay_buffer;
+mod resume;
 mod schedule;
 mod state;
 mod trainer;
