@@ -58,13 +58,37 @@ fn cascade(attack: &str) -> Option<&str> {
 /// Largest drop in robust accuracy from PGD to `pgd-long` that still counts as converged.
 const CONVERGED: f64 = 0.05;
 
-/// `classes`: number of classes of the data (chance = 1 / classes).
+/// Every check, in the order the summary lists them. `classes`: number of classes of the data
+/// (chance = 1 / classes).
 pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
-    let mut checks = Vec::new();
-    let key = |r: &TidyRow| (r.model.clone(), r.k, r.grad.clone(), r.eps.to_bits());
+    vec![
+        falls_toward_chance(rows, classes),
+        does_not_rise_with_eps(rows),
+        iterative_beats_single_step(rows),
+        more_steps_do_not_help(rows),
+        black_box_does_not_beat_white_box(rows),
+        gradients_are_not_zero(rows),
+        stochastic_models_get_eot(rows),
+        more_eot_does_not_lower_robustness(rows),
+    ]
+}
 
-    // Accuracy falls toward chance at the largest ε (per-example worst case over attacks;
-    // the per-attack rows where a sweep has no worst-case rows).
+/// Robust accuracy of each cell (model, K, gradient mode, ε) of one attack.
+fn robust_by_cell(rows: &[TidyRow], attack: &str) -> BTreeMap<(String, usize, String, u32), f64> {
+    rows.iter()
+        .filter(|r| r.attack == attack)
+        .map(|r| {
+            (
+                (r.model.clone(), r.k, r.grad.clone(), r.eps.to_bits()),
+                r.robust_accuracy,
+            )
+        })
+        .collect()
+}
+
+/// Accuracy falls toward chance at the largest ε (per-example worst case over attacks; the
+/// per-attack rows where a sweep has no worst-case rows).
+fn falls_toward_chance(rows: &[TidyRow], classes: usize) -> Check {
     let has_worst = rows.iter().any(|r| r.attack == WORST_CASE);
     let mut worst: BTreeMap<(String, usize), (f32, f64)> = BTreeMap::new();
     for r in rows.iter().filter(|r| !has_worst || r.attack == WORST_CASE) {
@@ -85,14 +109,16 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             format!("{m} K={k}: {:.1} % robust at the largest ε = {eps} (chance {:.0} %): extend --eps until no model can withstand it (L∞ 0.5 can turn any image grey) — if accuracy stays up there, the attack is too weak or the gradients are masked", 100.0 * acc, 100.0 * chance)
         })
         .collect();
-    checks.push(verdict(
+    verdict(
         "accuracy falls toward chance as ε grows",
         worst.len(),
         problems,
         "rows",
-    ));
+    )
+}
 
-    // Robust accuracy cannot rise with ε: an adversarial within ε is one within any larger ε.
+/// Robust accuracy cannot rise with ε: an adversarial within ε is one within any larger ε.
+fn does_not_rise_with_eps(rows: &[TidyRow]) -> Check {
     let mut series: BTreeMap<(String, usize, String, String), Vec<(f32, f64)>> = BTreeMap::new();
     for r in rows {
         series
@@ -112,21 +138,17 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             }
         }
     }
-    checks.push(verdict(
+    verdict(
         "robust accuracy does not rise with ε",
         series.len(),
         problems,
         "rows",
-    ));
+    )
+}
 
-    // Iterative beats single-step.
-    let find = |attack: &str| -> BTreeMap<_, f64> {
-        rows.iter()
-            .filter(|r| r.attack == attack)
-            .map(|r| (key(r), r.robust_accuracy))
-            .collect()
-    };
-    let (pgd, fgsm) = (find("pgd"), find("fgsm"));
+/// Iterative attacks beat single-step ones.
+fn iterative_beats_single_step(rows: &[TidyRow]) -> Check {
+    let (pgd, fgsm) = (robust_by_cell(rows, "pgd"), robust_by_cell(rows, "fgsm"));
     let mut compared = 0;
     let mut problems = Vec::new();
     for (k, p) in &pgd {
@@ -145,15 +167,20 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             }
         }
     }
-    checks.push(verdict(
+    verdict(
         "iterative attacks beat single-step attacks",
         compared,
         problems,
         "PGD and FGSM cells",
-    ));
+    )
+}
 
-    // More steps and restarts do not help much (PGD has converged).
-    let long = find("pgd-long");
+/// More steps and restarts do not help much (PGD has converged).
+fn more_steps_do_not_help(rows: &[TidyRow]) -> Check {
+    let (pgd, long) = (
+        robust_by_cell(rows, "pgd"),
+        robust_by_cell(rows, "pgd-long"),
+    );
     let mut compared = 0;
     let mut changes = Vec::new();
     let mut problems = Vec::new();
@@ -183,10 +210,12 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             largest.max(0.0)
         );
     }
-    checks.push(check);
+    check
+}
 
-    // Black-box and decision-based attacks do not beat the white-box ones (else the gradients
-    // are masked: the white-box attacks are not finding what exists).
+/// Black-box and decision-based attacks do not beat the white-box ones (else the gradients
+/// are masked: the white-box attacks are not finding what exists).
+fn black_box_does_not_beat_white_box(rows: &[TidyRow]) -> Check {
     let mut compared = 0;
     let mut problems = Vec::new();
     for r in rows.iter().filter(|r| white_box(&r.attack) == Some(false)) {
@@ -215,14 +244,16 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             }
         }
     }
-    checks.push(verdict(
+    verdict(
         "black-box and decision-based attacks do not beat white-box ones",
         compared,
         problems,
         "black-box or decision-based cells beside white-box ones",
-    ));
+    )
+}
 
-    // Zero gradients on correctly classified inputs (AutoAttack's check).
+/// Zero gradients on correctly classified inputs (AutoAttack's check).
+fn gradients_are_not_zero(rows: &[TidyRow]) -> Check {
     let probed: Vec<&TidyRow> = rows.iter().filter(|r| r.attack != WORST_CASE).collect();
     let mut zero: BTreeMap<(String, usize, String), usize> = BTreeMap::new();
     for r in &probed {
@@ -230,7 +261,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             zero.insert((r.model.clone(), r.k, r.grad.clone()), r.zero_gradients);
         }
     }
-    checks.push(Check {
+    Check {
         name: "gradients are not zero at correctly classified inputs",
         status: if probed.is_empty() {
             "not run"
@@ -249,9 +280,11 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
                 .collect::<Vec<_>>()
                 .join("; ")
         },
-    });
+    }
+}
 
-    // Stochastic models are attacked with EOT.
+/// Stochastic models are attacked with EOT.
+fn stochastic_models_get_eot(rows: &[TidyRow]) -> Check {
     let stochastic: Vec<&TidyRow> = rows
         .iter()
         .filter(|r| r.stochastic && white_box(&r.attack) == Some(true))
@@ -265,7 +298,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             without.push(what);
         }
     }
-    checks.push(Check {
+    Check {
         name: "stochastic models are attacked with EOT",
         status: if stochastic.is_empty() {
             "not run"
@@ -284,10 +317,12 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
                 if without.is_empty() { String::new() } else { format!("; without: {}", without.join(", ")) }
             )
         },
-    });
+    }
+}
 
-    // The attack had converged on stochastic models: re-attacking survivors with 4× the EOT
-    // draws or 2× the iterations does not push robust accuracy below its interval.
+/// The attack had converged on stochastic models: re-attacking survivors with 4× the EOT
+/// draws or 2× the iterations does not push robust accuracy below its interval.
+fn more_eot_does_not_lower_robustness(rows: &[TidyRow]) -> Check {
     let checked: Vec<&TidyRow> = rows.iter().filter(|r| r.check_sampled.is_some()).collect();
     let problems: Vec<String> = checked
         .iter()
@@ -321,8 +356,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
             checked.len()
         );
     }
-    checks.push(check);
-    checks
+    check
 }
 
 #[cfg(test)]
