@@ -15,13 +15,14 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use jem_attacks::{SgldConfig, SgldSampler, SgldTarget};
-use jem_datasets::Split;
+use jem_datasets::{DataSource, Split};
+use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::backend::{self, Train};
 use crate::image_grid::{write_grid, ImageBatch};
-use crate::model::{Checkpoint, SOFTWARE};
+use crate::model::{Checkpoint, InputNormalization, Sidecar, SOFTWARE};
 use crate::train::{chain_init, ChainStart, ClassGaussians, JemConfig, ReplayBuffer};
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -96,19 +97,9 @@ struct SampleRecord<'a> {
     quality: Option<quality::Quality>,
 }
 
+/// Draws the samples `args` asks for, judges them and writes the grid and its JSON record.
 pub fn run(args: SampleArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.per_class >= 1,
-        "--per-class: expected at least 1, found 0"
-    );
-    for (flag, v) in [("--sgld-lr", args.sgld_lr), ("--sgld-std", args.sgld_std)] {
-        if let Some(v) = v {
-            anyhow::ensure!(
-                v.is_finite() && v >= 0.0,
-                "{flag}: expected a finite number >= 0, found {v}"
-            );
-        }
-    }
+    validate(&args)?;
     let device = backend::device();
     let ckpt = Checkpoint::at(&args.model);
     let (model, sidecar) = ckpt.load::<Train>(&device)?;
@@ -131,35 +122,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--model {}", args.model.display()))?;
     let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
     let names = source.class_names();
-    let judge = if args.judge == "none" {
-        None
-    } else {
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&args.judge_threshold),
-            "--judge-threshold: expected a probability in [0, 1], found {}",
-            args.judge_threshold
-        );
-        // The reference images are the test split's first ones: a count beyond the split
-        // would silently shrink to it.
-        let test_images = source.load(jem_datasets::Split::Test)?.len();
-        anyhow::ensure!(
-            (2..=test_images).contains(&args.reference_images),
-            "--reference-images: expected 2 to {test_images} (the test images of {}), found {}",
-            sidecar.training.data,
-            args.reference_images
-        );
-        anyhow::ensure!(
-            classes.len() * args.per_class >= 2,
-            "--judge: a Fréchet distance needs at least 2 samples; raise --per-class or pass \
-             --judge none"
-        );
-        Some(quality::Judge::load(
-            &args.judge,
-            &sidecar.training.data,
-            [c, h, w],
-            arch.num_classes,
-        )?)
-    };
+    let judge = load_judge(&args, &sidecar, &classes, [c, h, w], &source)?;
     let norm = &arch.input_normalization;
     let sampler = SgldSampler::new(SgldConfig {
         steps: args.steps,
@@ -171,46 +134,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
 
     let n = classes.len() * args.per_class;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let (start, pixels): (String, Vec<f32>) = match &args.from_buffer {
-        None => {
-            // Only the class Gaussians need the training images.
-            let train = args
-                .from_class_gaussian
-                .then(|| source.load(Split::Train))
-                .transpose()?;
-            let init = match &train {
-                None => ChainStart::Uniform(chain_init(norm)),
-                Some(train) => {
-                    ChainStart::ClassGaussian(ClassGaussians::fit(train, chain_init(norm))?)
-                }
-            };
-            let v = classes
-                .iter()
-                .flat_map(|&k| std::iter::repeat_n(k, args.per_class))
-                .flat_map(|k| init.image_of_class(k, [c, h, w], &mut rng))
-                .collect();
-            let of = train.map_or(String::new(), |t| format!(" ({})", t.name));
-            (format!("{}{of}", init.describe()), v)
-        }
-        Some(run) => {
-            let buffer = latest_buffer(run)?;
-            anyhow::ensure!(
-                buffer.image_len() == c * h * w,
-                "{}: its chains have {} pixels, the model takes {}",
-                run.display(),
-                buffer.image_len(),
-                c * h * w
-            );
-            let v = (0..n)
-                .flat_map(|_| {
-                    buffer
-                        .image(rng.random_range(0..buffer.capacity()))
-                        .to_vec()
-                })
-                .collect();
-            (format!("replay buffer of {}", run.display()), v)
-        }
-    };
+    let (start, pixels) = chain_starts(&args, &classes, norm, [c, h, w], &source, &mut rng)?;
     let x0 = Tensor::from_data(TensorData::new(pixels, [n, c, h, w]), &device);
     let labels: Vec<i64> = classes
         .iter()
@@ -224,32 +148,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .to_vec()
         .expect("f32");
     let k = arch.num_classes;
-    let mut reports: Vec<ClassReport> = classes
-        .iter()
-        .enumerate()
-        .map(|(row, &class)| {
-            let rows = (row * args.per_class..(row + 1) * args.per_class)
-                .map(|i| &probs[i * k..(i + 1) * k]);
-            let (mut conf, mut hits) = (0.0, 0.0);
-            for p in rows {
-                conf += p[class] as f64;
-                let arg = (0..k)
-                    .max_by(|&a, &b| p[a].total_cmp(&p[b]))
-                    .expect("classes");
-                hits += f64::from(u8::from(arg == class));
-            }
-            ClassReport {
-                class,
-                name: names
-                    .get(class)
-                    .cloned()
-                    .unwrap_or_else(|| class.to_string()),
-                mean_confidence: conf / args.per_class as f64,
-                classified_as_class: hits / args.per_class as f64,
-                judge_confident: None,
-            }
-        })
-        .collect();
+    let mut reports = class_reports(&probs, k, &classes, args.per_class, &names);
 
     let pixels: Vec<f32> = samples.into_data().to_vec().expect("f32");
     let quality = match &judge {
@@ -292,6 +191,160 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     };
     let json = args.out.with_extension("json");
     crate::model::write_atomic(&json, serde_json::to_string_pretty(&record)?.as_bytes())?;
+    print_record(&record);
+    println!("wrote {} and {}", args.out.display(), json.display());
+    Ok(())
+}
+
+/// Refuses settings no sampling can use, before anything is loaded.
+fn validate(args: &SampleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.per_class >= 1,
+        "--per-class: expected at least 1, found 0"
+    );
+    for (flag, v) in [("--sgld-lr", args.sgld_lr), ("--sgld-std", args.sgld_std)] {
+        if let Some(v) = v {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{flag}: expected a finite number >= 0, found {v}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The judge of the samples' quality (`None` with `--judge none`), its settings checked
+/// against the model's data.
+fn load_judge(
+    args: &SampleArgs,
+    sidecar: &Sidecar,
+    classes: &[usize],
+    [c, h, w]: [usize; 3],
+    source: &DataSource,
+) -> anyhow::Result<Option<quality::Judge>> {
+    let arch = &sidecar.architecture;
+    Ok(if args.judge == "none" {
+        None
+    } else {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&args.judge_threshold),
+            "--judge-threshold: expected a probability in [0, 1], found {}",
+            args.judge_threshold
+        );
+        // The reference images are the test split's first ones: a count beyond the split
+        // would silently shrink to it.
+        let test_images = source.load(Split::Test)?.len();
+        anyhow::ensure!(
+            (2..=test_images).contains(&args.reference_images),
+            "--reference-images: expected 2 to {test_images} (the test images of {}), found {}",
+            sidecar.training.data,
+            args.reference_images
+        );
+        anyhow::ensure!(
+            classes.len() * args.per_class >= 2,
+            "--judge: a Fréchet distance needs at least 2 samples; raise --per-class or pass \
+             --judge none"
+        );
+        Some(quality::Judge::load(
+            &args.judge,
+            &sidecar.training.data,
+            [c, h, w],
+            arch.num_classes,
+        )?)
+    })
+}
+
+/// The chains' first images, one per sample (rows of `per_class` for each class), and how they
+/// were drawn.
+fn chain_starts(
+    args: &SampleArgs,
+    classes: &[usize],
+    norm: &InputNormalization,
+    [c, h, w]: [usize; 3],
+    source: &DataSource,
+    rng: &mut StdRng,
+) -> anyhow::Result<(String, Vec<f32>)> {
+    let n = classes.len() * args.per_class;
+    Ok(match &args.from_buffer {
+        None => {
+            // Only the class Gaussians need the training images.
+            let train = args
+                .from_class_gaussian
+                .then(|| source.load(Split::Train))
+                .transpose()?;
+            let init = match &train {
+                None => ChainStart::Uniform(chain_init(norm)),
+                Some(train) => {
+                    ChainStart::ClassGaussian(ClassGaussians::fit(train, chain_init(norm))?)
+                }
+            };
+            let v = classes
+                .iter()
+                .flat_map(|&k| std::iter::repeat_n(k, args.per_class))
+                .flat_map(|k| init.image_of_class(k, [c, h, w], rng))
+                .collect();
+            let of = train.map_or(String::new(), |t| format!(" ({})", t.name));
+            (format!("{}{of}", init.describe()), v)
+        }
+        Some(run) => {
+            let buffer = latest_buffer(run)?;
+            anyhow::ensure!(
+                buffer.image_len() == c * h * w,
+                "{}: its chains have {} pixels, the model takes {}",
+                run.display(),
+                buffer.image_len(),
+                c * h * w
+            );
+            let v = (0..n)
+                .flat_map(|_| {
+                    buffer
+                        .image(rng.random_range(0..buffer.capacity()))
+                        .to_vec()
+                })
+                .collect();
+            (format!("replay buffer of {}", run.display()), v)
+        }
+    })
+}
+
+/// How the model classifies each class's samples, from their class probabilities (`probs`,
+/// `k` per sample).
+fn class_reports(
+    probs: &[f32],
+    k: usize,
+    classes: &[usize],
+    per_class: usize,
+    names: &[String],
+) -> Vec<ClassReport> {
+    classes
+        .iter()
+        .enumerate()
+        .map(|(row, &class)| {
+            let rows = (row * per_class..(row + 1) * per_class).map(|i| &probs[i * k..(i + 1) * k]);
+            let (mut conf, mut hits) = (0.0, 0.0);
+            for p in rows {
+                conf += p[class] as f64;
+                let arg = (0..k)
+                    .max_by(|&a, &b| p[a].total_cmp(&p[b]))
+                    .expect("classes");
+                hits += f64::from(u8::from(arg == class));
+            }
+            ClassReport {
+                class,
+                name: names
+                    .get(class)
+                    .cloned()
+                    .unwrap_or_else(|| class.to_string()),
+                mean_confidence: conf / per_class as f64,
+                classified_as_class: hits / per_class as f64,
+                judge_confident: None,
+            }
+        })
+        .collect()
+}
+
+/// The record's table on stdout.
+fn print_record(record: &SampleRecord) {
     println!("class  name        p(y|x) mean  classified as class  judge p >= threshold");
     for r in &record.classes {
         let judged = r.judge_confident.map_or("-".into(), |f| format!("{f:.2}"));
@@ -314,8 +367,6 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
             q.frechet_distance_train_images
         );
     }
-    println!("wrote {} and {}", args.out.display(), json.display());
-    Ok(())
 }
 
 /// The replay buffer of the latest saved state of a training run folder.
