@@ -102,44 +102,74 @@ fn rate(flags: impl Iterator<Item = bool>) -> (f64, (f64, f64), usize) {
 /// `robust.csv` of the finished cells: each cell's rows with breaks carried from its attack's
 /// smaller ε and Wilson intervals, then per model × K × gradient mode the worst-case rows.
 pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
-    let norm_of = |r: &TidyRow| -> anyhow::Result<Norm> {
-        r.norm
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("cell of {} {}: {e}", r.model, r.attack))
-    };
-    // Group cells by model, K, gradient mode and attack, in sweep order.
-    type Group = (String, usize, String, String);
-    let mut order: Vec<Group> = Vec::new();
-    let mut runs: BTreeMap<Group, AttackRun> = BTreeMap::new();
-    let mut templates: BTreeMap<Group, &TidyRow> = BTreeMap::new();
-    for r in results {
-        // A cell's examples come attack by attack (several for a preset's cascade), and within
-        // an attack ε by ε (once for a minimum-perturbation attack).
-        for e in &r.examples {
-            let g = (e.model.clone(), e.k, e.grad.clone(), e.attack.clone());
-            if !runs.contains_key(&g) {
-                let template = r
-                    .rows
-                    .iter()
-                    .find(|row| row.attack == e.attack)
-                    .with_context(|| {
-                        format!("cell of {} K={}: no row for {}", e.model, e.k, e.attack)
-                    })?;
-                order.push(g.clone());
-                templates.insert(g.clone(), template);
-            }
-            let run = runs.entry(g).or_insert(AttackRun { cells: Vec::new() });
-            match run.cells.last_mut() {
-                Some((eps, rows)) if eps.map(f32::to_bits) == e.eps.map(f32::to_bits) => {
-                    rows.push(e)
+    let runs = Runs::collect(results)?;
+    let mut out = per_attack_rows(results, &runs)?;
+    out.extend(worst_case_rows(results, &runs)?);
+    for row in &mut out {
+        row.upper_bound = row.is_bpda_bound();
+    }
+    Ok(out)
+}
+
+/// Model, K, gradient mode and attack: the cells of one attack run.
+type Group = (String, usize, String, String);
+
+/// The finished cells' examples grouped into attack runs, in sweep order.
+struct Runs<'a> {
+    order: Vec<Group>,
+    runs: BTreeMap<Group, AttackRun<'a>>,
+    /// Each run's first row, whose settings its worst-case rows copy.
+    templates: BTreeMap<Group, &'a TidyRow>,
+}
+
+impl<'a> Runs<'a> {
+    fn collect(results: &[&'a CellResult]) -> anyhow::Result<Self> {
+        let mut order: Vec<Group> = Vec::new();
+        let mut runs: BTreeMap<Group, AttackRun> = BTreeMap::new();
+        let mut templates: BTreeMap<Group, &TidyRow> = BTreeMap::new();
+        for r in results {
+            // A cell's examples come attack by attack (several for a preset's cascade), and
+            // within an attack ε by ε (once for a minimum-perturbation attack).
+            for e in &r.examples {
+                let g = (e.model.clone(), e.k, e.grad.clone(), e.attack.clone());
+                if !runs.contains_key(&g) {
+                    let template = r
+                        .rows
+                        .iter()
+                        .find(|row| row.attack == e.attack)
+                        .with_context(|| {
+                            format!("cell of {} K={}: no row for {}", e.model, e.k, e.attack)
+                        })?;
+                    order.push(g.clone());
+                    templates.insert(g.clone(), template);
                 }
-                _ => run.cells.push((e.eps, vec![e])),
+                let run = runs.entry(g).or_insert(AttackRun { cells: Vec::new() });
+                match run.cells.last_mut() {
+                    Some((eps, rows)) if eps.map(f32::to_bits) == e.eps.map(f32::to_bits) => {
+                        rows.push(e)
+                    }
+                    _ => run.cells.push((e.eps, vec![e])),
+                }
             }
         }
+        Ok(Runs {
+            order,
+            runs,
+            templates,
+        })
     }
+}
 
+/// The norm a row's ε is measured in.
+fn norm_of(r: &TidyRow) -> anyhow::Result<Norm> {
+    r.norm
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("cell of {} {}: {e}", r.model, r.attack))
+}
+
+/// Every cell's own rows, with breaks carried from its attack's smaller ε.
+fn per_attack_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<TidyRow>> {
     let mut out = Vec::new();
-    // Per-attack rows, carried.
     for r in results {
         for row in &r.rows {
             let g = (
@@ -149,7 +179,7 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
                 row.attack.clone(),
             );
             let norm = norm_of(row)?;
-            let robust = runs[&g]
+            let robust = runs.runs[&g]
                 .robust_at(norm, row.eps)
                 .expect("a cell's own ε applies to it");
             let clean = r
@@ -160,16 +190,21 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
             out.push(with_rates(row.clone(), clean, robust.into_values()));
         }
     }
+    Ok(out)
+}
 
-    // Worst-case rows per model × K × gradient mode (gradient-free attacks join every mode).
+/// Worst-case rows per model × K × gradient mode (gradient-free attacks join every mode, and
+/// a model with several modes gets a row over all of them), at every ε of the model's rows.
+fn worst_case_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<TidyRow>> {
+    let mut out = Vec::new();
     let mut models_ks: Vec<(String, usize)> = Vec::new();
-    for (m, k, _, _) in &order {
+    for (m, k, _, _) in &runs.order {
         if !models_ks.contains(&(m.clone(), *k)) {
             models_ks.push((m.clone(), *k));
         }
     }
     for (m, k) in models_ks {
-        let mine: Vec<&Group> = order.iter().filter(|g| g.0 == m && g.1 == k).collect();
+        let mine: Vec<&Group> = runs.order.iter().filter(|g| g.0 == m && g.1 == k).collect();
         let modes: BTreeSet<&str> = mine
             .iter()
             .map(|g| g.2.as_str())
@@ -197,60 +232,70 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
                 .copied()
                 .filter(|g| grad == ALL_GRADS || g.2 == grad || g.2 == "none")
                 .collect();
-            let template = templates[members[0]];
-            let norm = norm_of(template)?;
-            let names: Vec<String> = members
-                .iter()
-                .map(|g| {
-                    if g.2 == "none" {
-                        g.3.clone()
-                    } else {
-                        format!("{} ({})", g.3, g.2)
-                    }
-                })
-                .collect();
-            // Clean: correct in every attack's clean pass.
-            let mut clean: BTreeMap<usize, bool> = BTreeMap::new();
-            for g in &members {
-                for (_, examples) in &runs[*g].cells {
-                    for e in examples.iter() {
-                        *clean.entry(e.example).or_insert(true) &= e.clean_correct;
-                    }
-                }
+            out.extend(worst_case_over(runs, &members, grad, &eps_grid)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The worst case over the attack runs `members` (of one model and K) at each ε of
+/// `eps_grid`, as rows of gradient mode `grad`.
+fn worst_case_over(
+    runs: &Runs,
+    members: &[&Group],
+    grad: &str,
+    eps_grid: &[f32],
+) -> anyhow::Result<Vec<TidyRow>> {
+    let template = runs.templates[members[0]];
+    let norm = norm_of(template)?;
+    let names: Vec<String> = members
+        .iter()
+        .map(|g| {
+            if g.2 == "none" {
+                g.3.clone()
+            } else {
+                format!("{} ({})", g.3, g.2)
             }
-            for &eps in &eps_grid {
-                let mut robust: BTreeMap<usize, bool> = clean.clone();
-                for g in &members {
-                    if let Some(flags) = runs[*g].robust_at(norm, eps) {
-                        for (i, ok) in flags {
-                            *robust.entry(i).or_insert(true) &= ok;
-                        }
-                    }
-                }
-                let row = TidyRow {
-                    attack: WORST_CASE.into(),
-                    eps,
-                    grad: grad.into(),
-                    eot: 0,
-                    restarts: 0,
-                    attack_settings: serde_json::json!({ "worst_case_over": names }).to_string(),
-                    // The cells' convergence checks stay on their own rows.
-                    check_sampled: None,
-                    check_broken_eot: None,
-                    check_broken_iterations: None,
-                    check_broken: None,
-                    ..template.clone()
-                };
-                out.push(with_rates(
-                    row,
-                    clean.values().copied(),
-                    robust.into_values(),
-                ));
+        })
+        .collect();
+    // Clean: correct in every attack's clean pass.
+    let mut clean: BTreeMap<usize, bool> = BTreeMap::new();
+    for g in members {
+        for (_, examples) in &runs.runs[*g].cells {
+            for e in examples.iter() {
+                *clean.entry(e.example).or_insert(true) &= e.clean_correct;
             }
         }
     }
-    for row in &mut out {
-        row.upper_bound = row.is_bpda_bound();
+    let mut out = Vec::new();
+    for &eps in eps_grid {
+        let mut robust: BTreeMap<usize, bool> = clean.clone();
+        for g in members {
+            if let Some(flags) = runs.runs[*g].robust_at(norm, eps) {
+                for (i, ok) in flags {
+                    *robust.entry(i).or_insert(true) &= ok;
+                }
+            }
+        }
+        let row = TidyRow {
+            attack: WORST_CASE.into(),
+            eps,
+            grad: grad.into(),
+            eot: 0,
+            restarts: 0,
+            attack_settings: serde_json::json!({ "worst_case_over": names }).to_string(),
+            // The cells' convergence checks stay on their own rows.
+            check_sampled: None,
+            check_broken_eot: None,
+            check_broken_iterations: None,
+            check_broken: None,
+            ..template.clone()
+        };
+        out.push(with_rates(
+            row,
+            clean.values().copied(),
+            robust.into_values(),
+        ));
     }
     Ok(out)
 }
