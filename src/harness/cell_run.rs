@@ -61,7 +61,6 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
     let sgld = subject.sgld();
     let defence_settings = crate::defended::settings(sgld, cell.k, grad_mode, &args.defence)?;
     let defended = Defended::new(subject.network(), sgld, cell.k, grad_mode, &args.defence)?;
-    let norm = args.norm;
     let batch = |rows: &[usize]| {
         let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
         let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
@@ -71,11 +70,73 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
         )
     };
 
+    let mut grid = eps_grid.to_vec();
+    grid.sort_by(f32::total_cmp);
+    let (stages, batch_seconds, seconds_now) =
+        attack_in_batches(out, identity, args, cell, &defended, &grid, n, &batch)?;
+    let all: Vec<usize> = (0..n).collect();
+    if args.save_adversarials {
+        // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
+        let last = stages.last().expect("every cell runs an attack");
+        for (eps, out) in &last.outcomes {
+            save_adversarials(args, cell, *eps, &loaded, &all, out)?;
+        }
+    }
+
+    let probe = probe(&defended, &loaded, args.seed, &device)
+        .with_context(|| format!("{} K={}", cell.model, cell.k))?;
+    let last = stages.last().expect("every cell runs an attack");
+    let convergence = if probe.stochastic && args.convergence_sample > 0 {
+        convergence_checks(args, cell, &defended, last, &grid, &batch)?
+    } else {
+        Vec::new()
+    };
+    let (mut rows, examples) = rows_and_examples(
+        args,
+        cell,
+        &stages,
+        &loaded,
+        eps_grid,
+        &probe,
+        &defence_settings,
+    );
+    // The convergence check is of the cell's last stage (a cascade's joint outcome).
+    for r in rows.iter_mut().filter(|r| r.attack == last.name) {
+        if let Some(c) = convergence.iter().find(|c| c.eps == r.eps) {
+            r.check_sampled = Some(c.sampled);
+            r.check_broken_eot = Some(c.broken_eot);
+            r.check_broken_iterations = Some(c.broken_iterations);
+            r.check_broken = Some(c.broken);
+        }
+    }
+    Ok(CellResult {
+        cell: cell.clone(),
+        identity: identity.to_string(),
+        // Batches an earlier, interrupted run finished count with the time they took then.
+        seconds: started.elapsed().as_secs_f64() - seconds_now + batch_seconds,
+        rows,
+        examples,
+    })
+}
+
+/// Per attack (several for a preset's cascade), per ε of `grid` (ascending; or once, for a
+/// minimum-perturbation attack): every one of the cell's `n` examples' outcome, batch after
+/// batch. Returns the stages joined over the batches, the seconds all batches took (those an
+/// earlier, interrupted run finished included) and the seconds this run spent on them.
+#[allow(clippy::too_many_arguments)] // one cell's whole context, read once
+fn attack_in_batches<M: Model<Train>>(
+    out: &std::path::Path,
+    identity: &str,
+    args: &RobustArgs,
+    cell: &Cell,
+    defended: &M,
+    grid: &[f32],
+    n: usize,
+    batch: &impl Fn(&[usize]) -> Examples,
+) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
-    let mut grid = eps_grid.to_vec();
-    grid.sort_by(f32::total_cmp);
     let chunks: Vec<&[usize]> = all.chunks(args.batch_size.unwrap_or(n).max(1)).collect();
     // Several batches: each is kept as it finishes, so a killed sweep resumes mid-cell (an
     // AutoAttack cascade on 1 000 images runs for hours on two cores).
@@ -88,7 +149,7 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
             seed: batch_seed(args.seed, j),
             ..args.clone()
         };
-        let mut stages = attack_batch(&batch_args, cell, &defended, x, y, &grid)?;
+        let mut stages = attack_batch(&batch_args, cell, defended, x, y, grid)?;
         if !args.save_adversarials {
             // Only saved adversarials need the inputs; batch files stay small without them.
             for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {
@@ -112,22 +173,20 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
                 .collect()
         };
     }
-    if args.save_adversarials {
-        // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
-        let last = stages.last().expect("every cell runs an attack");
-        for (eps, out) in &last.outcomes {
-            save_adversarials(args, cell, *eps, &loaded, &all, out)?;
-        }
-    }
+    Ok((stages, batch_seconds, seconds_now))
+}
 
-    let probe = probe(&defended, &loaded, args.seed, &device)
-        .with_context(|| format!("{} K={}", cell.model, cell.k))?;
-    let last = stages.last().expect("every cell runs an attack");
-    let convergence = if probe.stochastic && args.convergence_sample > 0 {
-        convergence_checks(args, cell, &defended, last, &grid, &batch)?
-    } else {
-        Vec::new()
-    };
+/// The rows (per stage and ε) and per-example records of a cell's finished `stages`.
+fn rows_and_examples(
+    args: &RobustArgs,
+    cell: &Cell,
+    stages: &[Stage],
+    loaded: &Loaded,
+    eps_grid: &[f32],
+    probe: &Probe,
+    defence_settings: &serde_json::Value,
+) -> (Vec<TidyRow>, Vec<ExampleRow>) {
+    let (n, norm) = (loaded.indices.len(), args.norm);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
         let (clean_lo, clean_hi) = wilson(clean, n);
@@ -176,7 +235,7 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
     };
     let mut rows = Vec::new();
     let mut examples = Vec::new();
-    for stage in &stages {
+    for stage in stages {
         for (eps, outcome) in &stage.outcomes {
             let ex = &outcome.examples;
             let clean = ex.iter().filter(|e| e.clean_correct).count();
@@ -214,23 +273,7 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
             }));
         }
     }
-    // The convergence check is of the cell's last stage (a cascade's joint outcome).
-    for r in rows.iter_mut().filter(|r| r.attack == last.name) {
-        if let Some(c) = convergence.iter().find(|c| c.eps == r.eps) {
-            r.check_sampled = Some(c.sampled);
-            r.check_broken_eot = Some(c.broken_eot);
-            r.check_broken_iterations = Some(c.broken_iterations);
-            r.check_broken = Some(c.broken);
-        }
-    }
-    Ok(CellResult {
-        cell: cell.clone(),
-        identity: identity.to_string(),
-        // Batches an earlier, interrupted run finished count with the time they took then.
-        seconds: started.elapsed().as_secs_f64() - seconds_now + batch_seconds,
-        rows,
-        examples,
-    })
+    (rows, examples)
 }
 
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
