@@ -17,6 +17,27 @@ pub type Train = Autodiff<Inference>;
 
 pub type Device = burn::tensor::Device<Inference>;
 
+/// A backend every command of the library runs on, generic until `main`: jem-kernels'
+/// convolutions and activations with automatic differentiation, and the name outputs record
+/// for a device (`burn-flex`, `burn-cuda:0`), so that a result says where it was computed.
+pub trait BenchBackend: jem_kernels::KernelsAutodiff {
+    /// The backend and device as every output records them.
+    fn recorded_name(device: &Self::Device) -> String;
+}
+
+impl BenchBackend for Autodiff<burn::backend::Flex> {
+    fn recorded_name(_device: &Self::Device) -> String {
+        "burn-flex".into()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl BenchBackend for Autodiff<burn::backend::Cuda> {
+    fn recorded_name(device: &Self::Device) -> String {
+        format!("burn-cuda:{}", device.index)
+    }
+}
+
 /// The device `--device` chose, if any.
 static SELECTED: OnceLock<(Device, String)> = OnceLock::new();
 

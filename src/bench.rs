@@ -23,7 +23,7 @@ use jem_kernels::Implementation;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use crate::backend::{self, Inference, Train};
+use crate::backend::BenchBackend;
 use crate::defended::{DefenceArgs, Defended};
 use crate::energy::lse_input_gradient;
 use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
@@ -191,30 +191,44 @@ struct Timing {
 /// At least this many timed calls, whatever `--max-seconds` says, so that a median exists.
 const MIN_REPS: usize = 3;
 
-/// Runs `call` `warmup` times, then up to `reps` times; `max_seconds` cuts either part short
-/// once that long has passed in it (keeping at least 1 warm-up call and 3 timed ones). The
-/// wall times of the timed calls, in ms.
-fn time(warmup: usize, reps: usize, max_seconds: Option<f64>, mut call: impl FnMut()) -> Vec<f64> {
-    let within = |since: Instant| max_seconds.is_none_or(|s| since.elapsed().as_secs_f64() < s);
-    let started = Instant::now();
-    for i in 0..warmup {
-        // One call fills the allocation pools and caches; a slow row needs no more.
-        if i >= 1 && !within(started) {
-            break;
-        }
-        call();
-    }
-    let started = Instant::now();
-    let mut times = Vec::with_capacity(reps);
-    while times.len() < reps && (times.len() < MIN_REPS || within(started)) {
-        let t = Instant::now();
-        call();
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    times
+/// How often an operation is called: `warmup` times, then up to `reps` times; `max_seconds`
+/// cuts either part short once that long has passed in it (keeping at least 1 warm-up call
+/// and 3 timed ones).
+#[derive(Clone, Copy)]
+struct Repeats {
+    warmup: usize,
+    reps: usize,
+    max_seconds: Option<f64>,
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+impl Repeats {
+    /// The wall times of the timed calls of `call`, in ms.
+    fn time(self, mut call: impl FnMut()) -> Vec<f64> {
+        let within = |since: Instant| {
+            self.max_seconds
+                .is_none_or(|s| since.elapsed().as_secs_f64() < s)
+        };
+        let started = Instant::now();
+        for i in 0..self.warmup {
+            // One call fills the allocation pools and caches; a slow row needs no more.
+            if i >= 1 && !within(started) {
+                break;
+            }
+            call();
+        }
+        let started = Instant::now();
+        let mut times = Vec::with_capacity(self.reps);
+        while times.len() < self.reps && (times.len() < MIN_REPS || within(started)) {
+            let t = Instant::now();
+            call();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times
+    }
+}
+
+/// Refuses settings no benchmark can run, naming the flag.
+fn validate(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch >= 1, "--batch: expected at least 1, found 0");
     anyhow::ensure!(args.reps >= 1, "--reps: expected at least 1, found 0");
     if let Some(s) = args.max_seconds {
@@ -223,145 +237,32 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "--max-seconds: expected a finite number >= 0, found {s}"
         );
     }
-    jem_kernels::set_implementation(match args.kernels {
-        KernelsArg::Own => Implementation::Own,
-        KernelsArg::Burn => Implementation::Burn,
-        KernelsArg::Portable => Implementation::Portable,
-    });
-    let device = backend::device();
     anyhow::ensure!(args.width >= 1, "--width: expected at least 1, found 0");
     anyhow::ensure!(
         args.channels >= 1,
         "--channels: expected at least 1, found 0"
     );
     anyhow::ensure!(args.size >= 1, "--size: expected at least 1, found 0");
+    anyhow::ensure!(
+        args.op != BenchOp::PgdStep || args.k == 0 || args.chains >= 1,
+        "--chains: expected at least 1 for --k {}, found 0",
+        args.k
+    );
+    Ok(())
+}
+
+/// Times the operation `args` names on `device` and prints one JSON line.
+pub fn run<B: BenchBackend>(args: BenchArgs, device: &B::Device) -> anyhow::Result<()> {
+    validate(&args)?;
+    jem_kernels::set_implementation(match args.kernels {
+        KernelsArg::Own => Implementation::Own,
+        KernelsArg::Burn => Implementation::Burn,
+        KernelsArg::Portable => Implementation::Portable,
+    });
     let cfg = WideResNetConfig::new(args.depth, args.width, args.channels, 10);
     cfg.blocks_per_stage()
         .map_err(|e| anyhow::anyhow!("--depth {}: {e}", args.depth))?;
-    let shape = [args.batch, args.channels, args.size, args.size];
-    let mut model = Some(cfg.init_seeded::<Train>(0, &device)?);
-    let x = Tensor::<Train, 4>::random(shape, Distribution::Uniform(0.0, 1.0), &device);
-    let xi: Tensor<Inference, 4> = x.clone().inner();
-    let (warmup, reps, limit) = (args.warmup, args.reps, args.max_seconds);
-    let times = match args.op {
-        BenchOp::Forward => {
-            let m = model.take().expect("model").valid();
-            time(warmup, reps, limit, || {
-                m.forward(xi.clone()).into_data();
-            })
-        }
-        BenchOp::TrainStep => {
-            let y = Tensor::<Train, 1, Int>::random(
-                [args.batch],
-                Distribution::Uniform(0.0, 10.0),
-                &device,
-            );
-            let mut optim = adam().init::<Train, WideResNet<Train>>();
-            time(warmup, reps, limit, || {
-                let m = model.take().expect("model");
-                let loss = cross_entropy(m.forward(x.clone()), y.clone());
-                let m = descend(m, &mut optim, loss, 1e-4);
-                // Wait for the update (lazy backends would otherwise time nothing).
-                m.linear.weight.val().into_data();
-                model = Some(m);
-            })
-        }
-        BenchOp::InputGradient => {
-            let m = model.take().expect("model").no_grad();
-            time(warmup, reps, limit, || {
-                lse_input_gradient(&m, xi.clone()).into_data();
-            })
-        }
-        BenchOp::SgldStep => {
-            let m = model.take().expect("model").no_grad();
-            let sampler = SgldSampler::new(SgldConfig {
-                steps: 1,
-                step_size: 1.0,
-                noise: 0.01,
-                pixel_scale: InputNormalization::symmetric(args.channels).std,
-                clamp: false,
-            });
-            let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-            time(warmup, reps, limit, || {
-                let eps = noise::gaussian(shape, &mut rng, &device);
-                sampler
-                    .step::<Train, _>(&m, xi.clone(), &SgldTarget::Marginal, eps)
-                    .into_data();
-            })
-        }
-        BenchOp::JemIteration => {
-            // The official settings, with the SGLD shards on as many threads as the rest of
-            // the row (training's default, one per core, would ignore RAYON_NUM_THREADS).
-            let config = JemConfig {
-                sgld_threads: rayon_threads(),
-                ..JemConfig::default()
-            };
-            let mut objective = JemObjective::new(config, f64::INFINITY);
-            // The batch as a training set: `prepare` sizes the replay buffer from its shape.
-            let labels: Vec<u8> = (0..args.batch).map(|i| (i % 10) as u8).collect();
-            let data = ImageSet {
-                name: "bench".into(),
-                images: xi.to_data().to_vec().expect("f32 pixels"),
-                labels: labels.clone(),
-                channels: args.channels,
-                height: args.size,
-                width: args.size,
-                class_names: (0..10).map(|c| c.to_string()).collect(),
-            };
-            Objective::<Train>::prepare(&mut objective, &cfg, &data, 0)?;
-            let y = Tensor::<Train, 1, Int>::from_data(
-                TensorData::new(labels.iter().map(|&l| l as i64).collect(), [args.batch]),
-                &device,
-            );
-            let mut optim = adam().init::<Train, WideResNet<Train>>();
-            let mut iteration = 0;
-            time(warmup, reps, limit, || {
-                let m = model.take().expect("model");
-                // Each call a fresh draw of chains and noise, as successive iterations.
-                let step = Step {
-                    iteration,
-                    seed: iteration as u64,
-                };
-                let (loss, _) = objective.loss(&m, x.clone(), y.clone(), step);
-                let m = descend(m, &mut optim, loss, 1e-4);
-                m.linear.weight.val().into_data();
-                model = Some(m);
-                iteration += 1;
-            })
-        }
-        BenchOp::PgdStep => {
-            anyhow::ensure!(
-                args.k == 0 || args.chains >= 1,
-                "--chains: expected at least 1 for --k {}, found 0",
-                args.k
-            );
-            // The defence as `robust` builds it for a model trained with the official JEM
-            // settings (α = 1, σ = 0.01 on the network's scale), n chains, no initial noise.
-            let sgld = JemConfig::default()
-                .sampler(&cfg.input_normalization)
-                .config;
-            let defence = DefenceArgs {
-                chains: args.chains.max(1),
-                ..clap_defaults()
-            };
-            let m = model.take().expect("model");
-            let defended = Defended::new(m, Some(&sgld), args.k, args.grad, &defence)?;
-            let y = Tensor::<Train, 1, Int>::random(
-                [args.batch],
-                Distribution::Uniform(0.0, 10.0),
-                &device,
-            );
-            // The per-example loss PGD maximises (`--loss ce`), of the chain-averaged logits.
-            let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y.clone());
-            let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-            time(warmup, reps, limit, || {
-                defended
-                    .loss_gradient(xi.clone(), &loss, &mut rng)
-                    .0
-                    .into_data();
-            })
-        }
-    };
+    let times = time_op::<B>(&args, &cfg, device)?;
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     // The median as Python's `statistics.median` takes it (ops.py's): the mean of the two
@@ -386,7 +287,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         median_ms: median,
         min_ms: sorted[0],
         gflop_per_call: flops(&args, forward) as f64 / 1e9,
-        backend: backend::name(),
+        backend: B::recorded_name(device),
         sgld_steps: (args.op == BenchOp::JemIteration).then(|| JemConfig::default().sgld_steps),
         k: pgd.then_some(args.k),
         grad: defended.then_some(args.grad),
@@ -394,6 +295,142 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     println!("{}", serde_json::to_string(&timing)?);
     Ok(())
+}
+
+/// The wall times (ms) of the timed calls of `args.op` on a seeded network of `cfg` and a
+/// batch of uniform images.
+fn time_op<B: BenchBackend>(
+    args: &BenchArgs,
+    cfg: &WideResNetConfig,
+    device: &B::Device,
+) -> anyhow::Result<Vec<f64>> {
+    let shape = [args.batch, args.channels, args.size, args.size];
+    let model = cfg.init_seeded::<B>(0, device)?;
+    let x = Tensor::<B, 4>::random(shape, Distribution::Uniform(0.0, 1.0), device);
+    let xi: Tensor<B::InnerBackend, 4> = x.clone().inner();
+    let repeats = Repeats {
+        warmup: args.warmup,
+        reps: args.reps,
+        max_seconds: args.max_seconds,
+    };
+    let random_labels =
+        || Tensor::<B, 1, Int>::random([args.batch], Distribution::Uniform(0.0, 10.0), device);
+    Ok(match args.op {
+        BenchOp::Forward => {
+            let m = model.valid();
+            repeats.time(|| {
+                m.forward(xi.clone()).into_data();
+            })
+        }
+        BenchOp::TrainStep => {
+            let y = random_labels();
+            let mut optim = adam().init::<B, WideResNet<B>>();
+            let mut model = Some(model);
+            repeats.time(|| {
+                let m = model.take().expect("model");
+                let loss = cross_entropy(m.forward(x.clone()), y.clone());
+                let m = descend(m, &mut optim, loss, 1e-4);
+                // Wait for the update (lazy backends would otherwise time nothing).
+                m.linear.weight.val().into_data();
+                model = Some(m);
+            })
+        }
+        BenchOp::InputGradient => {
+            let m = model.no_grad();
+            repeats.time(|| {
+                lse_input_gradient(&m, xi.clone()).into_data();
+            })
+        }
+        BenchOp::SgldStep => {
+            let m = model.no_grad();
+            let sampler = SgldSampler::new(SgldConfig {
+                steps: 1,
+                step_size: 1.0,
+                noise: 0.01,
+                pixel_scale: InputNormalization::symmetric(args.channels).std,
+                clamp: false,
+            });
+            let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+            repeats.time(|| {
+                let eps = noise::gaussian(shape, &mut rng, device);
+                sampler
+                    .step::<B, _>(&m, xi.clone(), &SgldTarget::Marginal, eps)
+                    .into_data();
+            })
+        }
+        BenchOp::JemIteration => time_jem_iteration(args, cfg, model, x, repeats, device)?,
+        BenchOp::PgdStep => {
+            // The defence as `robust` builds it for a model trained with the official JEM
+            // settings (α = 1, σ = 0.01 on the network's scale), n chains, no initial noise.
+            let sgld = JemConfig::default()
+                .sampler(&cfg.input_normalization)
+                .config;
+            let defence = DefenceArgs {
+                chains: args.chains.max(1),
+                ..clap_defaults()
+            };
+            let defended = Defended::new(model, Some(&sgld), args.k, args.grad, &defence)?;
+            let y = random_labels();
+            // The per-example loss PGD maximises (`--loss ce`), of the chain-averaged logits.
+            let loss = |logits: Tensor<B, 2>| AttackLoss::CrossEntropy.of(logits, y.clone());
+            let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+            repeats.time(|| {
+                defended
+                    .loss_gradient(xi.clone(), &loss, &mut rng)
+                    .0
+                    .into_data();
+            })
+        }
+    })
+}
+
+/// One JEM training iteration after another, as `train --kind jem` runs them, with the
+/// official settings and the SGLD shards on as many threads as the rest of the row
+/// (training's default, one per core, would ignore `RAYON_NUM_THREADS`).
+fn time_jem_iteration<B: BenchBackend>(
+    args: &BenchArgs,
+    cfg: &WideResNetConfig,
+    model: WideResNet<B>,
+    x: Tensor<B, 4>,
+    repeats: Repeats,
+    device: &B::Device,
+) -> anyhow::Result<Vec<f64>> {
+    let config = JemConfig {
+        sgld_threads: rayon_threads(),
+        ..JemConfig::default()
+    };
+    let mut objective = JemObjective::new(config, f64::INFINITY);
+    // The batch as a training set: `prepare` sizes the replay buffer from its shape.
+    let labels: Vec<u8> = (0..args.batch).map(|i| (i % 10) as u8).collect();
+    let data = ImageSet {
+        name: "bench".into(),
+        images: x.clone().inner().to_data().to_vec().expect("f32 pixels"),
+        labels: labels.clone(),
+        channels: args.channels,
+        height: args.size,
+        width: args.size,
+        class_names: (0..10).map(|c| c.to_string()).collect(),
+    };
+    Objective::<B>::prepare(&mut objective, cfg, &data, 0)?;
+    let y = Tensor::<B, 1, Int>::from_data(
+        TensorData::new(labels.iter().map(|&l| l as i64).collect(), [args.batch]),
+        device,
+    );
+    let mut optim = adam().init::<B, WideResNet<B>>();
+    let (mut model, mut iteration) = (Some(model), 0);
+    Ok(repeats.time(|| {
+        let m = model.take().expect("model");
+        // Each call a fresh draw of chains and noise, as successive iterations.
+        let step = Step {
+            iteration,
+            seed: iteration as u64,
+        };
+        let (loss, _) = objective.loss(&m, x.clone(), y.clone(), step);
+        let m = descend(m, &mut optim, loss, 1e-4);
+        m.linear.weight.val().into_data();
+        model = Some(m);
+        iteration += 1;
+    }))
 }
 
 /// The size of rayon's global pool: `RAYON_NUM_THREADS`, else the number of cores.

@@ -17,7 +17,7 @@ use jem_attacks::GradMode;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use crate::backend::{self, Train};
+use crate::backend::BenchBackend;
 use crate::defended::{DefenceArgs, Defended};
 use crate::metrics::{self, Calibration};
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
@@ -97,7 +97,7 @@ impl CalibrateArgs {
     /// Checks every flag, model and data set before anything is written: at least one K,
     /// counts ≥ 1, the defence's settings when some K > 0, models that exist and can run the
     /// defence, data they can take, n within the test split.
-    fn prepare(&self, device: &backend::Device) -> anyhow::Result<Vec<Prepared>> {
+    fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared>> {
         anyhow::ensure!(
             !self.steps.is_empty(),
             "--steps: name at least one K (0 = the plain classifier)"
@@ -117,8 +117,7 @@ impl CalibrateArgs {
         let mut prepared = Vec::new();
         for path in &self.models {
             let m = path.display().to_string();
-            let (_, sidecar) =
-                Checkpoint::load_named::<backend::Inference>(path, "--models", device)?;
+            let (_, sidecar) = Checkpoint::load_named::<B::InnerBackend>(path, "--models", device)?;
             for &k in &self.steps {
                 crate::defended::forward_settings(&sidecar, k, &self.defence)
                     .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
@@ -136,13 +135,13 @@ impl CalibrateArgs {
 
 /// Predictions of one model at K on its test images, summarised; an error when they are not
 /// finite (a number made of NaN is no result).
-fn calibrate_one(
+fn calibrate_one<B: BenchBackend>(
     args: &CalibrateArgs,
     p: &Prepared,
     k: usize,
-    device: &backend::Device,
+    device: &B::Device,
 ) -> anyhow::Result<Calibration> {
-    let (model, _) = Checkpoint::at(&p.path).load::<Train>(device)?;
+    let (model, _) = Checkpoint::at(&p.path).load::<B>(device)?;
     let defended = Defended::new(
         model,
         Some(&crate::defended::sgld_of(&p.sidecar)?),
@@ -155,7 +154,7 @@ fn calibrate_one(
         SGLD_STREAM,
         k as u64,
     ));
-    let logits = crate::batches::model_logits::<Train, _>(
+    let logits = crate::batches::model_logits::<B, _>(
         &defended,
         &p.data.set,
         args.batch_size,
@@ -180,13 +179,12 @@ fn calibrate_one(
     Ok(c)
 }
 
-pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(mut args: CalibrateArgs, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
     let started = Instant::now();
-    let device = backend::device();
-    let prepared = args.prepare(&device)?;
+    let prepared = args.prepare::<B>(device)?;
     crate::output_folder::claim(&args.out, "calibrate")?;
     let mut rows = Vec::new();
     let mut bins = Vec::new();
@@ -195,7 +193,7 @@ pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
         let model = p.path.display().to_string();
         for &k in &args.steps {
             let cell = Instant::now();
-            let c = calibrate_one(&args, p, k, &device)?;
+            let c = calibrate_one::<B>(&args, p, k, device)?;
             let m = c.metrics;
             // Progress on stderr: stdout carries the results, printed once they are written.
             eprintln!(
@@ -242,7 +240,7 @@ pub fn run(mut args: CalibrateArgs) -> anyhow::Result<()> {
     diagram::figure(&results, &title).write(&args.out.join("reliability"))?;
     let record = serde_json::json!({
         "software": SOFTWARE,
-        "backend": backend::name(),
+        "backend": B::recorded_name(device),
         "settings": &args,
         "metrics": {
             "accuracy": "fraction of examples whose most probable class is the label",

@@ -4,6 +4,7 @@
 //! values for other models), each overridable by a flag.
 
 use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use jem_attacks::{
     Classifier, GradMode, HessianVector, LossFn, Model, SgldConfig, SgldDefence, SgldDefenceConfig,
@@ -12,7 +13,6 @@ use jem_attacks::{
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Inference, Train};
 use crate::model::Sidecar;
 use crate::train::JemConfig;
 
@@ -148,15 +148,19 @@ pub enum Defended<N> {
     Sgld(SgldDefence<N>),
 }
 
-impl<N: Classifier<Train> + Module<Train>> Defended<N> {
+impl<N> Defended<N> {
     /// `steps` = K; K = 0 is the plain classifier. `base`: the model's SGLD settings.
-    pub fn new(
+    pub fn new<B>(
         model: N,
         base: Option<&SgldConfig>,
         steps: usize,
         grad: GradMode,
         args: &DefenceArgs,
-    ) -> anyhow::Result<Self> {
+    ) -> anyhow::Result<Self>
+    where
+        B: AutodiffBackend,
+        N: Classifier<B> + Module<B>,
+    {
         Ok(match configs(base, steps, grad, args)? {
             None => Defended::Plain(Undefended::new(model)),
             Some((sgld, defence)) => {
@@ -166,8 +170,12 @@ impl<N: Classifier<Train> + Module<Train>> Defended<N> {
     }
 }
 
-impl<N: Classifier<Train>> Model<Train> for Defended<N> {
-    fn logits(&self, x: Tensor<Inference, 4>, rng: &mut StdRng) -> Tensor<Inference, 2> {
+impl<B: AutodiffBackend, N: Classifier<B>> Model<B> for Defended<N> {
+    fn logits(
+        &self,
+        x: Tensor<B::InnerBackend, 4>,
+        rng: &mut StdRng,
+    ) -> Tensor<B::InnerBackend, 2> {
         match self {
             Defended::Plain(m) => m.logits(x, rng),
             Defended::Sgld(m) => m.logits(x, rng),
@@ -176,10 +184,10 @@ impl<N: Classifier<Train>> Model<Train> for Defended<N> {
 
     fn loss_gradient(
         &self,
-        x: Tensor<Inference, 4>,
-        loss: LossFn<'_, Train>,
+        x: Tensor<B::InnerBackend, 4>,
+        loss: LossFn<'_, B>,
         rng: &mut StdRng,
-    ) -> (Tensor<Inference, 4>, Tensor<Inference, 2>) {
+    ) -> (Tensor<B::InnerBackend, 4>, Tensor<B::InnerBackend, 2>) {
         match self {
             Defended::Plain(m) => m.loss_gradient(x, loss, rng),
             Defended::Sgld(m) => m.loss_gradient(x, loss, rng),
@@ -188,12 +196,16 @@ impl<N: Classifier<Train>> Model<Train> for Defended<N> {
 
     fn is_stochastic(&self) -> bool {
         match self {
-            Defended::Plain(m) => Model::<Train>::is_stochastic(m),
-            Defended::Sgld(m) => Model::<Train>::is_stochastic(m),
+            Defended::Plain(m) => Model::<B>::is_stochastic(m),
+            Defended::Sgld(m) => Model::<B>::is_stochastic(m),
         }
     }
 
-    fn recheck_logits(&self, x: Tensor<Inference, 4>, rng: &mut StdRng) -> Tensor<Inference, 2> {
+    fn recheck_logits(
+        &self,
+        x: Tensor<B::InnerBackend, 4>,
+        rng: &mut StdRng,
+    ) -> Tensor<B::InnerBackend, 2> {
         match self {
             Defended::Plain(m) => m.recheck_logits(x, rng),
             Defended::Sgld(m) => m.recheck_logits(x, rng),
@@ -202,8 +214,8 @@ impl<N: Classifier<Train>> Model<Train> for Defended<N> {
 
     fn describe(&self) -> String {
         match self {
-            Defended::Plain(m) => Model::<Train>::describe(m),
-            Defended::Sgld(m) => Model::<Train>::describe(m),
+            Defended::Plain(m) => Model::<B>::describe(m),
+            Defended::Sgld(m) => Model::<B>::describe(m),
         }
     }
 }

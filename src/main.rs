@@ -199,19 +199,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // The one place that names the backend and device; everything below is generic over both.
+    let device = backend::device();
     let result = match cli.command {
         Command::Train(cfg) => run_train(cfg),
         Command::Eval(args) => run_eval(args),
-        Command::Calibrate(args) => jem_bench::calibration::run(args),
+        Command::Calibrate(args) => jem_bench::calibration::run::<Train>(args, &device),
         Command::Import(args) => run_import(args),
-        Command::Robust(args) => jem_bench::harness::run(args),
-        Command::Nonsense(args) => jem_bench::nonsense::run(args),
-        Command::Ood(args) => jem_bench::ood::run(args),
-        Command::Regress(args) => jem_bench::harness::regress(args),
-        Command::Sample(args) => jem_bench::sample::run(args),
+        Command::Robust(args) => jem_bench::harness::run::<Train>(args, &device),
+        Command::Nonsense(args) => jem_bench::nonsense::run::<Train>(args, &device),
+        Command::Ood(args) => jem_bench::ood::run::<Train>(args, &device),
+        Command::Regress(args) => jem_bench::harness::regress::<Train>(args, &device),
+        Command::Sample(args) => jem_bench::sample::run::<Train>(args, &device),
         Command::Report(args) => jem_bench::harness::report(args),
-        Command::Merge(args) => jem_bench::harness::merge(args),
-        Command::Bench(args) => jem_bench::bench::run(args),
+        Command::Merge(args) => jem_bench::harness::merge::<Train>(args, &device),
+        Command::Bench(args) => jem_bench::bench::run::<Train>(args, &device),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

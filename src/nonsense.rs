@@ -11,7 +11,7 @@ use clap::Args;
 use jem_attacks::{GradMode, NonsenseConfig};
 use serde::Serialize;
 
-use crate::backend::{self, Train};
+use crate::backend::BenchBackend;
 use crate::defended::{DefenceArgs, Defended};
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{write_atomic, Checkpoint, SOFTWARE};
@@ -78,7 +78,7 @@ fn median<T: Copy + PartialOrd>(v: &[T]) -> anyhow::Result<T> {
 impl NonsenseArgs {
     /// Checks the flags, and every model with the image shape its data set has, before
     /// anything is written.
-    fn validate(&self, device: &backend::Device) -> anyhow::Result<()> {
+    fn validate<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<()> {
         anyhow::ensure!(!self.steps.is_empty(), "--steps: name at least one K");
         for (flag, value) in [
             ("--per-class", self.per_class),
@@ -107,8 +107,7 @@ impl NonsenseArgs {
         let mut shapes = Vec::new();
         for path in &self.models {
             let m = path.display().to_string();
-            let (_, sidecar) =
-                Checkpoint::load_named::<crate::backend::Inference>(path, "--models", device)?;
+            let (_, sidecar) = Checkpoint::load_named::<B::InnerBackend>(path, "--models", device)?;
             let shape = sidecar.image_shape()?;
             if self.steps.iter().any(|&k| k > 0) {
                 crate::train::JemConfig::of(&sidecar)
@@ -135,12 +134,11 @@ impl NonsenseArgs {
     }
 }
 
-pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(mut args: NonsenseArgs, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
-    let device = backend::device();
-    args.validate(&device)?;
+    args.validate::<B>(device)?;
     crate::output_folder::claim(&args.out, "nonsense")?;
     let mut rows = Vec::new();
     let mut searches = csv::Writer::from_writer(Vec::new());
@@ -164,7 +162,7 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
         let (mut classes, mut shape) = (0, [0; 3]);
         for path in &args.models {
             let ckpt = Checkpoint::at(path);
-            let (model, sidecar) = ckpt.load::<Train>(&device)?;
+            let (model, sidecar) = ckpt.load::<B>(device)?;
             shape = sidecar.image_shape()?;
             classes = sidecar.architecture.num_classes;
             let targets: Vec<usize> = (0..classes)
@@ -178,7 +176,7 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
                 &args.defence,
             )?;
             let started = std::time::Instant::now();
-            let out = cfg.run::<Train, _>(&defended, shape, &targets, &device);
+            let out = cfg.run::<B, _>(&defended, shape, &targets, device);
             let name = ckpt.weights.display().to_string();
             for i in 0..targets.len() {
                 searches.write_record([
@@ -234,7 +232,7 @@ pub fn run(mut args: NonsenseArgs) -> anyhow::Result<()> {
     write_atomic(&args.out.join("nonsense.csv"), &table.into_inner()?)?;
     let record = serde_json::json!({
         "software": SOFTWARE,
-        "backend": backend::name(),
+        "backend": B::recorded_name(device),
         "settings": &args,
         "search": &cfg,
         "gradient": match args.grad {

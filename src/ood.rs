@@ -25,7 +25,7 @@ pub use detection::{detection, Detection};
 pub use scores::{scores, Score};
 pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
 
-use crate::backend::{self, Train};
+use crate::backend::BenchBackend;
 use crate::defended::{DefenceArgs, Defended};
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
@@ -155,7 +155,7 @@ impl OodArgs {
     }
 
     /// Checks every flag, model and set before anything is written, and builds the sets.
-    fn prepare(&self, device: &backend::Device) -> anyhow::Result<Vec<Prepared>> {
+    fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared>> {
         anyhow::ensure!(
             !self.steps.is_empty(),
             "--steps: name at least one K (0 = the plain classifier)"
@@ -188,8 +188,7 @@ impl OodArgs {
         let mut prepared = Vec::new();
         for path in &self.models {
             let m = path.display().to_string();
-            let (_, sidecar) =
-                Checkpoint::load_named::<backend::Inference>(path, "--models", device)?;
+            let (_, sidecar) = Checkpoint::load_named::<B::InnerBackend>(path, "--models", device)?;
             for &k in &self.steps {
                 self.defence_settings(&sidecar, k)
                     .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
@@ -220,13 +219,13 @@ impl OodArgs {
 }
 
 /// Every score of one model at K on its in-distribution set and each OOD set.
-fn score_cell(
+fn score_cell<B: BenchBackend>(
     args: &OodArgs,
     p: &Prepared,
     k: usize,
-    device: &backend::Device,
+    device: &B::Device,
 ) -> anyhow::Result<ScoredCell> {
-    let (model, _) = Checkpoint::at(&p.path).load::<Train>(device)?;
+    let (model, _) = Checkpoint::at(&p.path).load::<B>(device)?;
     let grad = args.grad_mode().unwrap_or(GradMode::Bpda);
     let defended = Defended::new(
         model,
@@ -248,7 +247,7 @@ fn score_cell(
             SGLD_STREAM,
             k as u64,
         ));
-        let values = scores::<Train, _>(
+        let values = scores::<B, _>(
             &defended,
             set,
             &args.scores,
@@ -276,20 +275,19 @@ fn score_cell(
     })
 }
 
-pub fn run(mut args: OodArgs) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(mut args: OodArgs, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
     let started = Instant::now();
-    let device = backend::device();
-    let prepared = args.prepare(&device)?;
+    let prepared = args.prepare::<B>(device)?;
     crate::output_folder::claim(&args.out, "ood")?;
     let mut rows = Vec::new();
     let mut cells = Vec::new();
     for p in &prepared {
         for &k in &args.steps {
             let clock = Instant::now();
-            let cell = score_cell(&args, p, k, &device)?;
+            let cell = score_cell::<B>(&args, p, k, device)?;
             let defence = args.defence_settings(&p.sidecar, k)?;
             let inside = &cell.sets[0];
             for (s, &score) in args.scores.iter().enumerate() {
@@ -347,7 +345,7 @@ pub fn run(mut args: OodArgs) -> anyhow::Result<()> {
         .collect();
     let record = serde_json::json!({
         "software": SOFTWARE,
-        "backend": backend::name(),
+        "backend": B::recorded_name(device),
         "settings": &args,
         "sets": sets,
         "scores": score_defs,

@@ -20,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::backend::{self, Train};
+use crate::backend::BenchBackend;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{Checkpoint, InputNormalization, Sidecar, SOFTWARE};
 use crate::train::{chain_init, ChainStart, ClassGaussians, JemConfig, ReplayBuffer};
@@ -98,11 +98,10 @@ struct SampleRecord<'a> {
 }
 
 /// Draws the samples `args` asks for, judges them and writes the grid and its JSON record.
-pub fn run(args: SampleArgs) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(args: SampleArgs, device: &B::Device) -> anyhow::Result<()> {
     validate(&args)?;
-    let device = backend::device();
     let ckpt = Checkpoint::at(&args.model);
-    let (model, sidecar) = ckpt.load::<Train>(&device)?;
+    let (model, sidecar) = ckpt.load::<B>(device)?;
     let model = model.no_grad();
     let arch = &sidecar.architecture;
     let trained = JemConfig::of(&sidecar).with_context(|| format!("{}", ckpt.sidecar.display()))?;
@@ -122,7 +121,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--model {}", args.model.display()))?;
     let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
     let names = source.class_names();
-    let judge = load_judge(&args, &sidecar, &classes, [c, h, w], &source)?;
+    let judge = load_judge::<B>(&args, &sidecar, &classes, [c, h, w], &source, device)?;
     let norm = &arch.input_normalization;
     let sampler = SgldSampler::new(SgldConfig {
         steps: args.steps,
@@ -135,13 +134,13 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     let n = classes.len() * args.per_class;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (start, pixels) = chain_starts(&args, &classes, norm, [c, h, w], &source, &mut rng)?;
-    let x0 = Tensor::from_data(TensorData::new(pixels, [n, c, h, w]), &device);
+    let x0 = Tensor::from_data(TensorData::new(pixels, [n, c, h, w]), device);
     let labels: Vec<i64> = classes
         .iter()
         .flat_map(|&k| std::iter::repeat_n(k as i64, args.per_class))
         .collect();
-    let y = Tensor::<backend::Inference, 1, Int>::from_data(TensorData::new(labels, [n]), &device);
-    let samples = sampler.run::<Train, _>(&model, x0, &SgldTarget::Class(y), &mut rng);
+    let y = Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels, [n]), device);
+    let samples = sampler.run::<B, _>(&model, x0, &SgldTarget::Class(y), &mut rng);
 
     let probs: Vec<f32> = softmax(model.valid().forward(samples.clone()), 1)
         .into_data()
@@ -182,7 +181,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     write_grid(&args.out, &batch, classes.len(), args.per_class)?;
     let record = SampleRecord {
         software: SOFTWARE,
-        backend: backend::name(),
+        backend: B::recorded_name(device),
         settings: &args,
         sgld: sampler.config.clone(),
         start,
@@ -215,13 +214,14 @@ fn validate(args: &SampleArgs) -> anyhow::Result<()> {
 
 /// The judge of the samples' quality (`None` with `--judge none`), its settings checked
 /// against the model's data.
-fn load_judge(
+fn load_judge<B: BenchBackend>(
     args: &SampleArgs,
     sidecar: &Sidecar,
     classes: &[usize],
     [c, h, w]: [usize; 3],
     source: &DataSource,
-) -> anyhow::Result<Option<quality::Judge>> {
+    device: &B::Device,
+) -> anyhow::Result<Option<quality::Judge<B::InnerBackend>>> {
     let arch = &sidecar.architecture;
     Ok(if args.judge == "none" {
         None
@@ -250,6 +250,7 @@ fn load_judge(
             &sidecar.training.data,
             [c, h, w],
             arch.num_classes,
+            device,
         )?)
     })
 }

@@ -471,8 +471,8 @@ fn class_gaussian_starts_are_read_as_their_class() {
             / 10.0;
         (mean, v["start"].as_str().unwrap().to_string())
     };
-    run(args(true, "gaussian.png")).unwrap();
-    run(args(false, "uniform.png")).unwrap();
+    run::<Train>(args(true, "gaussian.png"), &backend::device()).unwrap();
+    run::<Train>(args(false, "uniform.png"), &backend::device()).unwrap();
     let (gaussian, start) = read_as_class("gaussian.png");
     let (uniform, _) = read_as_class("uniform.png");
     assert!(

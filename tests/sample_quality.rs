@@ -16,8 +16,8 @@ use rand::{Rng, SeedableRng};
 
 const BASELINE: &str = "results/models/baseline";
 
-fn judge() -> Judge {
-    Judge::load(BASELINE, "mnist", [1, 28, 28], 10).unwrap()
+fn judge() -> Judge<Inference> {
+    Judge::load(BASELINE, "mnist", [1, 28, 28], 10, &backend::device()).unwrap()
 }
 
 #[test]

@@ -8,32 +8,32 @@ use jem_attacks::{
 
 use super::cells::AttackKind;
 use super::robust_args::RobustArgs;
-use crate::backend::Train;
+use crate::backend::BenchBackend;
 
 /// The attack a cell runs, configured from the sweep's flags.
-pub(super) enum Configured<'a, M: Model<Train>> {
+pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {
     /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
     /// broke.
-    PerEps(Box<dyn Attack<Train, M> + 'a>),
+    PerEps(Box<dyn Attack<B, M> + 'a>),
     /// A minimum-perturbation attack: one run answers every ε.
-    Minimum(Box<dyn MinimumPerturbation<Train, M> + 'a>),
+    Minimum(Box<dyn MinimumPerturbation<B, M> + 'a>),
     /// A preset: its attacks one after another, each at each ε on what the ones before left
     /// standing.
-    Cascade(Vec<AttackKind>, Cascade<'a, Train, M>),
+    Cascade(Vec<AttackKind>, Cascade<'a, B, M>),
 }
 
-pub(super) fn configure<'a, M: Model<Train> + 'a>(
+pub(super) fn configure<'a, B: BenchBackend, M: Model<B> + 'a>(
     args: &RobustArgs,
     attack: AttackKind,
     eot: usize,
-) -> anyhow::Result<Configured<'a, M>> {
+) -> anyhow::Result<Configured<'a, B, M>> {
     let norm = args.norm;
     if attack.is_preset() {
         let kinds = attack.stages();
         let attacks = kinds
             .iter()
             .map(|&kind| {
-                Ok(match configure::<M>(args, kind, eot)? {
+                Ok(match configure::<B, M>(args, kind, eot)? {
                     Configured::PerEps(a) => a,
                     // Inside a cascade a minimum-norm attack answers each ε by its distance.
                     Configured::Minimum(a) => Box::new(MinimumNorm { attack: a, norm }) as _,

@@ -20,13 +20,18 @@ use super::outputs::{self, CellResult, ExampleRow, TidyRow};
 use super::robust_args::RobustArgs;
 use super::robustness::wilson;
 use super::subject::Subject;
-use crate::backend::{self, Inference, Train};
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
 use crate::model::{write_atomic, SOFTWARE};
 
 /// A batch of test images and their labels.
-pub(super) type Examples = (Tensor<Inference, 4>, Tensor<Inference, 1, Int>);
+pub(super) type Examples<B> = (
+    Tensor<<B as AutodiffBackend>::InnerBackend, 4>,
+    Tensor<<B as AutodiffBackend>::InnerBackend, 1, Int>,
+);
 
 /// The test images a cell attacks: the first `--n-examples` of its subject's test set.
 pub(super) struct Loaded<'a> {
@@ -36,7 +41,10 @@ pub(super) struct Loaded<'a> {
 }
 
 impl<'a> Loaded<'a> {
-    pub(super) fn of<N: Module<Train>>(args: &RobustArgs, subject: &'a Subject<N>) -> Self {
+    pub(super) fn of<B: BenchBackend, N: Module<B>>(
+        args: &RobustArgs,
+        subject: &'a Subject<B, N>,
+    ) -> Self {
         Loaded {
             data: subject.test_set(),
             spec: subject.data_name(),
@@ -45,16 +53,16 @@ impl<'a> Loaded<'a> {
     }
 }
 
-pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
+pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
     out: &std::path::Path,
     identity: &str,
     args: &RobustArgs,
-    subject: &Subject<N>,
+    subject: &Subject<B, N>,
     cell: &Cell,
     eps_grid: &[f32],
 ) -> anyhow::Result<CellResult> {
     let started = Instant::now();
-    let device = backend::device();
+    let device = subject.device();
     let loaded = Loaded::of(args, subject);
     let n = loaded.indices.len();
     let grad_mode = cell.grad.unwrap_or(GradMode::Bpda);
@@ -65,8 +73,11 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
         let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
         let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
         (
-            batches::images::<Inference>(loaded.data, &idx, &device),
-            Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), &device),
+            batches::images::<B::InnerBackend>(loaded.data, &idx, device),
+            Tensor::<B::InnerBackend, 1, Int>::from_data(
+                TensorData::new(labels, [idx.len()]),
+                device,
+            ),
         )
     };
 
@@ -83,7 +94,7 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
         }
     }
 
-    let probe = probe(&defended, &loaded, args.seed, &device)
+    let probe = probe(&defended, &loaded, args.seed, device)
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let last = stages.last().expect("every cell runs an attack");
     let convergence = if probe.stochastic && args.convergence_sample > 0 {
@@ -91,15 +102,12 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
     } else {
         Vec::new()
     };
-    let (mut rows, examples) = rows_and_examples(
-        args,
-        cell,
-        &stages,
-        &loaded,
-        eps_grid,
-        &probe,
-        &defence_settings,
-    );
+    let facts = CellFacts {
+        probe,
+        defence: defence_settings,
+        backend: B::recorded_name(device),
+    };
+    let (mut rows, examples) = rows_and_examples(args, cell, &stages, &loaded, eps_grid, &facts);
     // The convergence check is of the cell's last stage (a cascade's joint outcome).
     for r in rows.iter_mut().filter(|r| r.attack == last.name) {
         if let Some(c) = convergence.iter().find(|c| c.eps == r.eps) {
@@ -124,7 +132,7 @@ pub(super) fn run_cell<N: Classifier<Train> + Module<Train>>(
 /// batch. Returns the stages joined over the batches, the seconds all batches took (those an
 /// earlier, interrupted run finished included) and the seconds this run spent on them.
 #[allow(clippy::too_many_arguments)] // one cell's whole context, read once
-fn attack_in_batches<M: Model<Train>>(
+fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     out: &std::path::Path,
     identity: &str,
     args: &RobustArgs,
@@ -132,7 +140,7 @@ fn attack_in_batches<M: Model<Train>>(
     defended: &M,
     grid: &[f32],
     n: usize,
-    batch: &impl Fn(&[usize]) -> Examples,
+    batch: &impl Fn(&[usize]) -> Examples<B>,
 ) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
@@ -176,6 +184,15 @@ fn attack_in_batches<M: Model<Train>>(
     Ok((stages, batch_seconds, seconds_now))
 }
 
+/// What every row of a cell records besides its counts and attack.
+struct CellFacts {
+    probe: Probe,
+    /// The defence's settings.
+    defence: serde_json::Value,
+    /// The backend and device, as outputs name them.
+    backend: String,
+}
+
 /// The rows (per stage and ε) and per-example records of a cell's finished `stages`.
 fn rows_and_examples(
     args: &RobustArgs,
@@ -183,9 +200,9 @@ fn rows_and_examples(
     stages: &[Stage],
     loaded: &Loaded,
     eps_grid: &[f32],
-    probe: &Probe,
-    defence_settings: &serde_json::Value,
+    facts: &CellFacts,
 ) -> (Vec<TidyRow>, Vec<ExampleRow>) {
+    let (probe, defence_settings) = (&facts.probe, &facts.defence);
     let (n, norm) = (loaded.indices.len(), args.norm);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
@@ -230,7 +247,7 @@ fn rows_and_examples(
             check_broken: None,
             data: loaded.spec.to_string(),
             software: SOFTWARE.into(),
-            backend: backend::name(),
+            backend: facts.backend.clone(),
         }
     };
     let mut rows = Vec::new();
@@ -277,12 +294,12 @@ fn rows_and_examples(
 }
 
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
-pub(super) fn attack_batch<M: Model<Train>>(
+pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
     args: &RobustArgs,
     cell: &Cell,
     defended: &M,
-    x: Tensor<Inference, 4>,
-    y: Tensor<Inference, 1, Int>,
+    x: Tensor<B::InnerBackend, 4>,
+    y: Tensor<B::InnerBackend, 1, Int>,
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
     let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
@@ -376,26 +393,27 @@ pub(super) struct Probe {
 
 pub(super) const PROBED: usize = 16;
 
-pub(super) fn probe<M: Model<Train>>(
+pub(super) fn probe<B: BenchBackend, M: Model<B>>(
     model: &M,
     loaded: &Loaded,
     seed: u64,
-    device: &backend::Device,
+    device: &B::Device,
 ) -> anyhow::Result<Probe> {
     use jem_attacks::AttackLoss;
     use rand::SeedableRng;
     let idx = &loaded.indices[..loaded.indices.len().min(PROBED)];
-    let x = batches::images::<Inference>(loaded.data, idx, device);
+    let x = batches::images::<B::InnerBackend>(loaded.data, idx, device);
     let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
     let n = labels.len();
-    let y = Tensor::<Inference, 1, Int>::from_data(TensorData::new(labels.clone(), [n]), device);
+    let y =
+        Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels.clone(), [n]), device);
     // A stream of its own, so that probing does not change any attack's draws.
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5052_4f42_4521);
     let first = model.logits(x.clone(), &mut rng);
     let second = model.logits(x.clone(), &mut rng);
     let differ = batches::to_vec((first.clone() - second).abs().max());
-    let y_tracked = Tensor::<Train, 1, Int>::from_inner(y);
-    let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y_tracked.clone());
+    let y_tracked = Tensor::<B, 1, Int>::from_inner(y);
+    let loss = |logits: Tensor<B, 2>| AttackLoss::CrossEntropy.of(logits, y_tracked.clone());
     let (g, _) = model.loss_gradient(x, &loss, &mut rng);
     for (what, values) in [
         ("logits", batches::to_vec(first.clone())),

@@ -7,7 +7,7 @@ use jem_attacks::{AttackOutcome, Model, Norm};
 use super::cell_run::{attack_batch, batch_seed, Examples, Stage};
 use super::cells::Cell;
 use super::robust_args::RobustArgs;
-use crate::backend::Train;
+use crate::backend::BenchBackend;
 
 /// One ε of a cell's convergence check (see [`RobustArgs::convergence_sample`]).
 pub(super) struct ConvergenceCheck {
@@ -40,13 +40,13 @@ pub(super) fn standing(
 /// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
 /// attack that had converged breaks (almost) none of them.
-pub(super) fn convergence_checks<M: Model<Train>>(
+pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     args: &RobustArgs,
     cell: &Cell,
     defended: &M,
     last: &Stage,
     grid: &[f32],
-    batch: &dyn Fn(&[usize]) -> Examples,
+    batch: &dyn Fn(&[usize]) -> Examples<B>,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;

@@ -13,7 +13,7 @@ use rand::SeedableRng;
 
 use super::cells::{AttackKind, Cell};
 use super::robust_args::RobustArgs;
-use crate::backend::{Inference, Train};
+use crate::backend::BenchBackend;
 
 /// Targets of the targeted attacks (APGD-T, FAB-T): the 9 most likely other classes.
 const TARGETS: usize = 9;
@@ -61,14 +61,14 @@ pub fn gradients_per_example(args: &RobustArgs, cell: &Cell, eps: usize, classes
 
 /// Seconds one example's loss gradient takes through `model`, from the second of two timed
 /// gradients of the batch `x` (the first warms caches and allocation pools up).
-pub fn seconds_per_gradient<M: Model<Train>>(
+pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
     model: &M,
-    x: Tensor<Inference, 4>,
-    y: Tensor<Inference, 1, Int>,
+    x: Tensor<B::InnerBackend, 4>,
+    y: Tensor<B::InnerBackend, 1, Int>,
 ) -> f64 {
     let n = x.dims()[0].max(1);
-    let y = Tensor::<Train, 1, Int>::from_inner(y);
-    let loss = |logits: Tensor<Train, 2>| AttackLoss::CrossEntropy.of(logits, y.clone());
+    let y = Tensor::<B, 1, Int>::from_inner(y);
+    let loss = |logits: Tensor<B, 2>| AttackLoss::CrossEntropy.of(logits, y.clone());
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let mut seconds = 0.0;
     for _ in 0..2 {

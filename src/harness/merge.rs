@@ -9,6 +9,7 @@ use super::outputs;
 use super::plan::{claim_folder, Plan};
 use super::robust_args::RobustArgs;
 use super::sweep::finish;
+use crate::backend::BenchBackend;
 use crate::output_folder::FolderLock;
 
 /// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
@@ -22,7 +23,8 @@ pub struct MergeArgs {
     pub out: PathBuf,
 }
 
-pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
+/// Joins the shards `m` names; their models are loaded onto `device` to check their weights.
+pub fn merge<B: BenchBackend>(m: MergeArgs, device: &B::Device) -> anyhow::Result<()> {
     let read = |dir: &PathBuf| -> anyhow::Result<serde_json::Value> {
         let p = dir.join("settings.json");
         let text = std::fs::read_to_string(&p)
@@ -41,7 +43,7 @@ pub fn merge(m: MergeArgs) -> anyhow::Result<()> {
     let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
         .context("settings.json: `args` is not a robust sweep's arguments")?;
     args.out = Some(m.out.clone());
-    let plan = Plan::from_args(&args)?;
+    let plan = Plan::<B, _>::from_args(&args, device)?;
     anyhow::ensure!(
         plan.settings(&args) == settings,
         "the shards were made by another jem-bench or from other models; rerun them"

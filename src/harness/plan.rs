@@ -12,15 +12,15 @@ use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult};
 use super::robust_args::RobustArgs;
 use super::subject::Subject;
-use crate::backend::{self, Train};
+use crate::backend::BenchBackend;
 use crate::model::{write_atomic, WideResNet, SOFTWARE};
 use crate::output_folder::FolderLock;
 
 /// What the sweep's flags need of one model, checked before anything is written: enough test
 /// images, ε within reach under L2, enough classes for the DLR losses, SGLD settings for K > 0.
-pub(super) fn check_subject<N: Module<Train>>(
+pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
     args: &RobustArgs,
-    subject: &Subject<N>,
+    subject: &Subject<B, N>,
 ) -> anyhow::Result<()> {
     let (data, spec, name) = (subject.test_set(), subject.data_name(), subject.name());
     anyhow::ensure!(
@@ -55,18 +55,19 @@ pub(super) fn check_subject<N: Module<Train>>(
 }
 
 /// What a sweep will do, derived from its arguments.
-pub(super) struct Plan<N> {
+pub(super) struct Plan<B: BenchBackend, N> {
     pub(super) out: PathBuf,
-    pub(super) subjects: Vec<Subject<N>>,
+    pub(super) subjects: Vec<Subject<B, N>>,
     pub(super) eps_grid: Vec<f32>,
     /// Every cell of the whole sweep, in order.
     pub(super) cells: Vec<Cell>,
 }
 
-impl Plan<WideResNet<Train>> {
+impl<B: BenchBackend> Plan<B, WideResNet<B>> {
     /// The command line's sweep: `--models` (or the embedded ones) on `--data` (or each
-    /// model's own data set), checked before anything touches the disk.
-    pub(super) fn from_args(args: &RobustArgs) -> anyhow::Result<Self> {
+    /// model's own data set), loaded onto `device` and checked before anything touches the
+    /// disk.
+    pub(super) fn from_args(args: &RobustArgs, device: &B::Device) -> anyhow::Result<Self> {
         args.validate()?;
         let paths = args.model_paths();
         anyhow::ensure!(!paths.is_empty(), "--models: name at least one checkpoint");
@@ -74,7 +75,7 @@ impl Plan<WideResNet<Train>> {
             .iter()
             .map(|p| {
                 let m = p.display().to_string();
-                Subject::from_checkpoint(&m, args.data.as_deref())
+                Subject::from_checkpoint(&m, args.data.as_deref(), device)
                     .with_context(|| format!("--models {m}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -82,10 +83,10 @@ impl Plan<WideResNet<Train>> {
     }
 }
 
-impl<N: Classifier<Train> + Module<Train>> Plan<N> {
+impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
     /// Everything a sweep needs, checked before anything touches the disk: the flags, and
     /// per model its data and the settings its cells need.
-    pub(super) fn new(args: &RobustArgs, subjects: Vec<Subject<N>>) -> anyhow::Result<Self> {
+    pub(super) fn new(args: &RobustArgs, subjects: Vec<Subject<B, N>>) -> anyhow::Result<Self> {
         args.validate()?;
         anyhow::ensure!(!subjects.is_empty(), "a sweep needs at least one model");
         let out = args
@@ -113,7 +114,7 @@ impl<N: Classifier<Train> + Module<Train>> Plan<N> {
     }
 
     /// The model a cell attacks.
-    pub(super) fn subject(&self, cell: &Cell) -> &Subject<N> {
+    pub(super) fn subject(&self, cell: &Cell) -> &Subject<B, N> {
         self.subjects
             .iter()
             .find(|s| s.name() == cell.model)
@@ -129,7 +130,7 @@ impl<N: Classifier<Train> + Module<Train>> Plan<N> {
         a.out = None;
         serde_json::json!({
             "software": SOFTWARE,
-            "backend": backend::name(),
+            "backend": B::recorded_name(self.subjects[0].device()),
             "args": &a,
             // The EOT each K gets, `--eot` or its default, spelled out: a folder of a version
             // whose default differed must not resume.

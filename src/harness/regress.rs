@@ -14,6 +14,7 @@ use clap::Args;
 use super::outputs::{read_tidy, TidyRow};
 use super::robust_args::RobustArgs;
 use super::sweep::{check, run};
+use crate::backend::BenchBackend;
 use crate::model::write_atomic;
 
 #[derive(Debug, Clone, Args)]
@@ -143,7 +144,7 @@ fn overlapping(a: &Path, b: &Path) -> bool {
     a.starts_with(&b) || b.starts_with(&a)
 }
 
-fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
+fn rerun<B: BenchBackend>(reference: &Path, out: &Path, device: &B::Device) -> anyhow::Result<()> {
     anyhow::ensure!(
         !overlapping(reference, out),
         "--out {} overlaps the reference {}: the rerun would overwrite what it is compared \
@@ -160,7 +161,7 @@ fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
     args.out = Some(out.to_path_buf());
     // Models, data and flags are checked before the folder is touched.
-    check(&args).with_context(|| format!("the sweep of {}", p.display()))?;
+    check::<B>(&args, device).with_context(|| format!("the sweep of {}", p.display()))?;
     // Start afresh, but only over a folder that an earlier rerun made (it carries the
     // marker): anything else, a finished sweep above all, is never deleted.
     let marker = out.join(RERUN_MARKER);
@@ -186,7 +187,7 @@ fn rerun(reference: &Path, out: &Path) -> anyhow::Result<()> {
         )
         .as_bytes(),
     )?;
-    run(args)
+    run::<B>(args, device)
 }
 
 /// A sweep folder's settings.json; `Null` for a folder without one (a bare robust.csv).
@@ -220,7 +221,9 @@ fn check_same_weights(
     )
 }
 
-pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
+/// `jem-bench regress`: compares a sweep (rerun on `device` unless `--run` names one) with a
+/// reference.
+pub fn regress<B: BenchBackend>(a: RegressArgs, device: &B::Device) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.tolerance.is_finite() && (0.0..=1.0).contains(&a.tolerance),
         "--tolerance: expected an accuracy drop in [0, 1] (0.02 = 2 points), found {}",
@@ -242,12 +245,11 @@ pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
         None => {
             let paths: Vec<String> =
                 serde_json::from_value(saved["models"].clone()).unwrap_or_default();
-            let device = crate::backend::device();
             let now = paths
                 .iter()
                 .map(|m| {
                     let (model, _) = crate::model::Checkpoint::at(m)
-                        .load::<crate::backend::Inference>(&device)
+                        .load::<B::InnerBackend>(device)
                         .with_context(|| format!("model {m} of the reference"))?;
                     crate::model::weights_digest(&model)
                 })
@@ -261,7 +263,7 @@ pub fn regress(a: RegressArgs) -> anyhow::Result<()> {
                 .out
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("runs/regress").join(name));
-            rerun(&a.reference, &out)?;
+            rerun::<B>(&a.reference, &out, device)?;
             out
         }
     };

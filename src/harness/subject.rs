@@ -13,7 +13,7 @@ use burn::tensor::{Tensor, TensorData};
 use jem_attacks::{Classifier, SgldConfig};
 use jem_datasets::ImageSet;
 
-use crate::backend::{self, Train};
+use crate::backend::BenchBackend;
 use crate::model::{weights_digest, Checkpoint};
 use crate::train::JemConfig;
 
@@ -28,8 +28,10 @@ use crate::train::JemConfig;
 /// let rows = sweep(vec![subject], &args)?; // robust.csv, curves, summary in runs/robust-linf
 /// # Ok(()) }
 /// ```
-pub struct Subject<N> {
+pub struct Subject<B: BenchBackend, N> {
     name: String,
+    /// Where the network's parameters live, and so where its cells compute.
+    device: B::Device,
     /// Cloned per cell: burn modules are `Send` but not `Sync`.
     network: Mutex<N>,
     digest: String,
@@ -41,14 +43,16 @@ pub struct Subject<N> {
     architecture: Option<crate::model::WideResNetConfig>,
 }
 
-impl<N: Classifier<Train> + Module<Train>> Subject<N> {
+impl<B: BenchBackend, N: Classifier<B> + Module<B>> Subject<B, N> {
     /// `network` classifies the images of `data` (a data set as the command line names it:
     /// `mnist`, `fashion-mnist`, `cifar10:DIR`, …; N×C×H×W pixels in [0, 1] to one logit per
     /// class), which is checked here on one test image. Its SGLD defence (K > 0) runs with the
     /// JEM paper's settings (α = 1, σ = 0.01 on a [−1, 1] input scale, no clamp) unless
-    /// [`Subject::with_sgld`] says otherwise.
+    /// [`Subject::with_sgld`] says otherwise. Its cells compute on the device its parameters
+    /// are on (the backend's default device for a network without parameters).
     pub fn new(name: impl Into<String>, network: N, data: &str) -> anyhow::Result<Self> {
         let name = name.into();
+        let device = network.devices().into_iter().next().unwrap_or_default();
         let test = jem_datasets::DataSource::parse(data)
             .and_then(|s| s.load(jem_datasets::Split::Test))
             .with_context(|| format!("{name}: data set `{data}`"))?;
@@ -58,19 +62,20 @@ impl<N: Classifier<Train> + Module<Train>> Subject<N> {
             test.name
         );
         let classes = test.num_classes();
-        let outputs = outputs_on_one_image(&network, &test)
+        let outputs = outputs_on_one_image(&network, &test, &device)
             .with_context(|| format!("{name} cannot classify an image of {}", test.name))?;
         anyhow::ensure!(
             outputs == classes,
             "{name} gives {outputs} logits per image; {} has {classes} classes",
             test.name
         );
-        let digest = weights_digest::<Train, N>(&network)?;
+        let digest = weights_digest::<B, N>(&network)?;
         let sgld = JemConfig::default()
             .sampler(&crate::model::InputNormalization::symmetric(test.channels))
             .config;
         Ok(Self {
             name,
+            device,
             network: Mutex::new(network),
             digest,
             architecture: None,
@@ -87,7 +92,7 @@ impl<N: Classifier<Train> + Module<Train>> Subject<N> {
     }
 }
 
-impl<N: Module<Train>> Subject<N> {
+impl<B: BenchBackend, N: Module<B>> Subject<B, N> {
     /// The name in every output row.
     pub fn name(&self) -> &str {
         &self.name
@@ -96,6 +101,11 @@ impl<N: Module<Train>> Subject<N> {
     /// `sha256:…` of the weights: a sweep resumes or compares only the same weights.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The device the subject's cells compute on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
     }
 
     /// The test images attacked (the first `--n-examples` of them).
@@ -132,14 +142,19 @@ impl<N: Module<Train>> Subject<N> {
     }
 }
 
-impl Subject<crate::model::WideResNet<Train>> {
+impl<B: BenchBackend> Subject<B, crate::model::WideResNet<B>> {
     /// A jem-bench checkpoint (or an embedded model's name under `results/models/`) on its own
     /// data set or on `data` (`mnist`, `cifar10:DIR`, …), checked against each other; its
-    /// defence uses its own JEM training settings (the paper's for other models).
-    pub fn from_checkpoint(path: &str, data: Option<&str>) -> anyhow::Result<Self> {
+    /// defence uses its own JEM training settings (the paper's for other models). The network
+    /// is loaded onto `device`.
+    pub fn from_checkpoint(
+        path: &str,
+        data: Option<&str>,
+        device: &B::Device,
+    ) -> anyhow::Result<Self> {
         let ckpt = Checkpoint::at(path);
         ckpt.ensure_exists()?;
-        let (network, sidecar) = ckpt.load::<Train>(&backend::device())?;
+        let (network, sidecar) = ckpt.load::<B>(device)?;
         let spec = data.map_or_else(|| sidecar.training.data.clone(), str::to_string);
         let test = jem_datasets::DataSource::parse(&spec)
             .and_then(|s| s.load(jem_datasets::Split::Test))
@@ -153,7 +168,8 @@ impl Subject<crate::model::WideResNet<Train>> {
         let sgld = crate::defended::sgld_of(&sidecar)?;
         Ok(Self {
             name: path.to_string(),
-            digest: weights_digest::<Train, _>(&network)?,
+            digest: weights_digest::<B, _>(&network)?,
+            device: device.clone(),
             architecture: Some(sidecar.architecture.clone()),
             network: Mutex::new(network),
             data_name: spec,
@@ -165,16 +181,17 @@ impl Subject<crate::model::WideResNet<Train>> {
 
 /// The number of logits `network` gives for the first image of `test`; an error (not a panic)
 /// when the network cannot take the image's shape.
-fn outputs_on_one_image<N: Classifier<Train>>(
+fn outputs_on_one_image<B: BenchBackend, N: Classifier<B>>(
     network: &N,
     test: &ImageSet,
+    device: &B::Device,
 ) -> anyhow::Result<usize> {
-    let x = Tensor::<Train, 4>::from_data(
+    let x = Tensor::<B, 4>::from_data(
         TensorData::new(
             test.image(0).to_vec(),
             [1, test.channels, test.height, test.width],
         ),
-        &backend::device(),
+        device,
     );
     let dims = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         network.logits(x.clone()).dims()

@@ -18,14 +18,14 @@ use super::plan::{claim_folder, Plan};
 use super::report;
 use super::robust_args::RobustArgs;
 use super::subject::Subject;
-use crate::backend::{self, Inference, Train};
+use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
 use crate::output_folder::FolderLock;
 
-/// `jem-bench robust`: the sweep of `--models` (default: the embedded models).
-pub fn run(args: RobustArgs) -> anyhow::Result<()> {
-    let plan = Plan::from_args(&args)?;
+/// `jem-bench robust`: the sweep of `--models` (default: the embedded models) on `device`.
+pub fn run<B: BenchBackend>(args: RobustArgs, device: &B::Device) -> anyhow::Result<()> {
+    let plan = Plan::<B, _>::from_args(&args, device)?;
     execute(&plan, &args).map(|_| ())
 }
 
@@ -35,8 +35,8 @@ pub fn run(args: RobustArgs) -> anyhow::Result<()> {
 /// yet in `args.out` (default `runs/robust-NORM`), writes `robust.csv`, `examples.csv`,
 /// `summary.json` with the sanity checks, the curves and the table, as `jem-bench robust` does,
 /// and returns the rows of `robust.csv`.
-pub fn sweep<N: Classifier<Train> + Module<Train>>(
-    subjects: Vec<Subject<N>>,
+pub fn sweep<B: BenchBackend, N: Classifier<B> + Module<B>>(
+    subjects: Vec<Subject<B, N>>,
     args: &RobustArgs,
 ) -> anyhow::Result<Vec<TidyRow>> {
     anyhow::ensure!(
@@ -49,8 +49,8 @@ pub fn sweep<N: Classifier<Train> + Module<Train>>(
 }
 
 /// Runs a plan's unfinished cells and writes every output.
-pub(super) fn execute<N: Classifier<Train> + Module<Train>>(
-    plan: &Plan<N>,
+pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
+    plan: &Plan<B, N>,
     args: &RobustArgs,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let out = plan.out.clone();
@@ -180,13 +180,12 @@ pub(super) fn execute<N: Classifier<Train> + Module<Train>>(
 
 /// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
 /// model, K and gradient mode, times the gradients its attack takes at most.
-pub(super) fn estimate_cells<N: Classifier<Train> + Module<Train>>(
-    plan: &Plan<N>,
+pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
+    plan: &Plan<B, N>,
     args: &RobustArgs,
     mine: &[&Cell],
     pending: &[usize],
 ) -> anyhow::Result<Vec<f64>> {
-    let device = backend::device();
     let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
     // Seconds per example-gradient, per (model, K, gradient mode).
     type Timed<'a> = ((&'a str, usize, Option<GradMode>), f64);
@@ -210,10 +209,11 @@ pub(super) fn estimate_cells<N: Classifier<Train> + Module<Train>>(
                 let data = subject.test_set();
                 let idx: Vec<usize> = (0..args.n_examples.min(16)).collect();
                 let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
-                let x = batches::images::<Inference>(data, &idx, &device);
-                let y = Tensor::<Inference, 1, Int>::from_data(
+                let device = subject.device();
+                let x = batches::images::<B::InnerBackend>(data, &idx, device);
+                let y = Tensor::<B::InnerBackend, 1, Int>::from_data(
                     TensorData::new(labels, [idx.len()]),
-                    &device,
+                    device,
                 );
                 let s = estimate::seconds_per_gradient(&defended, x, y);
                 timed.push((key, s));
@@ -237,12 +237,15 @@ pub(super) fn estimate_cells<N: Classifier<Train> + Module<Train>>(
 
 /// Checks a sweep's flags, models and data without touching the disk (what `robust` does
 /// first), so that a caller can refuse bad settings before it prepares a folder.
-pub fn check(args: &RobustArgs) -> anyhow::Result<()> {
-    Plan::from_args(args).map(|_| ())
+pub fn check<B: BenchBackend>(args: &RobustArgs, device: &B::Device) -> anyhow::Result<()> {
+    Plan::<B, _>::from_args(args, device).map(|_| ())
 }
 
 /// Summary, sanity checks, plots and table of the finished cells.
-pub(super) fn finish<N>(plan: &Plan<N>, results: &[CellResult]) -> anyhow::Result<Vec<TidyRow>> {
+pub(super) fn finish<B: BenchBackend, N>(
+    plan: &Plan<B, N>,
+    results: &[CellResult],
+) -> anyhow::Result<Vec<TidyRow>> {
     let rows = super::robustness::tidy_rows(&results.iter().collect::<Vec<_>>())?;
     let seconds = results.iter().map(|r| r.seconds).sum::<f64>();
     print!("{}", report::write(&plan.out, &rows, Some(seconds))?);

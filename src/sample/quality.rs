@@ -15,7 +15,8 @@ use jem_datasets::{DataSource, ImageSet, Split};
 use serde::Serialize;
 
 use super::frechet::{frechet_distance, Moments};
-use crate::backend::{self, Inference};
+use jem_kernels::Kernels;
+
 use crate::batches;
 use crate::model::{Checkpoint, WideResNet};
 
@@ -49,18 +50,27 @@ pub struct Quality {
 
 /// A classifier checkpoint that judges samples of images shaped `[c, h, w]` with `classes`
 /// classes, checked against the sampled model's data set before anything is computed.
-pub struct Judge {
+pub struct Judge<B: Kernels> {
     path: String,
-    model: WideResNet<Inference>,
+    model: WideResNet<B>,
+    device: B::Device,
 }
 
-impl Judge {
-    pub fn load(path: &str, data: &str, shape: [usize; 3], classes: usize) -> anyhow::Result<Self> {
+impl<B: Kernels> Judge<B> {
+    /// Loads the judge at `path` onto `device`, refused unless it takes images of `shape` with
+    /// `classes` classes (those of `data`, the sampled model's data set).
+    pub fn load(
+        path: &str,
+        data: &str,
+        shape: [usize; 3],
+        classes: usize,
+        device: &B::Device,
+    ) -> anyhow::Result<Self> {
         let ckpt = Checkpoint::at(path);
         ckpt.ensure_exists()
             .with_context(|| format!("--judge {path}"))?;
         let (model, sidecar) = ckpt
-            .load::<Inference>(&backend::device())
+            .load::<B>(device)
             .with_context(|| format!("--judge {path}"))?;
         let judge_shape = sidecar
             .image_shape()
@@ -76,20 +86,20 @@ impl Judge {
         Ok(Self {
             path: path.to_string(),
             model,
+            device: device.clone(),
         })
     }
 
     /// Penultimate features (`n × dim`) and class probabilities (`n × classes`) of `n` images.
     fn read(&self, pixels: &[f32], shape: [usize; 3]) -> (Vec<f32>, Vec<f32>, usize) {
         let per_image = shape.iter().product::<usize>();
-        let device = backend::device();
         let (mut features, mut probs, mut dim) = (Vec::new(), Vec::new(), 0);
         for chunk in pixels.chunks(BATCH * per_image) {
             let n = chunk.len() / per_image;
             let [c, h, w] = shape;
-            let x = Tensor::<Inference, 4>::from_data(
+            let x = Tensor::<B, 4>::from_data(
                 burn::tensor::TensorData::new(chunk.to_vec(), [n, c, h, w]),
-                &device,
+                &self.device,
             );
             let f = self.model.features(x);
             dim = f.dims()[1];

@@ -378,14 +378,14 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
 
         self.window.add(&stats);
         let global = self.progress.global_iter;
-        if global % self.cfg.log_every == 0 || global == self.stop_at {
+        if global.is_multiple_of(self.cfg.log_every) || global == self.stop_at {
             self.iter_log.row(&self.window.row(global, epoch, lr))?;
             self.bar.set_message(self.window.message());
             self.window = LogWindow::new();
         }
         self.bar.set_position(global as u64);
         self.progress.wall_seconds = self.wall_before + self.started.elapsed().as_secs_f64();
-        if global % self.cfg.checkpoint_every == 0
+        if global.is_multiple_of(self.cfg.checkpoint_every)
             && self.progress.batch_in_epoch < self.batches_per_epoch
         {
             self.save()?;
