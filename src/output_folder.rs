@@ -1,8 +1,8 @@
 //! An output folder belongs to the command that made it.
 //!
-//! `calibrate --out` over a sweep folder used to overwrite the sweep's `settings.json` (after
-//! which the sweep could no longer resume), and two `train` runs on one folder both "resumed"
-//! it. So each command that writes a folder first [`claim`]s it: a folder holding another
+//! Unclaimed, `calibrate --out` over a sweep folder would overwrite the sweep's `settings.json`
+//! (after which the sweep could not resume), and two `train` runs on one folder would both
+//! "resume" it. So each command that writes a folder first [`claim`]s it: a folder holding another
 //! command's results (recognised by the file only that command writes) is refused, naming that
 //! command and file; the command's own folder is reused (to resume, or to refresh its results).
 //! [`FolderLock`] keeps a second process off a folder while one works in it.

@@ -396,7 +396,7 @@ fn concurrent_sweeps_on_one_folder_compute_each_cell_once() {
     assert!(tmp.is_empty(), "left-over temporary files {tmp:?}");
 }
 
-// 9. Counts of zero are refused before anything runs or is written (these used to panic).
+// 9. Counts of zero are refused before anything runs or is written, never a panic.
 #[test]
 fn zero_counts_are_errors_not_panics() {
     let dir = tempfile::tempdir().unwrap();
@@ -893,7 +893,7 @@ fn checkpoints_of_any_float_type_compute_in_f32() {
         )
         .unwrap();
         let loaded = accuracy_of(&stem);
-        // Every other command that reads a checkpoint runs on it too (it used to panic).
+        // Every other command that reads a checkpoint runs on it too, without a panic.
         for command in [
             vec![
                 "robust",
@@ -1148,7 +1148,7 @@ fn closed_or_full_stdout_loses_no_result_and_does_not_panic() {
 }
 
 /// An output folder belongs to the command that made it: another command's `--out` over it is
-/// refused before anything is written (a calibration over a sweep used to replace the sweep's
+/// refused before anything is written (a calibration over a sweep would replace the sweep's
 /// settings.json); an existing checkpoint is replaced only with `import --overwrite`; a second
 /// `train` on a run folder in use is refused.
 #[test]

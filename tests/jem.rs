@@ -162,7 +162,7 @@ fn stopped_after(iterations: usize) -> tempfile::TempDir {
 }
 
 /// A resume that finds no replay buffer is refused with an error that names the missing file,
-/// before anything is written (it used to continue with fresh chains without a word).
+/// before anything is written, rather than continuing with fresh chains without a word.
 #[test]
 fn resuming_without_the_replay_buffer_is_refused() {
     let dir = stopped_after(3);
