@@ -22,7 +22,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use jem_attacks::{Classifier, GradMode};
 use jem_bench::backend::{self, Train};
-use jem_bench::harness::{sweep, AttackKind, RobustArgs, Subject};
+use jem_bench::harness::{sweep, AttackKind, Runner, Subject, SweepSpec, TerminalProgress};
 use jem_datasets::{DataSource, ImageSet, Split};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -126,16 +126,21 @@ fn main() -> anyhow::Result<()> {
     );
 
     let subject = Subject::new("small-cnn", model, "mnist")?;
-    let settings = RobustArgs {
+    let spec = SweepSpec {
         attacks: vec![AttackKind::Pgd],
         eps: vec![0.0, 0.05, 0.1, 0.2],
         ks: vec![0, 1],
         grad: vec![GradMode::Bpda, GradMode::Full],
         n_examples,
-        out: Some(out),
-        ..RobustArgs::default()
+        ..SweepSpec::default()
     };
-    let rows = sweep(vec![subject], &settings)?;
+    // The command line's progress bar and table; `Runner::new(out)` alone runs silently.
+    let progress = TerminalProgress::default();
+    let runner = Runner {
+        observer: &progress,
+        ..Runner::new(out)
+    };
+    let rows = sweep(vec![subject], &spec, &runner)?;
     println!("{} rows in robust.csv", rows.len());
     Ok(())
 }

@@ -18,6 +18,7 @@ use jem_bench::train::{
 use jem_datasets::{DataSource, Split};
 
 mod cli_lists;
+mod robust_cli;
 
 #[derive(Parser)]
 #[command(
@@ -53,7 +54,7 @@ enum Command {
     Import(ImportArgs),
     /// Sweep models × attacks × ε × sampling steps K × gradient modes; CSV, summary, table.
     #[command(allow_negative_numbers = true)]
-    Robust(jem_bench::harness::RobustArgs),
+    Robust(robust_cli::RobustArgs),
     /// Nonsense-input (distal adversarial) search per model, K and class.
     #[command(allow_negative_numbers = true)]
     Nonsense(jem_bench::nonsense::NonsenseArgs),
@@ -206,7 +207,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => run_eval(args),
         Command::Calibrate(args) => jem_bench::calibration::run::<Train>(args, &device),
         Command::Import(args) => run_import(args),
-        Command::Robust(args) => jem_bench::harness::run::<Train>(args, &device),
+        Command::Robust(args) => run_robust(args, &device),
         Command::Nonsense(args) => jem_bench::nonsense::run::<Train>(args, &device),
         Command::Ood(args) => jem_bench::ood::run::<Train>(args, &device),
         Command::Regress(args) => jem_bench::harness::regress::<Train>(args, &device),
@@ -215,13 +216,25 @@ fn main() -> ExitCode {
         Command::Merge(args) => jem_bench::harness::merge::<Train>(args, &device),
         Command::Bench(args) => jem_bench::bench::run::<Train>(args, &device),
     };
-    match result {
+    match result.map_err(robust_cli::with_flags) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_robust(args: robust_cli::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
+    let (spec, out, shard, jobs) = args.into_parts()?;
+    let progress = jem_bench::harness::TerminalProgress::default();
+    let runner = jem_bench::harness::Runner {
+        out,
+        shard,
+        jobs,
+        observer: &progress,
+    };
+    jem_bench::harness::run::<Train>(&spec, &runner, device).map(|_| ())
 }
 
 fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {

@@ -4,7 +4,7 @@
 
 use jem_attacks::LinearClassifier;
 use jem_bench::backend::Train;
-use jem_bench::harness::{sweep, AttackKind, RobustArgs, Subject, WORST_CASE};
+use jem_bench::harness::{sweep, AttackKind, Runner, Subject, SweepSpec, WORST_CASE};
 use jem_datasets::{DataSource, Split};
 
 /// Logit k = ⟨x, m_k⟩ − ½‖m_k‖² (the nearest class mean m_k of 2 000 training digits).
@@ -58,22 +58,34 @@ fn a_network_that_does_not_fit_the_data_is_refused() {
 #[test]
 fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let args = RobustArgs {
+    let spec = SweepSpec {
         attacks: vec![AttackKind::Fgsm, AttackKind::Pgd],
         eps: vec![0.0, 0.05, 0.1],
         ks: vec![0],
         n_examples: 30,
         pgd_steps: 10,
-        out: Some(dir.path().join("sweep")),
-        ..RobustArgs::default()
+        ..SweepSpec::default()
     };
+    let runner = Runner::new(dir.path().join("sweep"));
     let subject = || Subject::new("centroids", centroid_classifier(), "mnist").unwrap();
     // `models` names checkpoints for the command line: refused beside subjects.
-    let mut named = args.clone();
+    let mut named = spec.clone();
     named.models = vec!["results/models/baseline".into()];
-    assert!(sweep(vec![subject()], &named).is_err());
+    let e = sweep(vec![subject()], &named, &runner).unwrap_err();
+    assert!(format!("{e}").starts_with("models: "), "{e}");
+    // Settings are refused by the name of their field.
+    let none = SweepSpec {
+        n_examples: 0,
+        ..spec.clone()
+    };
+    let e = sweep(vec![subject()], &none, &runner).unwrap_err();
+    assert_eq!(format!("{e}"), "n_examples: expected at least 1, found 0");
+    assert!(
+        !dir.path().join("sweep").exists(),
+        "refused before anything is written"
+    );
 
-    let rows = sweep(vec![subject()], &args).unwrap();
+    let rows = sweep(vec![subject()], &spec, &runner).unwrap();
     let worst: Vec<_> = rows.iter().filter(|r| r.attack == WORST_CASE).collect();
     assert_eq!(worst.len(), 3, "one worst-case row per ε");
     assert!(
@@ -97,5 +109,5 @@ fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
         assert!(dir.path().join("sweep").join(file).exists(), "{file}");
     }
     // The same network again: every cell is finished, the same rows come back.
-    assert_eq!(sweep(vec![subject()], &args).unwrap(), rows);
+    assert_eq!(sweep(vec![subject()], &spec, &runner).unwrap(), rows);
 }

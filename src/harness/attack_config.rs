@@ -7,7 +7,7 @@ use jem_attacks::{
 };
 
 use super::cells::AttackKind;
-use super::robust_args::RobustArgs;
+use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 
 /// The attack a cell runs, configured from the sweep's flags.
@@ -23,17 +23,17 @@ pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {
 }
 
 pub(super) fn configure<'a, B: BenchBackend, M: Model<B> + 'a>(
-    args: &RobustArgs,
+    spec: &SweepSpec,
     attack: AttackKind,
     eot: usize,
 ) -> anyhow::Result<Configured<'a, B, M>> {
-    let norm = args.norm;
+    let norm = spec.norm;
     if attack.is_preset() {
         let kinds = attack.stages();
         let attacks = kinds
             .iter()
             .map(|&kind| {
-                Ok(match configure::<B, M>(args, kind, eot)? {
+                Ok(match configure::<B, M>(spec, kind, eot)? {
                     Configured::PerEps(a) => a,
                     // Inside a cascade a minimum-norm attack answers each ε by its distance.
                     Configured::Minimum(a) => Box::new(MinimumNorm { attack: a, norm }) as _,
@@ -54,17 +54,17 @@ pub(super) fn configure<'a, B: BenchBackend, M: Model<B> + 'a>(
             let mut cfg = match attack {
                 AttackKind::Fgsm => PgdConfig::fgsm(norm),
                 pgd => {
-                    let (steps, rel_stepsize) = args.pgd_schedule(pgd);
+                    let (steps, rel_stepsize) = spec.pgd_schedule(pgd);
                     PgdConfig {
                         steps,
-                        restarts: args.restarts_of(pgd),
+                        restarts: spec.restarts_of(pgd),
                         rel_stepsize,
                         ..PgdConfig::pgd(norm)
                     }
                 }
             };
             cfg.eot = eot;
-            cfg.seed = args.seed;
+            cfg.seed = spec.seed;
             Configured::PerEps(Box::new(cfg))
         }
         AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
@@ -74,32 +74,32 @@ pub(super) fn configure<'a, B: BenchBackend, M: Model<B> + 'a>(
                 _ => ApgdLoss::TargetedDlr,
             };
             let mut cfg = ApgdConfig::new(norm, loss);
-            cfg.iterations = args.apgd_iterations;
-            cfg.restarts = args.restarts_of(attack);
+            cfg.iterations = spec.apgd_iterations;
+            cfg.restarts = spec.restarts_of(attack);
             cfg.eot = eot;
-            cfg.seed = args.seed;
+            cfg.seed = spec.seed;
             Configured::PerEps(Box::new(cfg))
         }
         AttackKind::Square => {
             let mut cfg = SquareConfig::new(norm);
-            cfg.queries = args.square_queries;
-            cfg.seed = args.seed;
+            cfg.queries = spec.square_queries;
+            cfg.seed = spec.seed;
             Configured::PerEps(Box::new(cfg))
         }
         AttackKind::FabT => {
             let mut cfg = FabConfig::new(norm);
-            cfg.iterations = args.fab_iterations;
+            cfg.iterations = spec.fab_iterations;
             cfg.eot = eot;
-            cfg.seed = args.seed;
+            cfg.seed = spec.seed;
             Configured::Minimum(Box::new(cfg))
         }
         AttackKind::Boundary => Configured::Minimum(Box::new(BoundaryConfig {
-            steps: args.boundary_steps,
-            seed: args.seed,
+            steps: spec.boundary_steps,
+            seed: spec.seed,
             ..Default::default()
         })),
         AttackKind::Pointwise => Configured::Minimum(Box::new(PointwiseConfig {
-            seed: args.seed,
+            seed: spec.seed,
             ..Default::default()
         })),
         AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {

@@ -3,7 +3,6 @@
 //! gradients, the convergence check where the model is stochastic, and the rows and
 //! per-example records it adds to the outputs.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -17,8 +16,8 @@ use super::attack_config::{configure, Configured};
 use super::cells::{AttackKind, Cell};
 use super::convergence::convergence_checks;
 use super::outputs::{self, CellResult, ExampleRow, TidyRow};
-use super::robust_args::RobustArgs;
 use super::robustness::wilson;
+use super::spec::SweepSpec;
 use super::subject::Subject;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -42,13 +41,13 @@ pub(super) struct Loaded<'a> {
 
 impl<'a> Loaded<'a> {
     pub(super) fn of<B: BenchBackend, N: Module<B>>(
-        args: &RobustArgs,
+        spec: &SweepSpec,
         subject: &'a Subject<B, N>,
     ) -> Self {
         Loaded {
             data: subject.test_set(),
             spec: subject.data_name(),
-            indices: (0..args.n_examples).collect(),
+            indices: (0..spec.n_examples).collect(),
         }
     }
 }
@@ -56,19 +55,19 @@ impl<'a> Loaded<'a> {
 pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
     out: &std::path::Path,
     identity: &str,
-    args: &RobustArgs,
+    spec: &SweepSpec,
     subject: &Subject<B, N>,
     cell: &Cell,
     eps_grid: &[f32],
 ) -> anyhow::Result<CellResult> {
     let started = Instant::now();
     let device = subject.device();
-    let loaded = Loaded::of(args, subject);
+    let loaded = Loaded::of(spec, subject);
     let n = loaded.indices.len();
     let grad_mode = cell.grad.unwrap_or(GradMode::Bpda);
     let sgld = subject.sgld();
-    let defence_settings = crate::defended::settings(sgld, cell.k, grad_mode, &args.defence)?;
-    let defended = Defended::new(subject.network(), sgld, cell.k, grad_mode, &args.defence)?;
+    let defence_settings = crate::defended::settings(sgld, cell.k, grad_mode, &spec.defence)?;
+    let defended = Defended::new(subject.network(), sgld, cell.k, grad_mode, &spec.defence)?;
     let batch = |rows: &[usize]| {
         let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
         let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
@@ -84,21 +83,21 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
     let mut grid = eps_grid.to_vec();
     grid.sort_by(f32::total_cmp);
     let (stages, batch_seconds, seconds_now) =
-        attack_in_batches(out, identity, args, cell, &defended, &grid, n, &batch)?;
+        attack_in_batches(out, identity, spec, cell, &defended, &grid, n, &batch)?;
     let all: Vec<usize> = (0..n).collect();
-    if args.save_adversarials {
+    if spec.save_adversarials {
         // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
         let last = stages.last().expect("every cell runs an attack");
-        for (eps, out) in &last.outcomes {
-            save_adversarials(args, cell, *eps, &loaded, &all, out)?;
+        for (eps, outcome) in &last.outcomes {
+            save_adversarials(out, cell, *eps, &loaded, &all, outcome)?;
         }
     }
 
-    let probe = probe(&defended, &loaded, args.seed, device)
+    let probe = probe(&defended, &loaded, spec.seed, device)
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let last = stages.last().expect("every cell runs an attack");
-    let convergence = if probe.stochastic && args.convergence_sample > 0 {
-        convergence_checks(args, cell, &defended, last, &grid, &batch)?
+    let convergence = if probe.stochastic && spec.convergence_sample > 0 {
+        convergence_checks(spec, cell, &defended, last, &grid, &batch)?
     } else {
         Vec::new()
     };
@@ -107,7 +106,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
         defence: defence_settings,
         backend: B::recorded_name(device),
     };
-    let (mut rows, examples) = rows_and_examples(args, cell, &stages, &loaded, eps_grid, &facts);
+    let (mut rows, examples) = rows_and_examples(spec, cell, &stages, &loaded, eps_grid, &facts);
     // The convergence check is of the cell's last stage (a cascade's joint outcome).
     for r in rows.iter_mut().filter(|r| r.attack == last.name) {
         if let Some(c) = convergence.iter().find(|c| c.eps == r.eps) {
@@ -135,7 +134,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
 fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     out: &std::path::Path,
     identity: &str,
-    args: &RobustArgs,
+    spec: &SweepSpec,
     cell: &Cell,
     defended: &M,
     grid: &[f32],
@@ -145,7 +144,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
-    let chunks: Vec<&[usize]> = all.chunks(args.batch_size.unwrap_or(n).max(1)).collect();
+    let chunks: Vec<&[usize]> = all.chunks(spec.batch_size.unwrap_or(n).max(1)).collect();
     // Several batches: each is kept as it finishes, so a killed sweep resumes mid-cell (an
     // AutoAttack cascade on 1 000 images runs for hours on two cores).
     let keep = (chunks.len() > 1).then(|| outputs::batches_dir(out, cell));
@@ -153,12 +152,12 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     let parts = outputs::resumable_batches(keep.as_deref(), identity, chunks.len(), |j| {
         let batch_started = Instant::now();
         let (x, y) = batch(chunks[j]);
-        let batch_args = RobustArgs {
-            seed: batch_seed(args.seed, j),
-            ..args.clone()
+        let batch_args = SweepSpec {
+            seed: batch_seed(spec.seed, j),
+            ..spec.clone()
         };
         let mut stages = attack_batch(&batch_args, cell, defended, x, y, grid)?;
-        if !args.save_adversarials {
+        if !spec.save_adversarials {
             // Only saved adversarials need the inputs; batch files stay small without them.
             for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {
                 outcome.inputs = Vec::new();
@@ -195,7 +194,7 @@ struct CellFacts {
 
 /// The rows (per stage and ε) and per-example records of a cell's finished `stages`.
 fn rows_and_examples(
-    args: &RobustArgs,
+    spec: &SweepSpec,
     cell: &Cell,
     stages: &[Stage],
     loaded: &Loaded,
@@ -203,7 +202,7 @@ fn rows_and_examples(
     facts: &CellFacts,
 ) -> (Vec<TidyRow>, Vec<ExampleRow>) {
     let (probe, defence_settings) = (&facts.probe, &facts.defence);
-    let (n, norm) = (loaded.indices.len(), args.norm);
+    let (n, norm) = (loaded.indices.len(), spec.norm);
     let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
     let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
         let (clean_lo, clean_hi) = wilson(clean, n);
@@ -223,18 +222,18 @@ fn rows_and_examples(
             robust_lo,
             robust_hi,
             eot: if stage.kind.uses_gradients() {
-                args.eot_at(cell.k)
+                spec.eot_at(cell.k)
             } else {
                 0
             },
-            restarts: args.restarts_of(stage.kind),
-            chains: if cell.k > 0 { args.defence.chains } else { 0 },
+            restarts: spec.restarts_of(stage.kind),
+            chains: if cell.k > 0 { spec.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
-                args.defence.recheck_chains
+                spec.defence.recheck_chains
             } else {
                 0
             },
-            seed: args.seed,
+            seed: spec.seed,
             attack_settings: stage.settings.to_string(),
             defence: defence_settings.to_string(),
             stochastic: probe.stochastic,
@@ -295,7 +294,7 @@ fn rows_and_examples(
 
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
 pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
-    args: &RobustArgs,
+    spec: &SweepSpec,
     cell: &Cell,
     defended: &M,
     x: Tensor<B::InnerBackend, 4>,
@@ -303,7 +302,7 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
     let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
-    Ok(match configure(args, cell.attack, args.eot_at(cell.k))? {
+    Ok(match configure(spec, cell.attack, spec.eot_at(cell.k))? {
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {
@@ -439,7 +438,7 @@ pub(super) fn probe<B: BenchBackend, M: Model<B>>(
 /// `--save-adversarials`: the inputs an attack returned for the examples at `rows` (of the
 /// sweep's examples) at one ε, and a picture of a few breaks.
 pub(super) fn save_adversarials(
-    args: &RobustArgs,
+    out: &std::path::Path,
     cell: &Cell,
     eps: Option<f32>,
     loaded: &Loaded,
@@ -447,11 +446,7 @@ pub(super) fn save_adversarials(
     outcome: &AttackOutcome,
 ) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)))
-        .join("adversarials");
+    let out = out.join("adversarials");
     let [n, c, h, w] = outcome.shape;
     let indices: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
     let clean: Vec<f32> = indices

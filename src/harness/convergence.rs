@@ -6,10 +6,10 @@ use jem_attacks::{AttackOutcome, Model, Norm};
 
 use super::cell_run::{attack_batch, batch_seed, Examples, Stage};
 use super::cells::Cell;
-use super::robust_args::RobustArgs;
+use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 
-/// One ε of a cell's convergence check (see [`RobustArgs::convergence_sample`]).
+/// One ε of a cell's convergence check (see [`SweepSpec::convergence_sample`]).
 pub(super) struct ConvergenceCheck {
     pub(super) eps: f32,
     pub(super) sampled: usize,
@@ -41,7 +41,7 @@ pub(super) fn standing(
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
 /// attack that had converged breaks (almost) none of them.
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
-    args: &RobustArgs,
+    spec: &SweepSpec,
     cell: &Cell,
     defended: &M,
     last: &Stage,
@@ -50,19 +50,19 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
-    let more_eot = RobustArgs {
-        eot: Some(4 * args.eot_at(cell.k)),
-        seed: crate::seeds::splitmix64(args.seed ^ 0xC0_4EE7),
-        ..args.clone()
+    let more_eot = SweepSpec {
+        eot: Some(4 * spec.eot_at(cell.k)),
+        seed: crate::seeds::splitmix64(spec.seed ^ 0xC0_4EE7),
+        ..spec.clone()
     };
-    let more_iterations = RobustArgs {
-        apgd_iterations: 2 * args.apgd_iterations,
-        pgd_steps: 2 * args.pgd_steps,
-        fab_iterations: 2 * args.fab_iterations,
-        square_queries: 2 * args.square_queries,
-        boundary_steps: 2 * args.boundary_steps,
-        seed: crate::seeds::splitmix64(args.seed ^ 0x17E7),
-        ..args.clone()
+    let more_iterations = SweepSpec {
+        apgd_iterations: 2 * spec.apgd_iterations,
+        pgd_steps: 2 * spec.pgd_steps,
+        fab_iterations: 2 * spec.fab_iterations,
+        square_queries: 2 * spec.square_queries,
+        boundary_steps: 2 * spec.boundary_steps,
+        seed: crate::seeds::splitmix64(spec.seed ^ 0x17E7),
+        ..spec.clone()
     };
     let mut checks = Vec::new();
     for (i, &eps) in grid.iter().enumerate().filter(|(_, &e)| e > 0.0) {
@@ -71,7 +71,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             .iter()
             .find(|(at, _)| at.is_none_or(|a| a == eps))
             .expect("a stage answers every ε of the grid");
-        let mut survivors: Vec<usize> = standing(outcome, *at, args.norm, eps)
+        let mut survivors: Vec<usize> = standing(outcome, *at, spec.norm, eps)
             .into_iter()
             .enumerate()
             .filter_map(|(row, ok)| ok.then_some(row))
@@ -79,16 +79,16 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         if survivors.is_empty() {
             continue;
         }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(batch_seed(args.seed, 1 + i));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(batch_seed(spec.seed, 1 + i));
         survivors.shuffle(&mut rng);
-        survivors.truncate(args.convergence_sample);
+        survivors.truncate(spec.convergence_sample);
         survivors.sort_unstable();
-        let broken_by = |strong: &RobustArgs| -> anyhow::Result<Vec<bool>> {
+        let broken_by = |strong: &SweepSpec| -> anyhow::Result<Vec<bool>> {
             let (x, y) = batch(&survivors);
             let stages = attack_batch(strong, cell, defended, x, y, &[eps])?;
             let last = stages.last().expect("every cell runs an attack");
             let (at, outcome) = &last.outcomes[0];
-            Ok(standing(outcome, *at, args.norm, eps)
+            Ok(standing(outcome, *at, spec.norm, eps)
                 .into_iter()
                 .map(|ok| !ok)
                 .collect())

@@ -12,7 +12,7 @@ use jem_attacks::{AttackLoss, Model};
 use rand::SeedableRng;
 
 use super::cells::{AttackKind, Cell};
-use super::robust_args::RobustArgs;
+use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 
 /// Targets of the targeted attacks (APGD-T, FAB-T): the 9 most likely other classes.
@@ -27,30 +27,30 @@ const POINTWISE_QUERIES: f64 = 2_000.0;
 
 /// Input gradients of the cell's model one example takes at most, over the `eps` budgets > 0
 /// of the grid, each counted with its EOT draws.
-pub fn gradients_per_example(args: &RobustArgs, cell: &Cell, eps: usize, classes: usize) -> f64 {
-    let eot = args.eot_at(cell.k) as f64;
+pub fn gradients_per_example(spec: &SweepSpec, cell: &Cell, eps: usize, classes: usize) -> f64 {
+    let eot = spec.eot_at(cell.k) as f64;
     let targets = TARGETS.min(classes.saturating_sub(1)) as f64;
     let eps = eps as f64;
-    let restarts = |kind| args.restarts_of(kind) as f64;
+    let restarts = |kind| spec.restarts_of(kind) as f64;
     cell.attack
         .stages()
         .into_iter()
         .map(|kind| match kind {
             AttackKind::Pgd | AttackKind::PgdLong => {
-                args.pgd_schedule(kind).0 as f64 * restarts(kind) * eot * eps
+                spec.pgd_schedule(kind).0 as f64 * restarts(kind) * eot * eps
             }
             AttackKind::Fgsm => eot * eps,
             AttackKind::ApgdCe | AttackKind::ApgdDlr => {
-                args.apgd_iterations as f64 * restarts(kind) * eot * eps
+                spec.apgd_iterations as f64 * restarts(kind) * eot * eps
             }
-            AttackKind::ApgdT => args.apgd_iterations as f64 * restarts(kind) * eot * targets * eps,
+            AttackKind::ApgdT => spec.apgd_iterations as f64 * restarts(kind) * eot * targets * eps,
             // Once for every ε on its own, per ε inside a cascade.
             AttackKind::FabT if cell.attack.is_preset() => {
-                args.fab_iterations as f64 * targets * eot * eps
+                spec.fab_iterations as f64 * targets * eot * eps
             }
-            AttackKind::FabT => args.fab_iterations as f64 * targets * eot,
-            AttackKind::Square => args.square_queries as f64 * FORWARD * eps,
-            AttackKind::Boundary => args.boundary_steps as f64 * FORWARD,
+            AttackKind::FabT => spec.fab_iterations as f64 * targets * eot,
+            AttackKind::Square => spec.square_queries as f64 * FORWARD * eps,
+            AttackKind::Boundary => spec.boundary_steps as f64 * FORWARD,
             AttackKind::Pointwise => POINTWISE_QUERIES * FORWARD,
             AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
                 unreachable!("a preset's stages are single attacks")
@@ -107,30 +107,30 @@ mod tests {
 
     #[test]
     fn gradients_are_counted_per_attack_eot_and_eps() {
-        let args = RobustArgs {
+        let spec = SweepSpec {
             pgd_steps: 20,
-            ..RobustArgs::default()
+            ..SweepSpec::default()
         };
         // PGD: 20 steps × 1 restart × 1 draw, at each of 3 ε.
         assert_eq!(
-            gradients_per_example(&args, &cell(AttackKind::Pgd, 0), 3, 10),
+            gradients_per_example(&spec, &cell(AttackKind::Pgd, 0), 3, 10),
             60.0
         );
         // The default at K = 1: APGD-CE and APGD-DLR, 100 iterations each, 4 draws (5 chains).
-        assert_eq!(args.eot_at(1), 4);
+        assert_eq!(spec.eot_at(1), 4);
         assert_eq!(
-            gradients_per_example(&args, &cell(AttackKind::Adaptive, 1), 3, 10),
+            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 1), 3, 10),
             2.0 * 100.0 * 4.0 * 3.0
         );
         // At K = 0: APGD-CE, APGD-T (9 targets), FAB-T (9 targets, per ε in the cascade) and
         // Square (5 000 queries at half a gradient each), one draw.
         assert_eq!(
-            gradients_per_example(&args, &cell(AttackKind::Adaptive, 0), 1, 10),
+            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 0), 1, 10),
             100.0 + 900.0 + 900.0 + 2_500.0
         );
         // Two classes leave one target.
         assert_eq!(
-            gradients_per_example(&args, &cell(AttackKind::ApgdT, 0), 1, 2),
+            gradients_per_example(&spec, &cell(AttackKind::ApgdT, 0), 1, 2),
             100.0
         );
     }

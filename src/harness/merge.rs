@@ -7,7 +7,8 @@ use clap::Args;
 
 use super::outputs;
 use super::plan::{claim_folder, Plan};
-use super::robust_args::RobustArgs;
+use super::progress::TerminalProgress;
+use super::spec::SweepSpec;
 use super::sweep::finish;
 use crate::backend::BenchBackend;
 use crate::output_folder::FolderLock;
@@ -40,18 +41,17 @@ pub fn merge<B: BenchBackend>(m: MergeArgs, device: &B::Device) -> anyhow::Resul
             m.shards[0].display()
         );
     }
-    let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
+    let spec: SweepSpec = serde_json::from_value(settings["args"].clone())
         .context("settings.json: `args` is not a robust sweep's arguments")?;
-    args.out = Some(m.out.clone());
-    let plan = Plan::<B, _>::from_args(&args, device)?;
+    let plan = Plan::<B, _>::from_args(&spec, &m.out, device)?;
     anyhow::ensure!(
-        plan.settings(&args) == settings,
+        plan.settings(&spec) == settings,
         "the shards were made by another jem-bench or from other models; rerun them"
     );
     crate::output_folder::claim(&m.out, "robust")?;
     let lock = FolderLock::acquire(&m.out, "sweep.lock")?;
-    claim_folder(&m.out, &settings, &plan.identity(&args), &[], &lock)?;
-    let identity = plan.identity(&args);
+    claim_folder(&m.out, &settings, &plan.identity(&spec), &[], &lock)?;
+    let identity = plan.identity(&spec);
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
         let found = m
@@ -72,5 +72,5 @@ pub fn merge<B: BenchBackend>(m: MergeArgs, device: &B::Device) -> anyhow::Resul
         results.push(found);
     }
     outputs::write_csvs(&m.out, &results)?;
-    finish(&plan, &results).map(|_| ())
+    finish(&plan, &results, &TerminalProgress::default(), 0).map(|_| ())
 }

@@ -10,47 +10,64 @@ use jem_attacks::{Classifier, Norm};
 
 use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult};
-use super::robust_args::RobustArgs;
+use super::spec::{InvalidSetting, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::model::{write_atomic, WideResNet, SOFTWARE};
 use crate::output_folder::FolderLock;
 
-/// What the sweep's flags need of one model, checked before anything is written: enough test
-/// images, ε within reach under L2, enough classes for the DLR losses, SGLD settings for K > 0.
+/// What the sweep's settings need of one model, checked before anything is written: enough
+/// test images, ε within reach under L2, enough classes for the DLR losses, SGLD settings for
+/// K > 0.
 pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
-    args: &RobustArgs,
+    spec: &SweepSpec,
     subject: &Subject<B, N>,
 ) -> anyhow::Result<()> {
-    let (data, spec, name) = (subject.test_set(), subject.data_name(), subject.name());
-    anyhow::ensure!(
-        args.n_examples <= data.len(),
-        "--n-examples {}: the test split of {spec} has only {} images",
-        args.n_examples,
-        data.len()
-    );
-    if args.norm == Norm::L2 {
+    let (data, data_name, name) = (subject.test_set(), subject.data_name(), subject.name());
+    if spec.n_examples > data.len() {
+        return Err(InvalidSetting::new(
+            "n_examples",
+            spec.n_examples.to_string(),
+            &format!(
+                "the test split of {data_name} has only {} images",
+                data.len()
+            ),
+        )
+        .into());
+    }
+    if spec.norm == Norm::L2 {
         let largest = (data.image_len() as f32).sqrt();
-        for &e in &args.eps_grid() {
-            anyhow::ensure!(
-                e <= largest,
-                "--eps: {e} exceeds {largest:.2}, the largest L2 distance between [0, 1] images \
-                 of {spec}"
-            );
+        for &e in &spec.eps_grid() {
+            if e > largest {
+                return Err(InvalidSetting::bare(
+                    "eps",
+                    &format!(
+                        "{e} exceeds {largest:.2}, the largest L2 distance between [0, 1] \
+                         images of {data_name}"
+                    ),
+                )
+                .into());
+            }
         }
     }
     let classes = data.num_classes();
     for (attack, needs) in [(AttackKind::ApgdDlr, 3), (AttackKind::ApgdT, 4)] {
-        anyhow::ensure!(
-            !args.single_attacks().contains(&attack) || classes >= needs,
-            "--attacks {}: its loss needs at least {needs} classes; {name} has {classes}",
-            attack.name()
-        );
+        if spec.single_attacks().contains(&attack) && classes < needs {
+            return Err(InvalidSetting::new(
+                "attacks",
+                attack.name().to_string(),
+                &format!("its loss needs at least {needs} classes; {name} has {classes}"),
+            )
+            .into());
+        }
     }
-    anyhow::ensure!(
-        args.ks.iter().all(|&k| k == 0) || subject.sgld().is_some(),
-        "--steps: {name} has no SGLD settings for the defence at K > 0"
-    );
+    if spec.ks.iter().any(|&k| k > 0) && subject.sgld().is_none() {
+        return Err(InvalidSetting::bare(
+            "ks",
+            &format!("{name} has no SGLD settings for the defence at K > 0"),
+        )
+        .into());
+    }
     Ok(())
 }
 
@@ -67,32 +84,38 @@ impl<B: BenchBackend> Plan<B, WideResNet<B>> {
     /// The command line's sweep: `--models` (or the embedded ones) on `--data` (or each
     /// model's own data set), loaded onto `device` and checked before anything touches the
     /// disk.
-    pub(super) fn from_args(args: &RobustArgs, device: &B::Device) -> anyhow::Result<Self> {
-        args.validate()?;
-        let paths = args.model_paths();
-        anyhow::ensure!(!paths.is_empty(), "--models: name at least one checkpoint");
+    pub(super) fn from_args(
+        spec: &SweepSpec,
+        out: &std::path::Path,
+        device: &B::Device,
+    ) -> anyhow::Result<Self> {
+        spec.validate()?;
+        let paths = spec.model_paths();
+        if paths.is_empty() {
+            return Err(InvalidSetting::bare("models", "name at least one checkpoint").into());
+        }
         let subjects = paths
             .iter()
             .map(|p| {
                 let m = p.display().to_string();
-                Subject::from_checkpoint(&m, args.data.as_deref(), device)
+                Subject::from_checkpoint(&m, spec.data.as_deref(), device)
                     .with_context(|| format!("--models {m}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Plan::new(args, subjects)
+        Plan::new(spec, subjects, out)
     }
 }
 
 impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
-    /// Everything a sweep needs, checked before anything touches the disk: the flags, and
-    /// per model its data and the settings its cells need.
-    pub(super) fn new(args: &RobustArgs, subjects: Vec<Subject<B, N>>) -> anyhow::Result<Self> {
-        args.validate()?;
+    /// Everything a sweep in `out` needs, checked before anything touches the disk: the
+    /// settings, and per model its data and the settings its cells need.
+    pub(super) fn new(
+        spec: &SweepSpec,
+        subjects: Vec<Subject<B, N>>,
+        out: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        spec.validate()?;
         anyhow::ensure!(!subjects.is_empty(), "a sweep needs at least one model");
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", args.norm)));
         let mut names = std::collections::BTreeSet::new();
         for subject in &subjects {
             anyhow::ensure!(
@@ -100,13 +123,13 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
                 "two models are named {}: every model of a sweep needs its own name",
                 subject.name()
             );
-            check_subject(args, subject)?;
+            check_subject(spec, subject)?;
         }
         let models: Vec<String> = subjects.iter().map(|s| s.name().to_string()).collect();
-        let eps_grid = args.eps_grid();
-        let cells = cells::list(&models, &args.attack_list(), &args.ks, &args.grad);
+        let eps_grid = spec.eps_grid();
+        let cells = cells::list(&models, &spec.attack_list(), &spec.ks, &spec.grad);
         Ok(Self {
-            out,
+            out: out.to_path_buf(),
             subjects,
             eps_grid,
             cells,
@@ -124,17 +147,19 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
     /// The settings that identify the sweep (the shard and output folder aside), recorded in
     /// `settings.json`: a resume or a merge must find the same, the models' weights included
     /// (a checkpoint retrained under the same path must not resume an old sweep).
-    pub(super) fn settings(&self, args: &RobustArgs) -> serde_json::Value {
-        let mut a = args.clone();
-        a.shard = None;
-        a.out = None;
+    pub(super) fn settings(&self, spec: &SweepSpec) -> serde_json::Value {
+        // Stored as the command's arguments always were, with the output folder and the shard
+        // (not part of what the sweep computes) empty, so that older folders keep resuming.
+        let mut args = serde_json::to_value(spec).expect("a spec serialises");
+        args["out"] = serde_json::Value::Null;
+        args["shard"] = serde_json::Value::Null;
         serde_json::json!({
             "software": SOFTWARE,
             "backend": B::recorded_name(self.subjects[0].device()),
-            "args": &a,
+            "args": args,
             // The EOT each K gets, `--eot` or its default, spelled out: a folder of a version
             // whose default differed must not resume.
-            "eot_at_k": args.ks.iter().map(|&k| (k, args.eot_at(k))).collect::<Vec<_>>(),
+            "eot_at_k": spec.ks.iter().map(|&k| (k, spec.eot_at(k))).collect::<Vec<_>>(),
             "eps": &self.eps_grid,
             "models": self.subjects.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "weights": self.subjects.iter().map(|s| s.digest()).collect::<Vec<_>>(),
@@ -144,8 +169,8 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
 
     /// `sha256:<hex>` of [`Plan::settings`]: what every cell file of the sweep carries, so that
     /// a cell is reused only by the sweep that computed it (even with settings.json deleted).
-    pub(super) fn identity(&self, args: &RobustArgs) -> String {
-        crate::digest::of(self.settings(args).to_string().as_bytes())
+    pub(super) fn identity(&self, spec: &SweepSpec) -> String {
+        crate::digest::of(self.settings(spec).to_string().as_bytes())
     }
 }
 

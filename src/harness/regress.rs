@@ -12,7 +12,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::outputs::{read_tidy, TidyRow};
-use super::robust_args::RobustArgs;
+use super::progress::TerminalProgress;
+use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
 use crate::backend::BenchBackend;
 use crate::model::write_atomic;
@@ -157,11 +158,10 @@ fn rerun<B: BenchBackend>(reference: &Path, out: &Path, device: &B::Device) -> a
         &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
     )
     .with_context(|| format!("{}: unreadable", p.display()))?;
-    let mut args: RobustArgs = serde_json::from_value(settings["args"].clone())
+    let spec: SweepSpec = serde_json::from_value(settings["args"].clone())
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
-    args.out = Some(out.to_path_buf());
-    // Models, data and flags are checked before the folder is touched.
-    check::<B>(&args, device).with_context(|| format!("the sweep of {}", p.display()))?;
+    // Models, data and settings are checked before the folder is touched.
+    check::<B>(&spec, device).with_context(|| format!("the sweep of {}", p.display()))?;
     // Start afresh, but only over a folder that an earlier rerun made (it carries the
     // marker): anything else, a finished sweep above all, is never deleted.
     let marker = out.join(RERUN_MARKER);
@@ -187,7 +187,12 @@ fn rerun<B: BenchBackend>(reference: &Path, out: &Path, device: &B::Device) -> a
         )
         .as_bytes(),
     )?;
-    run::<B>(args, device)
+    let progress = TerminalProgress::default();
+    let runner = Runner {
+        observer: &progress,
+        ..Runner::new(out)
+    };
+    run::<B>(&spec, &runner, device).map(|_| ())
 }
 
 /// A sweep folder's settings.json; `Null` for a folder without one (a bare robust.csv).

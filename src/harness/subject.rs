@@ -21,11 +21,12 @@ use crate::train::JemConfig;
 ///
 /// ```no_run
 /// # fn wrap(network: jem_bench::model::WideResNet<jem_bench::backend::Train>) -> anyhow::Result<()> {
-/// use jem_bench::harness::{sweep, RobustArgs, Subject};
+/// use jem_bench::harness::{sweep, Runner, Subject, SweepSpec};
 ///
 /// let subject = Subject::new("my-net", network, "mnist")?;
-/// let args = RobustArgs { n_examples: 50, ..RobustArgs::default() };
-/// let rows = sweep(vec![subject], &args)?; // robust.csv, curves, summary in runs/robust-linf
+/// let spec = SweepSpec { n_examples: 50, ..SweepSpec::default() };
+/// // robust.csv, curves and summary in runs/my-net
+/// let rows = sweep(vec![subject], &spec, &Runner::new("runs/my-net"))?;
 /// # Ok(()) }
 /// ```
 pub struct Subject<B: BenchBackend, N> {

@@ -7,7 +7,6 @@ use std::sync::mpsc;
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
-use indicatif::{ProgressBar, ProgressStyle};
 use jem_attacks::{Classifier, GradMode};
 
 use super::cell_run::run_cell;
@@ -16,103 +15,91 @@ use super::estimate;
 use super::outputs::{self, CellResult, TidyRow};
 use super::plan::{claim_folder, Plan};
 use super::report;
-use super::robust_args::RobustArgs;
+use super::spec::{InvalidSetting, Runner, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
 use crate::output_folder::FolderLock;
 
-/// `jem-bench robust`: the sweep of `--models` (default: the embedded models) on `device`.
-pub fn run<B: BenchBackend>(args: RobustArgs, device: &B::Device) -> anyhow::Result<()> {
-    let plan = Plan::<B, _>::from_args(&args, device)?;
-    execute(&plan, &args).map(|_| ())
+/// `jem-bench robust`: the sweep of `spec.models` (default: the embedded models), loaded onto
+/// `device`, run by `runner`.
+pub fn run<B: BenchBackend>(
+    spec: &SweepSpec,
+    runner: &Runner,
+    device: &B::Device,
+) -> anyhow::Result<Vec<TidyRow>> {
+    let plan = Plan::<B, _>::from_args(spec, &runner.out, device)?;
+    execute(&plan, spec, runner)
 }
 
 /// Sweeps `subjects` — networks of any architecture that implement
-/// [`Classifier`](jem_attacks::Classifier) — under `args` (everything but `models` and `data`,
-/// which name checkpoints and data sets for the command line): runs the cells not finished
-/// yet in `args.out` (default `runs/robust-NORM`), writes `robust.csv`, `examples.csv`,
+/// [`Classifier`](jem_attacks::Classifier), each on its own device — under `spec` (everything
+/// but `models` and `data`, which name checkpoints and data sets for the command line): runs
+/// the cells not finished yet in `runner.out`, writes `robust.csv`, `examples.csv`,
 /// `summary.json` with the sanity checks, the curves and the table, as `jem-bench robust` does,
 /// and returns the rows of `robust.csv`.
 pub fn sweep<B: BenchBackend, N: Classifier<B> + Module<B>>(
     subjects: Vec<Subject<B, N>>,
-    args: &RobustArgs,
+    spec: &SweepSpec,
+    runner: &Runner,
 ) -> anyhow::Result<Vec<TidyRow>> {
-    anyhow::ensure!(
-        args.models.is_empty() && args.data.is_none(),
-        "sweep: RobustArgs::models and ::data name checkpoints and data sets for the command \
-         line; here the subjects are the models, each with its test set"
-    );
-    let plan = Plan::new(args, subjects)?;
-    execute(&plan, args)
+    if !spec.models.is_empty() || spec.data.is_some() {
+        return Err(InvalidSetting::bare(
+            "models",
+            "SweepSpec::models and ::data name checkpoints and data sets for the command \
+             line; here the subjects are the models, each with its test set",
+        )
+        .into());
+    }
+    let plan = Plan::new(spec, subjects, &runner.out)?;
+    execute(&plan, spec, runner)
 }
 
 /// Runs a plan's unfinished cells and writes every output.
 pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
     plan: &Plan<B, N>,
-    args: &RobustArgs,
+    spec: &SweepSpec,
+    runner: &Runner,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let out = plan.out.clone();
     let mine: Vec<&Cell> = plan
         .cells
         .iter()
         .enumerate()
-        .filter(|(j, _)| args.shard.is_none_or(|s| j % s.count == s.index))
+        .filter(|(j, _)| runner.shard.is_none_or(|s| j % s.count == s.index))
         .map(|(_, c)| c)
         .collect();
-    if let (Some(shard), true) = (args.shard, mine.is_empty()) {
+    if let (Some(shard), true) = (runner.shard, mine.is_empty()) {
         // A job array larger than the sweep: this task has nothing to do, which is no error.
-        eprintln!(
-            "shard {}/{}: the sweep has {} cells, none of them this shard's; nothing to do",
-            shard.index,
-            shard.count,
-            plan.cells.len()
-        );
+        runner.observer.nothing_to_do(shard, plan.cells.len());
         return Ok(Vec::new());
     }
     crate::output_folder::claim(&out, "robust")?;
     let lock = FolderLock::acquire(&out, "sweep.lock")?;
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
     // `--jobs` worker threads. The CSVs always hold the finished cells in plan order.
-    let identity = plan.identity(args);
-    let mut done = claim_folder(&out, &plan.settings(args), &identity, &mine, &lock)?;
+    let identity = plan.identity(spec);
+    let mut done = claim_folder(&out, &plan.settings(spec), &identity, &mine, &lock)?;
     // Longest first, so that the last cell running alone is a short one: cells with more SGLD
     // steps cost more (a K = 1 cell about 5× its K = 0 twin). Outputs keep the plan's order.
     let mut pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
-    let estimates = estimate_cells(plan, args, &mine, &pending)?;
-    let total: f64 = estimates.iter().sum();
-    if !pending.is_empty() {
-        eprintln!(
-            "{} cells to run, estimated at most {} here (one timed gradient per model, K and \
-             gradient mode, every example attacked at every ε to the last iteration; broken \
-             examples drop out, so it usually takes less)",
-            pending.len(),
-            estimate::duration(total)
-        );
-    }
-    // Counted in estimated milliseconds, so that the remaining time weighs cells by cost.
-    let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {prefix}  about {eta} left  {msg}",
-        )
-        .expect("template"),
-    );
-    let mut cells_done = mine.len() - pending.len();
-    bar.set_prefix(format!("{cells_done}/{} cells", mine.len()));
+    let estimates = estimate_cells(plan, spec, &mine, &pending)?;
+    runner
+        .observer
+        .starting(&estimates, mine.len() - pending.len());
     outputs::write_csvs(&out, done.iter().flatten())?;
 
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel::<(usize, anyhow::Result<CellResult>)>();
-    let jobs = args.jobs.clamp(1, pending.len().max(1));
+    let jobs = runner.jobs.get().clamp(1, pending.len().max(1));
     std::thread::scope(|scope| -> anyhow::Result<()> {
         for _ in 0..jobs {
             let tx = tx.clone();
-            let (next, failed, pending, mine, args, plan, out, identity) = (
-                &next, &failed, &pending, &mine, &args, &plan, &out, &identity,
+            let (next, failed, pending, mine, spec, plan, out, identity) = (
+                &next, &failed, &pending, &mine, &spec, &plan, &out, &identity,
             );
             scope.spawn(move || {
                 while !failed.load(Ordering::Relaxed) {
@@ -123,7 +110,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
                     let result = run_cell(
                         out,
                         identity,
-                        args,
+                        spec,
                         plan.subject(cell),
                         cell,
                         &plan.eps_grid,
@@ -146,43 +133,25 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
             };
             outputs::save_cell(&out, &r)?;
             outputs::remove_batches(&out, &r.cell)?;
-            if let Some(row) = r.rows.last() {
-                bar.set_message(format!(
-                    "last: {} {} K={} ε={} robust {:.1} %",
-                    row.attack,
-                    row.model,
-                    row.k,
-                    row.eps,
-                    100.0 * row.robust_accuracy
-                ));
-            }
-            done[i] = Some(r);
-            outputs::write_csvs(&out, done.iter().flatten())?;
-            cells_done += 1;
-            bar.set_prefix(format!("{cells_done}/{} cells", mine.len()));
             let at = pending
                 .iter()
                 .position(|&p| p == i)
                 .expect("a pending cell");
-            bar.inc((1000.0 * estimates[at]).ceil() as u64);
+            runner.observer.cell_finished(&r, estimates[at]);
+            done[i] = Some(r);
+            outputs::write_csvs(&out, done.iter().flatten())?;
         }
         Ok(())
     })?;
     let results: Vec<CellResult> = done.into_iter().flatten().collect();
-    bar.finish_and_clear();
-    println!(
-        "ran {} cells ({} were finished already)",
-        pending.len(),
-        mine.len() - pending.len()
-    );
-    finish(plan, &results)
+    finish(plan, &results, runner.observer, pending.len())
 }
 
 /// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
 /// model, K and gradient mode, times the gradients its attack takes at most.
 pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
     plan: &Plan<B, N>,
-    args: &RobustArgs,
+    spec: &SweepSpec,
     mine: &[&Cell],
     pending: &[usize],
 ) -> anyhow::Result<Vec<f64>> {
@@ -204,10 +173,10 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
                     subject.sgld(),
                     cell.k,
                     grad,
-                    &args.defence,
+                    &spec.defence,
                 )?;
                 let data = subject.test_set();
-                let idx: Vec<usize> = (0..args.n_examples.min(16)).collect();
+                let idx: Vec<usize> = (0..spec.n_examples.min(16)).collect();
                 let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
                 let device = subject.device();
                 let x = batches::images::<B::InnerBackend>(data, &idx, device);
@@ -221,12 +190,12 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
             }
         };
         let classes = subject.test_set().num_classes();
-        let gradients = estimate::gradients_per_example(args, cell, eps, classes);
+        let gradients = estimate::gradients_per_example(spec, cell, eps, classes);
         // The convergence check of a stochastic cell attacks up to its sample again, with 4×
         // the EOT draws and with 2× the iterations.
-        let n = args.n_examples as f64;
-        let check = if cell.k > 0 && args.convergence_sample > 0 {
-            (4.0 + 2.0) * (args.convergence_sample as f64).min(n) / n
+        let n = spec.n_examples as f64;
+        let check = if cell.k > 0 && spec.convergence_sample > 0 {
+            (4.0 + 2.0) * (spec.convergence_sample as f64).min(n) / n
         } else {
             0.0
         };
@@ -235,20 +204,22 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
     Ok(out)
 }
 
-/// Checks a sweep's flags, models and data without touching the disk (what `robust` does
+/// Checks a sweep's settings, models and data without touching the disk (what `robust` does
 /// first), so that a caller can refuse bad settings before it prepares a folder.
-pub fn check<B: BenchBackend>(args: &RobustArgs, device: &B::Device) -> anyhow::Result<()> {
-    Plan::<B, _>::from_args(args, device).map(|_| ())
+pub fn check<B: BenchBackend>(spec: &SweepSpec, device: &B::Device) -> anyhow::Result<()> {
+    Plan::<B, _>::from_args(spec, std::path::Path::new(""), device).map(|_| ())
 }
 
-/// Summary, sanity checks, plots and table of the finished cells.
+/// Summary, sanity checks, plots and table of the finished cells, `ran` of them run now.
 pub(super) fn finish<B: BenchBackend, N>(
     plan: &Plan<B, N>,
     results: &[CellResult],
+    observer: &dyn SweepObserver,
+    ran: usize,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let rows = super::robustness::tidy_rows(&results.iter().collect::<Vec<_>>())?;
     let seconds = results.iter().map(|r| r.seconds).sum::<f64>();
-    print!("{}", report::write(&plan.out, &rows, Some(seconds))?);
-    println!("wrote {}", plan.out.display());
+    let table = report::write(&plan.out, &rows, Some(seconds))?;
+    observer.finished(&plan.out, &table, ran, results.len());
     Ok(rows)
 }

@@ -1,0 +1,89 @@
+//! A sweep's progress on a terminal ([`TerminalProgress`]): the estimate before the first cell,
+//! a bar on stderr weighted by each cell's estimated cost, and the table at the end — what
+//! `jem-bench robust`, `merge` and `regress` show. Library callers get silence unless they
+//! pass it (or their own [`SweepObserver`]).
+
+use std::cell::{Cell, RefCell};
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::estimate;
+use super::outputs::CellResult;
+use super::spec::{Shard, SweepObserver};
+
+/// Draws the bar on stderr and prints the table on stdout.
+#[derive(Default)]
+pub struct TerminalProgress {
+    bar: RefCell<Option<ProgressBar>>,
+    cells: Cell<usize>,
+    done: Cell<usize>,
+}
+
+impl TerminalProgress {
+    fn prefix(&self) -> String {
+        format!("{}/{} cells", self.done.get(), self.cells.get())
+    }
+}
+
+impl SweepObserver for TerminalProgress {
+    fn starting(&self, estimates: &[f64], finished_before: usize) {
+        let total: f64 = estimates.iter().sum();
+        if !estimates.is_empty() {
+            eprintln!(
+                "{} cells to run, estimated at most {} here (one timed gradient per model, K and \
+                 gradient mode, every example attacked at every ε to the last iteration; broken \
+                 examples drop out, so it usually takes less)",
+                estimates.len(),
+                estimate::duration(total)
+            );
+        }
+        // Counted in estimated milliseconds, so that the remaining time weighs cells by cost.
+        let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {prefix}  about {eta} left  {msg}",
+            )
+            .expect("template"),
+        );
+        self.cells.set(estimates.len() + finished_before);
+        self.done.set(finished_before);
+        bar.set_prefix(self.prefix());
+        *self.bar.borrow_mut() = Some(bar);
+    }
+
+    fn cell_finished(&self, result: &CellResult, estimated_seconds: f64) {
+        self.done.set(self.done.get() + 1);
+        if let Some(bar) = self.bar.borrow().as_ref() {
+            if let Some(row) = result.rows.last() {
+                bar.set_message(format!(
+                    "last: {} {} K={} ε={} robust {:.1} %",
+                    row.attack,
+                    row.model,
+                    row.k,
+                    row.eps,
+                    100.0 * row.robust_accuracy
+                ));
+            }
+            bar.set_prefix(self.prefix());
+            bar.inc((1000.0 * estimated_seconds).ceil() as u64);
+        }
+    }
+
+    fn finished(&self, out: &Path, table: &str, ran: usize, cells: usize) {
+        // A sweep that ran says how much it ran; a merge or report only shows its table.
+        if let Some(bar) = self.bar.borrow_mut().take() {
+            bar.finish_and_clear();
+            println!("ran {ran} cells ({} were finished already)", cells - ran);
+        }
+        print!("{table}");
+        println!("wrote {}", out.display());
+    }
+
+    fn nothing_to_do(&self, shard: Shard, cells: usize) {
+        eprintln!(
+            "shard {}/{}: the sweep has {cells} cells, none of them this shard's; nothing to do",
+            shard.index, shard.count,
+        );
+    }
+}

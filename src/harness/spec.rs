@@ -1,0 +1,391 @@
+//! What a sweep computes ([`SweepSpec`]: models, data, attacks with their budgets, ε, K,
+//! gradient modes, examples, seed), with the defaults it resolves to (ε grid, EOT per K, PGD
+//! schedule, restarts) and its validation; and where and how it runs ([`Runner`]: output
+//! folder, [`Shard`], worker threads, a [`SweepObserver`] told of its progress). The command
+//! line's flags convert into the two in the binary; errors here name fields
+//! ([`InvalidSetting`]), which the command line names as flags.
+
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+use jem_attacks::{GradMode, Norm};
+use serde::{Deserialize, Serialize};
+
+use super::cells::AttackKind;
+use super::outputs::CellResult;
+use crate::defended::DefenceArgs;
+
+/// What a sweep computes: models, data, attacks with their budgets, ε, K, gradient modes,
+/// examples and seed. Stored in every sweep's `settings.json` (fields missing there, settings of
+/// an older version, take their defaults, so stored references keep loading); where the sweep
+/// is written and how it is run are the [`Runner`](super::Runner)'s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SweepSpec {
+    /// Threat model: linf or l2.
+    pub norm: Norm,
+    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
+    /// trained models that exist under results/models/).
+    pub models: Vec<PathBuf>,
+    /// Attacks, comma-separated; presets `autoattack` (APGD-CE → APGD-T → FAB-T → Square) and
+    /// `autoattack-rand` (APGD-CE → APGD-DLR, with EOT) run their attacks as a cascade, each on
+    /// what the ones before left standing. The default, `adaptive`, is `autoattack` at K = 0
+    /// and `autoattack-rand` at K > 0 with gradients through the SGLD steps (--grad full)
+    /// averaged over EOT draws: the evaluation a stochastic test-time defence has to survive.
+    pub attacks: Vec<AttackKind>,
+    /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
+    pub eps: Vec<f32>,
+    /// SGLD sampling steps K of the defence.
+    /// (K = 10 through 5 chains costs about 10× K = 1 per attack step: add it when there is
+    /// time.)
+    pub ks: Vec<usize>,
+    /// Gradient modes through the SGLD steps (K > 0): full (exact reverse mode through every
+    /// step), bpda (the steps taken as the identity on the way back: a weaker attack, whose
+    /// robust accuracies are upper bounds).
+    pub grad: Vec<GradMode>,
+    /// Gradient draws averaged per step of the gradient attacks (EOT). Default: 1 at K = 0
+    /// (a deterministic model); at K > 0 enough draws for 20 SGLD noise samples per gradient,
+    /// AutoAttack's count for randomised defences, each draw averaging --chains chains
+    /// (4 with the default 5 chains).
+    pub eot: Option<usize>,
+    pub restarts: usize,
+    /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
+    pub pgd_steps: usize,
+    /// PGD step size as a fraction of ε (default 2.5 / steps, so that the steps can cross the
+    /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
+    pub pgd_rel_stepsize: Option<f32>,
+    /// APGD iterations per run (AutoAttack: 100).
+    pub apgd_iterations: usize,
+    /// Square-attack queries per example (AutoAttack: 5 000).
+    pub square_queries: usize,
+    /// FAB-T iterations per target class (AutoAttack: 100).
+    pub fab_iterations: usize,
+    /// Boundary-attack steps (foolbox's default is 25 000).
+    pub boundary_steps: usize,
+    /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
+    pub n_examples: usize,
+    /// Convergence check of every stochastic cell (K > 0): at each ε, up to this many of the
+    /// examples the attack left standing (a seeded sample) are attacked again, once with 4×
+    /// the EOT draws and once with 2× the iterations (steps, queries); a robust accuracy that
+    /// then falls below the first estimate's 95 % interval is flagged in the table and in
+    /// summary.json. 0: no check.
+    pub convergence_sample: usize,
+    /// Examples attacked at once (default: all of a cell's). Bounds memory for a large
+    /// --n-examples: a batch holds its images × chains activations. Batch j > 0 seeds its
+    /// attacks from (--seed, j), so the numbers depend on the batch size as on the seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    /// Data set (default: the one each model was trained on).
+    pub data: Option<String>,
+    pub seed: u64,
+    pub defence: DefenceArgs,
+    /// Keep each cell's returned inputs: `OUT/adversarials/CELL.safetensors` (`inputs`
+    /// [N, C, H, W] in [0, 1], `clean`, `labels`, `examples` (test-set indices), `adversarial`
+    /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub save_adversarials: bool,
+}
+
+/// A setting refused, named as [`SweepSpec`] (or [`Runner`]) names it: `n_examples`, `ks`, ….
+/// The command line shows the flag instead (`--n-examples`, `--steps`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvalidSetting {
+    /// The field of the spec.
+    pub field: &'static str,
+    /// The refused value where the problem quotes it (`10001` of "n_examples 10001: …"),
+    /// else empty.
+    pub value: String,
+    /// What is wrong, and what was expected.
+    pub problem: String,
+}
+
+impl InvalidSetting {
+    /// `field value: problem`.
+    pub fn new(field: &'static str, value: String, problem: &str) -> Self {
+        InvalidSetting {
+            field,
+            value,
+            problem: problem.to_string(),
+        }
+    }
+
+    /// `field: problem`.
+    pub fn bare(field: &'static str, problem: &str) -> Self {
+        Self::new(field, String::new(), problem)
+    }
+
+    /// The message with the field called `name` (a flag on the command line).
+    pub fn message_naming(&self, name: &str) -> String {
+        match self.value.as_str() {
+            "" => format!("{name}: {}", self.problem),
+            value => format!("{name} {value}: {}", self.problem),
+        }
+    }
+}
+
+impl std::fmt::Display for InvalidSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message_naming(self.field))
+    }
+}
+
+impl std::error::Error for InvalidSetting {}
+
+/// Where and how a sweep runs: none of it changes what the sweep computes, so none of it is
+/// part of the sweep's identity.
+pub struct Runner<'a> {
+    /// The sweep's folder; running the same spec there again resumes it.
+    pub out: PathBuf,
+    /// Run only every n-th cell (join the shards' folders with `merge`).
+    pub shard: Option<Shard>,
+    /// Cells run at once, each on its own thread.
+    pub jobs: NonZeroUsize,
+    /// Told of the sweep's progress; [`Silent`] by default.
+    pub observer: &'a dyn SweepObserver,
+}
+
+impl Runner<'static> {
+    /// A runner writing to `out`, one worker per core, the whole sweep, silently.
+    pub fn new(out: impl Into<PathBuf>) -> Self {
+        Runner {
+            out: out.into(),
+            shard: None,
+            jobs: std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
+            observer: &Silent,
+        }
+    }
+}
+
+/// What a running sweep reports. Every method does nothing by default.
+pub trait SweepObserver {
+    /// Before the first cell: the estimated seconds of each cell to run (in the order they
+    /// start) and how many cells were finished by an earlier run.
+    fn starting(&self, _estimates: &[f64], _finished_before: usize) {}
+    /// A cell finished and was saved; `estimated_seconds` is what it had been estimated at.
+    fn cell_finished(&self, _result: &CellResult, _estimated_seconds: f64) {}
+    /// The outputs are written: the table of the sweep in `out`, and how many cells ran now
+    /// (the others were finished before).
+    fn finished(&self, _out: &Path, _table: &str, _ran: usize, _cells: usize) {}
+    /// This shard has no cells of a sweep of `cells` cells.
+    fn nothing_to_do(&self, _shard: Shard, _cells: usize) {}
+}
+
+/// Reports nothing.
+pub struct Silent;
+
+impl SweepObserver for Silent {}
+
+/// SGLD noise samples per gradient that the default EOT aims at: AutoAttack's 20 draws for
+/// randomised defences (Croce & Hein 2020).
+pub(super) const EOT_NOISE_SAMPLES: usize = 20;
+
+impl Default for SweepSpec {
+    /// The command line's defaults: the adaptive attacks at K = 0 and 1 with full gradients on
+    /// the first 100 test images of the embedded models.
+    fn default() -> Self {
+        SweepSpec {
+            norm: Norm::Linf,
+            models: Vec::new(),
+            attacks: vec![AttackKind::Adaptive],
+            eps: Vec::new(),
+            ks: vec![0, 1],
+            grad: vec![GradMode::Full],
+            eot: None,
+            restarts: 1,
+            pgd_steps: 20,
+            pgd_rel_stepsize: None,
+            apgd_iterations: 100,
+            square_queries: 5000,
+            fab_iterations: 100,
+            boundary_steps: 1000,
+            n_examples: 100,
+            convergence_sample: 20,
+            batch_size: None,
+            data: None,
+            seed: 0,
+            defence: crate::train::clap_defaults(),
+            save_adversarials: false,
+        }
+    }
+}
+
+impl SweepSpec {
+    pub(super) fn eps_grid(&self) -> Vec<f32> {
+        if !self.eps.is_empty() {
+            return self.eps.clone();
+        }
+        match self.norm {
+            Norm::Linf => vec![0.0, 0.1, 0.2, 0.3],
+            Norm::L2 => vec![0.0, 1.0, 2.0, 3.0],
+        }
+    }
+
+    /// PGD steps and step size (fraction of ε) of a PGD cell; `pgd-long` takes 4× the steps,
+    /// each 4× shorter, so that it can cross the ball as often but more finely.
+    pub(super) fn pgd_schedule(&self, attack: AttackKind) -> (usize, f32) {
+        let factor = if attack == AttackKind::PgdLong { 4 } else { 1 };
+        let steps = self.pgd_steps * factor;
+        let rel = self
+            .pgd_rel_stepsize
+            .map_or(2.5 / steps.max(1) as f32, |r| r / factor as f32);
+        (steps, rel)
+    }
+
+    /// The attacks of the sweep (a preset is one, run as a cascade), each once, in the order
+    /// given.
+    pub fn attack_list(&self) -> Vec<AttackKind> {
+        let mut out = Vec::new();
+        for &a in &self.attacks {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
+    }
+
+    /// Every single attack the sweep runs, presets opened up.
+    pub(super) fn single_attacks(&self) -> Vec<AttackKind> {
+        let mut out = Vec::new();
+        for attack in self.attack_list() {
+            for &k in &self.ks {
+                for single in attack.at(k).stages() {
+                    if !out.contains(&single) {
+                        out.push(single);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// EOT draws of the gradient attacks at K: `--eot`, else 1 at K = 0 and, at K > 0, enough
+    /// draws of `--chains` chains each for 20 noise samples per gradient (AutoAttack's count
+    /// for randomised defences).
+    pub fn eot_at(&self, k: usize) -> usize {
+        self.eot.unwrap_or(if k == 0 {
+            1
+        } else {
+            EOT_NOISE_SAMPLES.div_ceil(self.defence.chains.max(1))
+        })
+    }
+
+    /// Restarts of an attack: `pgd-long` doubles PGD's; single runs elsewhere.
+    pub(super) fn restarts_of(&self, attack: AttackKind) -> usize {
+        match attack {
+            AttackKind::Pgd | AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
+                self.restarts
+            }
+            AttackKind::PgdLong => 2 * self.restarts,
+            _ => 1,
+        }
+    }
+
+    /// Checks the settings on their own (models and data are checked by [`Plan::new`]
+    /// (super::plan::Plan::new)); an [`InvalidSetting`] names the field.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let refuse = |field, value: String, problem: &str| -> anyhow::Result<()> {
+            Err(InvalidSetting::new(field, value, problem).into())
+        };
+        for (field, empty, what) in [
+            (
+                "attacks",
+                self.attacks.is_empty(),
+                "name at least one attack",
+            ),
+            (
+                "ks",
+                self.ks.is_empty(),
+                "name at least one K (0 = no SGLD)",
+            ),
+            (
+                "grad",
+                self.grad.is_empty(),
+                "name at least one of full, bpda",
+            ),
+        ] {
+            if empty {
+                return Err(InvalidSetting::bare(field, what).into());
+            }
+        }
+        for (field, value) in [
+            ("n_examples", self.n_examples),
+            ("batch_size", self.batch_size.unwrap_or(1)),
+            ("eot", self.eot.unwrap_or(1)),
+            ("apgd_iterations", self.apgd_iterations),
+            ("square_queries", self.square_queries),
+            ("fab_iterations", self.fab_iterations),
+            ("restarts", self.restarts),
+            ("pgd_steps", self.pgd_steps),
+            ("boundary_steps", self.boundary_steps),
+        ] {
+            if value < 1 {
+                return Err(InvalidSetting::bare(
+                    field,
+                    &format!("expected at least 1, found {value}"),
+                )
+                .into());
+            }
+        }
+        if self.ks.iter().any(|&k| k > 0) {
+            self.defence.validate()?;
+        }
+        if let Some(r) = self.pgd_rel_stepsize {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(InvalidSetting::bare(
+                    "pgd_rel_stepsize",
+                    &format!("expected a finite number > 0, found {r}"),
+                )
+                .into());
+            }
+        }
+        for &e in &self.eps_grid() {
+            if !(e.is_finite() && e >= 0.0) {
+                return Err(InvalidSetting::bare(
+                    "eps",
+                    &format!("expected numbers >= 0, found {e}"),
+                )
+                .into());
+            }
+            if self.norm == Norm::Linf && e > 1.0 {
+                refuse(
+                    "eps",
+                    String::new(),
+                    &format!(
+                        "{e} exceeds 1, the largest L∞ distance between [0, 1] pixels (ε is in \
+                         [0, 1] pixel units: 8/255 = 0.0314)"
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The models of a command-line sweep: `models`, else the embedded ones.
+    pub(super) fn model_paths(&self) -> Vec<PathBuf> {
+        if !self.models.is_empty() {
+            return self.models.clone();
+        }
+        crate::model::embedded_models()
+    }
+}
+
+/// `i/n`: this process runs every n-th cell of the sweep, starting at cell i.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("`{s}`: expected i/n with 0 ≤ i < n, e.g. 0/4");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+        if index < count {
+            Ok(Shard { index, count })
+        } else {
+            Err(bad())
+        }
+    }
+}

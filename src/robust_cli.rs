@@ -1,0 +1,230 @@
+//! `jem-bench robust`'s flags, parsed once here and turned into the library's [`SweepSpec`]
+//! (what the sweep computes) and [`Runner`](jem_bench::harness::Runner) (where and how); the library's errors name the
+//! spec's fields, shown here as the flags that set them.
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+use clap::Args;
+use jem_attacks::{GradMode, Norm};
+use jem_bench::defended::DefenceArgs;
+use jem_bench::harness::{AttackKind, InvalidSetting, Shard, SweepSpec};
+
+/// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
+/// runs ([`Runner`](jem_bench::harness::Runner)).
+#[derive(Debug, Clone, Args)]
+pub struct RobustArgs {
+    /// Threat model: linf or l2.
+    #[arg(long, default_value = "linf")]
+    pub norm: Norm,
+    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
+    /// trained models that exist under results/models/).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<PathBuf>,
+    /// Attacks, comma-separated; presets `autoattack` (APGD-CE → APGD-T → FAB-T → Square) and
+    /// `autoattack-rand` (APGD-CE → APGD-DLR, with EOT) run their attacks as a cascade, each on
+    /// what the ones before left standing. The default, `adaptive`, is `autoattack` at K = 0
+    /// and `autoattack-rand` at K > 0 with gradients through the SGLD steps (--grad full)
+    /// averaged over EOT draws: the evaluation a stochastic test-time defence has to survive.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "adaptive")]
+    pub attacks: Vec<AttackKind>,
+    /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
+    #[arg(long, value_delimiter = ',')]
+    pub eps: Vec<f32>,
+    /// SGLD sampling steps K of the defence.
+    /// (K = 10 through 5 chains costs about 10× K = 1 per attack step: add it when there is
+    /// time.)
+    #[arg(long = "steps", value_delimiter = ',', default_value = "0,1")]
+    pub ks: Vec<usize>,
+    /// Gradient modes through the SGLD steps (K > 0): full (exact reverse mode through every
+    /// step), bpda (the steps taken as the identity on the way back: a weaker attack, whose
+    /// robust accuracies are upper bounds).
+    #[arg(long, value_delimiter = ',', default_value = "full")]
+    pub grad: Vec<GradMode>,
+    /// Gradient draws averaged per step of the gradient attacks (EOT). Default: 1 at K = 0
+    /// (a deterministic model); at K > 0 enough draws for 20 SGLD noise samples per gradient,
+    /// AutoAttack's count for randomised defences, each draw averaging --chains chains
+    /// (4 with the default 5 chains).
+    #[arg(long)]
+    pub eot: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    pub restarts: usize,
+    /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
+    #[arg(long, default_value_t = 20)]
+    pub pgd_steps: usize,
+    /// PGD step size as a fraction of ε (default 2.5 / steps, so that the steps can cross the
+    /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
+    #[arg(long)]
+    pub pgd_rel_stepsize: Option<f32>,
+    /// APGD iterations per run (AutoAttack: 100).
+    #[arg(long, default_value_t = 100)]
+    pub apgd_iterations: usize,
+    /// Square-attack queries per example (AutoAttack: 5 000).
+    #[arg(long, default_value_t = 5000)]
+    pub square_queries: usize,
+    /// FAB-T iterations per target class (AutoAttack: 100).
+    #[arg(long, default_value_t = 100)]
+    pub fab_iterations: usize,
+    /// Boundary-attack steps (foolbox's default is 25 000).
+    #[arg(long, default_value_t = 1000)]
+    pub boundary_steps: usize,
+    /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
+    #[arg(long, default_value_t = 100)]
+    pub n_examples: usize,
+    /// Convergence check of every stochastic cell (K > 0): at each ε, up to this many of the
+    /// examples the attack left standing (a seeded sample) are attacked again, once with 4×
+    /// the EOT draws and once with 2× the iterations (steps, queries); a robust accuracy that
+    /// then falls below the first estimate's 95 % interval is flagged in the table and in
+    /// summary.json. 0: no check.
+    #[arg(long, default_value_t = 20)]
+    pub convergence_sample: usize,
+    /// Examples attacked at once (default: all of a cell's). Bounds memory for a large
+    /// --n-examples: a batch holds its images × chains activations. Batch j > 0 seeds its
+    /// attacks from (--seed, j), so the numbers depend on the batch size as on the seed.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Data set (default: the one each model was trained on).
+    #[arg(long)]
+    pub data: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub defence: DefenceArgs,
+    /// Keep each cell's returned inputs: `OUT/adversarials/CELL.safetensors` (`inputs`
+    /// [N, C, H, W] in [0, 1], `clean`, `labels`, `examples` (test-set indices), `adversarial`
+    /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
+    #[arg(long)]
+    pub save_adversarials: bool,
+    /// Output folder (default: runs/robust-NORM). Re-running the same command resumes.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Run only every n-th cell starting at i (`i/n`), e.g. one Slurm array task per shard;
+    /// join the folders with `jem-bench merge`.
+    #[arg(long)]
+    pub shard: Option<Shard>,
+    /// Cells run at once, each on its own thread (default: the number of cores). Results do
+    /// not depend on it, so it is not part of the sweep's settings.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+impl RobustArgs {
+    /// The spec and the runner's settings the flags describe; `--jobs 0` is refused here, every
+    /// other setting by [`SweepSpec::validate`] (its errors name fields; [`flag_of`] names them as
+    /// flags).
+    pub fn into_parts(self) -> anyhow::Result<(SweepSpec, PathBuf, Option<Shard>, NonZeroUsize)> {
+        let jobs = match self.jobs {
+            None => std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
+            Some(n) => NonZeroUsize::new(n)
+                .ok_or_else(|| anyhow::anyhow!("--jobs: expected at least 1, found 0"))?,
+        };
+        let out = self
+            .out
+            .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", self.norm)));
+        let spec = SweepSpec {
+            norm: self.norm,
+            models: self.models,
+            attacks: self.attacks,
+            eps: self.eps,
+            ks: self.ks,
+            grad: self.grad,
+            eot: self.eot,
+            restarts: self.restarts,
+            pgd_steps: self.pgd_steps,
+            pgd_rel_stepsize: self.pgd_rel_stepsize,
+            apgd_iterations: self.apgd_iterations,
+            square_queries: self.square_queries,
+            fab_iterations: self.fab_iterations,
+            boundary_steps: self.boundary_steps,
+            n_examples: self.n_examples,
+            convergence_sample: self.convergence_sample,
+            batch_size: self.batch_size,
+            data: self.data,
+            seed: self.seed,
+            defence: self.defence,
+            save_adversarials: self.save_adversarials,
+        };
+        Ok((spec, out, self.shard, jobs))
+    }
+}
+
+/// The flag of a [`SweepSpec`] field, for errors that name the field.
+pub fn flag_of(field: &str) -> String {
+    match field {
+        "ks" => "--steps".into(),
+        field => format!("--{}", field.replace('_', "-")),
+    }
+}
+
+/// An error as the command line shows it: a refused setting of the command's own flags names
+/// its flag. (One inside a context, e.g. a reference sweep's settings that `regress` reruns,
+/// keeps its field name: no flag of this command set it.)
+pub fn with_flags(e: anyhow::Error) -> anyhow::Error {
+    if e.chain().count() > 1 {
+        return e;
+    }
+    match e.downcast::<InvalidSetting>() {
+        Ok(invalid) => anyhow::anyhow!(invalid.message_naming(&flag_of(invalid.field))),
+        Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    #[command(allow_negative_numbers = true)]
+    struct Robust {
+        #[command(flatten)]
+        args: RobustArgs,
+    }
+
+    fn parse(flags: &[&str]) -> RobustArgs {
+        let line = std::iter::once("robust").chain(flags.iter().copied());
+        Robust::try_parse_from(line).expect("valid flags").args
+    }
+
+    #[test]
+    fn the_flags_default_to_the_default_spec() {
+        let (spec, out, shard, _) = parse(&[]).into_parts().unwrap();
+        assert_eq!(spec, SweepSpec::default());
+        assert_eq!(out, PathBuf::from("runs/robust-linf"));
+        assert_eq!(shard, None);
+        let (spec, out, ..) = parse(&["--norm", "l2", "--steps", "0,10", "--n-examples", "7"])
+            .into_parts()
+            .unwrap();
+        assert_eq!(
+            (spec.norm, spec.ks, spec.n_examples),
+            (Norm::L2, vec![0, 10], 7)
+        );
+        assert_eq!(out, PathBuf::from("runs/robust-l2"));
+    }
+
+    #[test]
+    fn a_refused_field_is_shown_as_its_flag() {
+        for (flags, shown) in [
+            (
+                &["--n-examples", "0"][..],
+                "--n-examples: expected at least 1, found 0",
+            ),
+            (
+                &["--eps", "-0.1"][..],
+                "--eps: expected numbers >= 0, found -0.1",
+            ),
+        ] {
+            let (spec, ..) = parse(flags).into_parts().unwrap();
+            let e = spec.validate().unwrap_err();
+            assert!(
+                format!("{e}")
+                    .starts_with(flags[0].trim_start_matches('-').replace('-', "_").as_str()),
+                "{e}"
+            );
+            assert_eq!(format!("{}", with_flags(e)), shown);
+        }
+        assert_eq!(flag_of("ks"), "--steps");
+        let e = parse(&["--jobs", "0"]).into_parts().unwrap_err();
+        assert_eq!(format!("{e}"), "--jobs: expected at least 1, found 0");
+    }
+}
