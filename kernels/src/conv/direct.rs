@@ -11,8 +11,9 @@
 //! masks depend only on the kernel column and are computed once per call. The weights are packed
 //! once per call so that a tap's `NC` weights are consecutive: one broadcast each.
 //!
-//! Only on x86-64 CPUs with AVX-512F (chosen at run time); elsewhere the caller keeps the
-//! kernel-rows path. The results equal the kernel-rows path's up to the order of the sums.
+//! Only on x86-64 CPUs with AVX-512F (chosen at run time), where [`crate::isa()`] is
+//! [`Isa::Avx512`]; elsewhere, or capped below it, the caller keeps the kernel-rows path. The
+//! results equal the kernel-rows path's up to the order of the sums.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{
@@ -22,6 +23,7 @@ use std::arch::x86_64::{
 
 use super::ConvGeometry;
 use crate::activation::copy_activated;
+use crate::isa::Isa;
 
 /// Pixels per vector (AVX-512, `f32`).
 const LANES: usize = 16;
@@ -51,10 +53,11 @@ pub(super) struct Direct {
 }
 
 impl Direct {
-    /// Prepares `weight` (`[out, in, kh, kw]`) for `g`, or `None` where the CPU lacks AVX-512F
-    /// or `g` is not a stride-1 convolution whose output is as large as its input.
+    /// Prepares `weight` (`[out, in, kh, kw]`) for `g`, or `None` where [`crate::isa()`] is
+    /// not AVX-512F (the CPU lacks it, or a cap excludes it) or `g` is not a stride-1
+    /// convolution whose output is as large as its input.
     pub(super) fn new(weight: &[f32], g: &ConvGeometry) -> Option<Direct> {
-        if !g.by_kernel_rows() || !available() {
+        if !g.by_kernel_rows() || crate::isa::isa() != Isa::Avx512 {
             return None;
         }
         let (ci, co, [kh, kw], pw) = (g.in_channels, g.out_channels, g.kernel, g.padding[1]);
@@ -146,8 +149,9 @@ impl Direct {
                     out: out[block * pixels + first * LANES..].as_mut_ptr(),
                     out_stride: pixels,
                 };
-                // SAFETY: `new` checked AVX-512F; every unmasked lane lies inside `padded` (see
-                // `channel_len`) or inside `out`'s rows of this block.
+                // SAFETY: `new` checked AVX-512F (`isa()` selects only sets the CPU has);
+                // every unmasked lane lies inside `padded` (see `channel_len`) or inside
+                // `out`'s rows of this block.
                 unsafe { kernel(nv, nc)(&tile) }
             }
         }
@@ -197,18 +201,6 @@ struct Tile<'a> {
 }
 
 type TileKernel = unsafe fn(&Tile);
-
-/// Whether this CPU runs [`Direct`]'s micro-kernels.
-pub(super) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// The micro-kernel for `nv` pixel vectors by `nc` output channels.
 fn kernel(nv: usize, nc: usize) -> TileKernel {
