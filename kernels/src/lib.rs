@@ -7,8 +7,9 @@
 //! CPU's instruction set):
 //!
 //! - forward: `weight [out, in·kh·kw] × im2col(x)`, a chunk of images per product — except the
-//!   stride-1 "same" convolutions of larger maps on AVX-512 CPUs, which run a direct kernel of
-//!   this crate that reads the shifted input rows in place (no im2col, no packing);
+//!   stride-1 "same" convolutions of larger maps on x86-64 CPUs with AVX-512F or AVX2 + FMA,
+//!   which run a direct kernel of this crate that reads the shifted input rows in place (no
+//!   im2col, no packing; elsewhere they go by kernel rows, a third of im2col's copying);
 //! - input gradient: at stride 1, the forward kernel on the output gradient with the flipped,
 //!   transposed weight; otherwise `weightᵀ × grad` scattered back by col2im;
 //! - weight gradient: `grad × im2col(x)ᵀ`, the transpose read through strides, never copied;
