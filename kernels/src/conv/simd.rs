@@ -178,7 +178,7 @@ impl Simd for Avx2 {
     /// 3 loads, 1 broadcast) would need all 16: as compiled, it spilled an accumulator to the
     /// stack at every step, where 2 × 6 keeps every accumulator in a register (checked in the
     /// disassembly). Channel blocks are split evenly (a width of 16 as 6 + 5 + 5, not
-    /// 6 + 6 + 4), so no tile drops below 10 accumulators on Wide-ResNet widths.
+    /// 6 + 6 + 4), so on Wide-ResNet widths (16·k) no block is narrower than 5 channels.
     const TILE_VECTORS: usize = 2;
     const TILE_CHANNELS: usize = 6;
     type Vector = __m256;
