@@ -5,9 +5,9 @@
 //! number of threads), and the chunks run in parallel; sums across chunks (weight and bias
 //! gradients) are added in chunk order. So results are bit-identical whatever the thread count.
 //! Scratch matrices live in per-thread buffers that are reused across calls instead of being
-//! allocated and zeroed each time. On AVX-512 CPUs the stride-1 "same" convolutions of maps of
-//! ≥ 128 pixels (forward, and so the input gradient) skip im2col for the direct kernel of
-//! [`direct`].
+//! allocated and zeroed each time. On CPUs with AVX-512F or AVX2 + FMA (as capped by
+//! [`crate::isa()`]) the stride-1 "same" convolutions of maps of ≥ 128 pixels (forward, and so
+//! the input gradient) skip im2col for the direct kernel of [`direct`].
 //!
 //! A LeakyReLU in front of the convolution (a Wide-ResNet's pre-activation) can be fused:
 //! `input_slope` applies it while the kernel rows are copied, or to each chunk's input in a
@@ -24,6 +24,7 @@ use crate::fresh::par_fresh;
 use crate::matmul::{matmul, MatMut, MatRef};
 
 mod direct;
+mod simd;
 
 use direct::Direct;
 
@@ -723,7 +724,8 @@ fn weight_grad_by_kernel_rows(
 }
 
 /// How the forward pass computes a convolution image by image, where
-/// [`ConvGeometry::uses_kernel_rows`]: the direct kernel where the CPU has one, else kernel rows.
+/// [`ConvGeometry::uses_kernel_rows`]: the direct kernel where [`crate::isa()`] has one, else
+/// kernel rows.
 /// Either way the per-image copy of the input (padded image or kernel rows) applies a fused
 /// activation.
 enum ByImage {
@@ -1021,9 +1023,10 @@ fn sum_in_order(mut partials: Vec<Vec<f32>>) -> Vec<f32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::activation::leaky;
+    use crate::isa::Isa;
 
     #[test]
     fn valid_range_matches_a_brute_force_count() {
@@ -1210,14 +1213,26 @@ mod tests {
         assert!(!g([1, 1], [1, 1], [0, 0]).by_kernel_rows());
     }
 
-    #[test]
-    fn the_direct_kernel_equals_the_products_with_im2col() {
-        if !direct::available() {
-            eprintln!("skipped: this CPU has no AVX-512F, the direct kernel never runs here");
-            return;
+    /// Says, past the test harness's capture of `eprintln!` (so that it shows for a passing
+    /// test too), that `test` did not run for `isa` because this CPU lacks it.
+    pub(super) fn not_run(test: &str, isa: Isa) {
+        use std::io::Write;
+        let line = format!("{test}: NOT RUN for {isa}: this CPU lacks it\n");
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+
+    /// The direct kernel on `isa` against im2col products, on every shape below; the number of
+    /// shapes run, or `None` (and a line on stderr) where the CPU lacks `isa`.
+    fn direct_equals_im2col(isa: Isa, test: &str) -> Option<usize> {
+        if !isa.is_available() {
+            not_run(test, isa);
+            return None;
         }
         // Integer data and a slope of 1/2: every partial sum is exact, so the order of the
-        // sums cannot change the bits. Channel counts cover full and partial blocks of 8.
+        // sums cannot change the bits. Pixel counts that are and are not multiples of 8 and 16
+        // (784 = 49 · 16, 196, 8, 16, 24, 51, ...), so tiles of every vector count and
+        // partial vectors; output channel counts whose blocks take every width up to 6
+        // (AVX2) and 8 (AVX-512), e.g. 13 as 5 + 4 + 4 or 7 + 6, 33 as 6 + 6 + 6 + 5 + 5 + 5.
         let mut taken = 0;
         for (h, w) in [
             (28, 28),
@@ -1228,9 +1243,29 @@ mod tests {
             (1, 1),
             (2, 3),
             (3, 17),
+            (2, 4),
+            (4, 4),
+            (3, 8),
         ] {
-            for (kernel, padding) in [([3, 3], [1, 1]), ([5, 5], [2, 2]), ([3, 1], [1, 0])] {
-                for (ci, co) in [(3, 5), (2, 13), (4, 16), (1, 8)] {
+            for (kernel, padding) in [
+                ([3, 3], [1, 1]),
+                ([5, 5], [2, 2]),
+                ([3, 1], [1, 0]),
+                ([5, 3], [2, 1]),
+            ] {
+                for (ci, co) in [
+                    (3, 5),
+                    (2, 13),
+                    (4, 16),
+                    (1, 8),
+                    (5, 6),
+                    (2, 7),
+                    (3, 1),
+                    (2, 2),
+                    (1, 3),
+                    (2, 4),
+                    (1, 33),
+                ] {
                     let g = ConvGeometry {
                         batch: 1,
                         in_channels: ci,
@@ -1263,7 +1298,8 @@ mod tests {
                                         .sum::<f32>()
                             })
                             .collect();
-                        let direct = Direct::new(&weight, &g).expect("AVX-512F and stride 1");
+                        let direct = Direct::for_isa(&weight, &g, isa).expect("stride 1, same");
+                        assert_eq!(direct.isa(), isa);
                         let mut got: Vec<f32> =
                             (0..want.len()).map(|i| bias[i / g.out_pixels()]).collect();
                         // Scratch full of NaN: a lane that read outside the padded copy shows.
@@ -1271,14 +1307,54 @@ mod tests {
                         direct.conv_image(&x, &g, &mut got, slope, &mut padded);
                         assert_eq!(
                             got, want,
-                            "{h}×{w} {ci}→{co} kernel {kernel:?} padding {padding:?} {slope:?}"
+                            "{isa}: {h}×{w} {ci}→{co} kernel {kernel:?} padding {padding:?} \
+                             {slope:?}"
                         );
                         taken += 1;
                     }
                 }
             }
         }
-        assert_eq!(taken, 8 * 3 * 4 * 2);
+        Some(taken)
+    }
+
+    #[test]
+    fn the_avx512_direct_kernel_equals_the_products_with_im2col() {
+        let test = "the_avx512_direct_kernel_equals_the_products_with_im2col";
+        if let Some(taken) = direct_equals_im2col(Isa::Avx512, test) {
+            assert_eq!(taken, 11 * 4 * 11 * 2);
+        }
+    }
+
+    #[test]
+    fn the_avx2_direct_kernel_equals_the_products_with_im2col() {
+        let test = "the_avx2_direct_kernel_equals_the_products_with_im2col";
+        if let Some(taken) = direct_equals_im2col(Isa::Avx2, test) {
+            assert_eq!(taken, 11 * 4 * 11 * 2);
+        }
+    }
+
+    #[test]
+    fn no_direct_kernel_on_the_portable_path_or_for_other_shapes() {
+        let g = |kernel, stride, padding| ConvGeometry {
+            batch: 1,
+            in_channels: 2,
+            height: 8,
+            width: 8,
+            out_channels: 3,
+            kernel,
+            stride,
+            padding,
+        };
+        let weight = vec![1.0; 3 * 2 * 9];
+        assert!(Direct::for_isa(&weight, &g([3, 3], [1, 1], [1, 1]), Isa::Portable).is_none());
+        for isa in Isa::ALL {
+            assert!(Direct::for_isa(&weight, &g([3, 3], [2, 2], [1, 1]), isa).is_none());
+            assert!(Direct::for_isa(&weight, &g([3, 3], [1, 1], [0, 0]), isa).is_none());
+            let prepared = Direct::for_isa(&weight, &g([3, 3], [1, 1], [1, 1]), isa);
+            let want = (isa != Isa::Portable && isa.is_available()).then_some(isa);
+            assert_eq!(prepared.map(|d| d.isa()), want, "{isa}");
+        }
     }
 
     #[test]

@@ -7,12 +7,19 @@
 //! CPU's instruction set):
 //!
 //! - forward: `weight [out, in·kh·kw] × im2col(x)`, a chunk of images per product — except the
-//!   stride-1 "same" convolutions of larger maps on AVX-512 CPUs, which run a direct kernel of
-//!   this crate that reads the shifted input rows in place (no im2col, no packing);
+//!   stride-1 "same" convolutions of larger maps on x86-64 CPUs with AVX-512F or AVX2 + FMA,
+//!   which run a direct kernel of this crate that reads the shifted input rows in place (no
+//!   im2col, no packing; elsewhere they go by kernel rows, a third of im2col's copying);
 //! - input gradient: at stride 1, the forward kernel on the output gradient with the flipped,
 //!   transposed weight; otherwise `weightᵀ × grad` scattered back by col2im;
 //! - weight gradient: `grad × im2col(x)ᵀ`, the transpose read through strides, never copied;
 //! - bias gradient: row sums.
+//!
+//! Which instruction set the direct kernel uses is [`isa()`]: the best the CPU has, capped for
+//! the process by the environment variable `JEM_BENCH_ISA` (`avx512`, `avx2`, `portable`: no
+//! direct kernel) or by [`set_isa`]. A binary should call [`isa_from_env`] early to report an
+//! invalid value, which the kernels otherwise ignore. The cap does not reach the `gemm`
+//! crate's matrix products, which pick their own instruction set (see [`Isa`]).
 //!
 //! Chunks of images run in parallel on rayon's pool; scratch buffers are reused per thread;
 //! the results are the same bits for any number of threads.
@@ -60,6 +67,7 @@ mod activation;
 mod backend;
 mod conv;
 mod fresh;
+mod isa;
 mod matmul;
 mod module;
 mod portable;
@@ -67,6 +75,7 @@ mod portable;
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
+pub use isa::{isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
 pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
 pub use portable::{
     conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul, portable_gradients_apply,

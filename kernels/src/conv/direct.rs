@@ -1,69 +1,105 @@
-//! Direct ("implicit GEMM") stride-1 "same" convolution on AVX-512: the micro-kernel reads the
-//! shifted input rows straight from one padded copy of the image, with no im2col matrix, no
-//! shifted copies per kernel column and no packing pass.
+//! Direct ("implicit GEMM") stride-1 "same" convolution on AVX-512F or AVX2 + FMA: the
+//! micro-kernel reads the shifted input rows straight from one padded copy of the image, with
+//! no im2col matrix, no shifted copies per kernel column and no packing pass.
 //!
-//! An output tile is `NV` vectors of 16 consecutive pixels (in NCHW order, so a vector may span
-//! image rows) by `NC ≤ 8` output channels, `NV · NC` accumulators held in registers for the
-//! whole reduction over input channels and kernel taps. Each tap is one masked load per vector
-//! at a fixed offset from the pixel: the padded copy has zero rows above and below the plane, so
-//! taps that fall above or below the image read zeros, and taps that cross the left or right
-//! border (where a flat offset wraps into the neighbouring row) are masked off per lane — the
-//! masks depend only on the kernel column and are computed once per call. The weights are packed
-//! once per call so that a tap's `NC` weights are consecutive: one broadcast each.
+//! An output tile is a few vectors of consecutive pixels (in NCHW order, so a vector may span
+//! image rows) by a few output channels — AVX-512: up to 3 vectors of 16 lanes by 8 channels,
+//! AVX2: up to 2 vectors of 8 lanes by 6 channels (see the `Simd` implementations for why) —
+//! the accumulators held in registers for the whole reduction over input channels and kernel
+//! taps. Each tap is one masked load per vector at a fixed offset from the pixel: the padded
+//! copy has zero rows above and below the plane, so taps that fall above or below the image
+//! read zeros, and taps that cross the left or right border (where a flat offset wraps into the
+//! neighbouring row) are masked off per lane. The masks depend only on the kernel column: their
+//! bits are computed once per call, and turned into the set's mask form once per kernel column
+//! of each tile, not per channel. The weights are packed once per call so that a tap's weights
+//! for a tile's channels are consecutive: one broadcast each.
 //!
-//! Only on x86-64 CPUs with AVX-512F (chosen at run time); elsewhere the caller keeps the
-//! kernel-rows path. The results equal the kernel-rows path's up to the order of the sums.
+//! One generic micro-kernel serves both instruction sets, through [`Simd`]; its tile sizes and
+//! lane count come from the set. Which set runs is [`crate::isa()`] (the CPU's best, or a cap);
+//! with neither set (other CPUs, or capped at `portable`) the caller keeps the kernel-rows
+//! path. The results equal the kernel-rows path's up to the order of the sums.
+
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_set1_ps,
-    _mm512_setzero_ps,
-};
-
+use super::simd::{Avx2, Avx512};
+use super::simd::{Kernel, Simd};
 use super::ConvGeometry;
 use crate::activation::copy_activated;
+use crate::isa::Isa;
 
-/// Pixels per vector (AVX-512, `f32`).
-const LANES: usize = 16;
-/// Output channels per tile: 3 × 8 accumulators + 3 loaded vectors + 1 broadcast fit AVX-512's
-/// 32 registers, and 8 divides every Wide-ResNet width.
-const BLOCK: usize = 8;
+/// The most pixel vectors and output channels a tile has in any instruction set: the size of
+/// the table of micro-kernels in [`kernel`].
+const MAX_TILE_VECTORS: usize = 3;
+const MAX_TILE_CHANNELS: usize = 8;
 
-/// A stride-1 "same" convolution prepared for [`Direct::conv_image`]: where each tap reads in
-/// a padded copy of the image, which lanes of each pixel vector it may read, and the weight
-/// packed so that each tap's weights for a block of output channels are consecutive.
+/// A stride-1 "same" convolution prepared for [`Direct::conv_image`] on one instruction set:
+/// where each tap reads in a padded copy of the image, which lanes of each pixel vector it may
+/// read, and the weight packed so that each tap's weights for a block of output channels are
+/// consecutive.
 pub(super) struct Direct {
+    /// The instruction set the masks, tiles and packing below were made for.
+    isa: Isa,
+    /// Its lanes per vector.
+    lanes: usize,
+    /// `(first channel, channels)` of each block of output channels (see [`tiles`]).
+    blocks: Vec<(usize, usize)>,
     /// `masks[kj · vectors + v]`: the lanes of pixel vector `v` whose tap in kernel column `kj`
-    /// lies inside the image (and whose pixel does).
+    /// lies inside the image (and whose pixel does), bit `i` for lane `i`.
     masks: Vec<u16>,
     /// The lanes of each pixel vector that are pixels of the image (the last may be partial).
     store_masks: Vec<u16>,
-    /// `(first vector, vectors)` of each pixel tile: tiles of 3 vectors, and of 2 where the
-    /// count is not a multiple of 3.
+    /// `(first vector, vectors)` of each pixel tile (see [`tiles`]).
     tiles: Vec<(usize, usize)>,
     /// Offset of each tap, in the order the packed weight walks them: `ki · w + kj − pw`.
     offsets: Vec<isize>,
     /// Floats per input channel in the padded copy.
     channel_len: usize,
-    /// For each block of [`BLOCK`] output channels (the last may be smaller, `nc` wide):
-    /// `[kw][kh][in][nc]`.
+    /// For each block of `nc` output channels: `[kw][kh][in][nc]`.
     packed: Vec<f32>,
 }
 
 impl Direct {
-    /// Prepares `weight` (`[out, in, kh, kw]`) for `g`, or `None` where the CPU lacks AVX-512F
-    /// or `g` is not a stride-1 convolution whose output is as large as its input.
+    /// Prepares `weight` (`[out, in, kh, kw]`) for `g` on the instruction set [`crate::isa()`]
+    /// selects, or `None` where that is [`Isa::Portable`] or `g` is not a stride-1 convolution
+    /// whose output is as large as its input.
     pub(super) fn new(weight: &[f32], g: &ConvGeometry) -> Option<Direct> {
-        if !g.by_kernel_rows() || !available() {
+        Direct::for_isa(weight, g, crate::isa::isa())
+    }
+
+    /// [`Direct::new`] on `isa`: `None` also where the CPU lacks it.
+    pub(super) fn for_isa(weight: &[f32], g: &ConvGeometry, isa: Isa) -> Option<Direct> {
+        if !g.by_kernel_rows() || !isa.is_available() {
             return None;
         }
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Some(Direct::prepare::<Avx512>(weight, g)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Some(Direct::prepare::<Avx2>(weight, g)),
+            _ => None,
+        }
+    }
+
+    /// The instruction set this convolution was prepared for.
+    #[cfg(test)]
+    pub(super) fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// [`Direct::for_isa`] on `S`, whose lane count and tile sizes shape everything here.
+    fn prepare<S: Simd>(weight: &[f32], g: &ConvGeometry) -> Direct {
+        const { assert!(S::LANES <= 16, "lane masks are 16 bits") };
+        const { assert!(S::TILE_VECTORS <= MAX_TILE_VECTORS) };
+        const { assert!(S::TILE_CHANNELS <= MAX_TILE_CHANNELS) };
+        let lanes = S::LANES;
         let (ci, co, [kh, kw], pw) = (g.in_channels, g.out_channels, g.kernel, g.padding[1]);
         let (w, pixels) = (g.width, g.in_pixels());
-        let vectors = pixels.div_ceil(LANES);
-        // Bit `lane` set where pixel `v · 16 + lane` is in the image and `inside` holds for it.
-        let lanes = |v: usize, inside: &dyn Fn(usize) -> bool| {
-            (0..LANES).fold(0u16, |mask, lane| {
-                let p = v * LANES + lane;
+        let vectors = pixels.div_ceil(lanes);
+        // Bit `lane` set where pixel `v · lanes + lane` is in the image and `inside` holds.
+        let lane_bits = |v: usize, inside: &dyn Fn(usize) -> bool| {
+            (0..lanes).fold(0u16, |mask, lane| {
+                let p = v * lanes + lane;
                 mask | (u16::from(p < pixels && inside(p)) << lane)
             })
         };
@@ -71,34 +107,38 @@ impl Direct {
         for kj in 0..kw {
             // Column x reads column x + kj − pw, which must not wrap into the next row.
             let inside = |p: usize| (pw..w + pw).contains(&(p % w + kj));
-            masks.extend((0..vectors).map(|v| lanes(v, &inside)));
+            masks.extend((0..vectors).map(|v| lane_bits(v, &inside)));
         }
-        let store_masks = (0..vectors).map(|v| lanes(v, &|_| true)).collect();
+        let store_masks = (0..vectors).map(|v| lane_bits(v, &|_| true)).collect();
         let offsets = (0..kw)
             .flat_map(|kj| (0..kh).map(move |ki| (ki * w + kj) as isize - pw as isize))
             .collect();
+        let blocks = tiles(co, S::TILE_CHANNELS);
         let mut packed = Vec::with_capacity(weight.len());
-        for block in (0..co).step_by(BLOCK) {
+        for &(first, nc) in &blocks {
             for kj in 0..kw {
                 for ki in 0..kh {
                     for c in 0..ci {
-                        for o in block..co.min(block + BLOCK) {
+                        for o in first..first + nc {
                             packed.push(weight[((o * ci + c) * kh + ki) * kw + kj]);
                         }
                     }
                 }
             }
         }
-        Some(Direct {
+        Direct {
+            isa: S::ISA,
+            lanes,
+            blocks,
             masks,
             store_masks,
-            tiles: tiles(vectors),
+            tiles: tiles(vectors, S::TILE_VECTORS),
             offsets,
             // `pw` floats, then zero rows above and below the plane, then `kw − 1 − pw`
             // floats: every unmasked lane of every tap reads inside the channel's copy.
             channel_len: pw + pixels + (kh - 1) * w + (kw - 1 - pw),
             packed,
-        })
+        }
     }
 
     /// Adds one image's convolution of `x` (`[in, h, w]`; LeakyReLU(`x`) with a `slope`) onto
@@ -125,15 +165,23 @@ impl Direct {
             copy[top + pixels..].fill(0.0);
             copy_activated(&mut copy[top..top + pixels], plane, slope);
         }
-        let vectors = self.store_masks.len();
+        let kernel: fn(usize, usize) -> TileKernel = match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => kernel::<Avx512>,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => kernel::<Avx2>,
+            // A function, not a panic here: on other CPUs every arm above is compiled out,
+            // and a diverging `let` would make the rest unreachable code.
+            _ => |_, _| unreachable!("Direct::for_isa prepares only AVX-512 or AVX2"),
+        };
+        let (lanes, vectors) = (self.lanes, self.store_masks.len());
         let taps = g.kernel[0] * g.kernel[1];
-        for block in (0..co).step_by(BLOCK) {
-            let nc = BLOCK.min(co - block);
-            let weights = &self.packed[block * taps * ci..][..nc * taps * ci];
+        for &(first_channel, nc) in &self.blocks {
+            let weights = &self.packed[first_channel * taps * ci..][..nc * taps * ci];
             for &(first, nv) in &self.tiles {
                 let tile = Tile {
                     // The copy's index of output pixel p's input pixel, less the padding rows.
-                    src: padded[g.padding[1] + first * LANES..].as_ptr(),
+                    src: padded[g.padding[1] + first * lanes..].as_ptr(),
                     channel_len: self.channel_len,
                     in_channels: ci,
                     offsets: &self.offsets,
@@ -143,11 +191,12 @@ impl Direct {
                     mask_stride: vectors,
                     store_masks: &self.store_masks[first..first + nv],
                     weights,
-                    out: out[block * pixels + first * LANES..].as_mut_ptr(),
+                    out: out[first_channel * pixels + first * lanes..].as_mut_ptr(),
                     out_stride: pixels,
                 };
-                // SAFETY: `new` checked AVX-512F; every unmasked lane lies inside `padded` (see
-                // `channel_len`) or inside `out`'s rows of this block.
+                // SAFETY: `for_isa` checked that the CPU has `self.isa`, the set `kernel` runs
+                // on; every unmasked lane lies inside `padded` (see `channel_len`) or inside
+                // `out`'s rows of this block of channels.
                 unsafe { kernel(nv, nc)(&tile) }
             }
         }
@@ -156,25 +205,22 @@ impl Direct {
     /// Floats of scratch [`Direct::conv_image`] needs: the padded copy and one tile of slack,
     /// so that pointers to masked-off lanes stay inside the allocation.
     pub(super) fn scratch_len(&self, g: &ConvGeometry) -> usize {
-        g.in_channels * self.channel_len + 3 * LANES
+        g.in_channels * self.channel_len + MAX_TILE_VECTORS * self.lanes
     }
 }
 
-/// Splits `vectors` pixel vectors into tiles of 3, with tiles of 2 where the count is not a
-/// multiple of 3 (a tile of 1 only for a single vector): the 2-vector tiles still amortise each
-/// weight broadcast over two loads.
-fn tiles(vectors: usize) -> Vec<(usize, usize)> {
-    let (threes, twos) = match (vectors, vectors % 3) {
-        (1, _) => return vec![(0, 1)],
-        (_, 0) => (vectors / 3, 0),
-        (_, 1) => (vectors / 3 - 1, 2),
-        _ => (vectors / 3, 1),
-    };
-    let sizes = std::iter::repeat_n(3, threes).chain(std::iter::repeat_n(2, twos));
-    sizes
-        .scan(0, |first, nv| {
-            let tile = (*first, nv);
-            *first += nv;
+/// Splits `n` pixel vectors (or output channels) into `ceil(n / most)` tiles (blocks) of as
+/// equal sizes as can be, the larger first, as `(first, size)`: with at most 3, tiles of 3 and
+/// 2 where the count is not a multiple of 3 (a tile of 1 only for a single vector), since a
+/// 2-vector tile still amortises each weight broadcast over two loads; 16 channels in blocks of
+/// at most 6 as 6 + 5 + 5, each block still wide enough to hide the multiply-add's latency.
+fn tiles(n: usize, most: usize) -> Vec<(usize, usize)> {
+    let count = n.div_ceil(most);
+    let (size, larger) = (n / count.max(1), n % count.max(1));
+    (0..count)
+        .scan(0, |first, i| {
+            let tile = (*first, size + usize::from(i < larger));
+            *first += tile.1;
             Some(tile)
         })
         .collect()
@@ -196,93 +242,111 @@ struct Tile<'a> {
     out_stride: usize,
 }
 
-type TileKernel = unsafe fn(&Tile);
-
-/// Whether this CPU runs [`Direct`]'s micro-kernels.
-pub(super) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The micro-kernel for `nv` pixel vectors by `nc` output channels.
-fn kernel(nv: usize, nc: usize) -> TileKernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        fn by_channels<const NV: usize>(nc: usize) -> TileKernel {
-            match nc {
-                1 => tile::<NV, 1>,
-                2 => tile::<NV, 2>,
-                3 => tile::<NV, 3>,
-                4 => tile::<NV, 4>,
-                5 => tile::<NV, 5>,
-                6 => tile::<NV, 6>,
-                7 => tile::<NV, 7>,
-                8 => tile::<NV, 8>,
-                _ => unreachable!("at most {BLOCK} channels per tile"),
-            }
-        }
-        match nv {
-            1 => by_channels::<1>(nc),
-            2 => by_channels::<2>(nc),
-            3 => by_channels::<3>(nc),
-            _ => unreachable!("at most 3 vectors per tile"),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (nv, nc);
-        unreachable!("Direct::new returns None without AVX-512")
-    }
-}
-
-/// `out[n][p] += Σ_tap Σ_c weight[tap][c][n] · src[c][p + offset(tap)]` for the tile's `NV · 16`
-/// pixels and `NC` channels, each lane's load masked by its kernel column's mask.
+/// A micro-kernel for one tile shape on one instruction set.
 ///
 /// # Safety
-/// AVX-512F must be available; `t.src`/`t.out` must point where [`Direct::conv_image`] puts them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::needless_range_loop)] // `acc[v][n]`: the register tile reads best by index
-unsafe fn tile<const NV: usize, const NC: usize>(t: &Tile) {
-    let mut acc = [[_mm512_setzero_ps(); NC]; NV];
-    for (v, row) in acc.iter_mut().enumerate() {
-        for (n, a) in row.iter_mut().enumerate() {
-            let at = t.out.wrapping_add(n * t.out_stride + v * LANES);
-            *a = _mm512_maskz_loadu_ps(t.store_masks[v], at);
+/// The CPU must have the set; the tile's pointers must be where [`Direct::conv_image`] puts
+/// them.
+type TileKernel = unsafe fn(&Tile);
+
+/// `S`'s micro-kernel for `nv` pixel vectors by `nc` output channels.
+fn kernel<S: Simd>(nv: usize, nc: usize) -> TileKernel {
+    fn by_channels<S: Simd, const NV: usize>(nc: usize) -> TileKernel {
+        match nc {
+            1 => tile::<S, NV, 1>,
+            2 => tile::<S, NV, 2>,
+            3 => tile::<S, NV, 3>,
+            4 => tile::<S, NV, 4>,
+            // Instantiated for every set (the match is on a run-time count) but only reached
+            // where the set's tiles are that wide.
+            5 => tile::<S, NV, 5>,
+            6 => tile::<S, NV, 6>,
+            7 => tile::<S, NV, 7>,
+            8 => tile::<S, NV, 8>,
+            _ => unreachable!("at most {MAX_TILE_CHANNELS} channels per tile"),
         }
     }
-    let mut weights = t.weights.as_ptr();
-    let mut offsets = t.offsets.iter();
-    for kj in 0..t.kw {
-        let masks: [u16; NV] = std::array::from_fn(|v| t.masks[kj * t.mask_stride + v]);
-        for _ in 0..t.kh {
-            let offset = *offsets.next().expect("one offset per tap");
-            let mut src = t.src.wrapping_offset(offset);
-            for _ in 0..t.in_channels {
-                let data: [__m512; NV] = std::array::from_fn(|v| {
-                    _mm512_maskz_loadu_ps(masks[v], src.wrapping_add(v * LANES))
-                });
-                for n in 0..NC {
-                    let w = _mm512_set1_ps(*weights.add(n));
-                    for v in 0..NV {
-                        acc[v][n] = _mm512_fmadd_ps(data[v], w, acc[v][n]);
+    assert!(
+        nv <= S::TILE_VECTORS && nc <= S::TILE_CHANNELS,
+        "{nv} × {nc} tile"
+    );
+    match nv {
+        1 => by_channels::<S, 1>(nc),
+        2 => by_channels::<S, 2>(nc),
+        3 => by_channels::<S, 3>(nc),
+        _ => unreachable!("at most {MAX_TILE_VECTORS} vectors per tile"),
+    }
+}
+
+/// Runs [`TileOp`] on `S`.
+///
+/// # Safety
+/// As [`TileKernel`].
+unsafe fn tile<S: Simd, const NV: usize, const NC: usize>(t: &Tile) {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { S::vectorize(TileOp::<NV, NC>(t)) }
+}
+
+/// `out[n][p] += Σ_tap Σ_c weight[tap][c][n] · src[c][p + offset(tap)]` for the tile's `NV`
+/// vectors of pixels and `NC` channels, each lane's load masked by its kernel column's mask.
+struct TileOp<'a, const NV: usize, const NC: usize>(&'a Tile<'a>);
+
+impl<const NV: usize, const NC: usize> Kernel for TileOp<'_, NV, NC> {
+    type Output = ();
+
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // `acc[v][n]`: the register tile reads best by index
+    unsafe fn run<S: Simd>(self) {
+        let t = self.0;
+        let lanes = S::LANES;
+        // SAFETY: the CPU has `S` (the caller's contract). Every load and store is masked to
+        // lanes inside `padded` or `out` (see `Direct::conv_image`); pointers to the other
+        // lanes are formed with wrapping arithmetic and never dereferenced. `weights` holds
+        // `NC` weights for each (tap, channel) step taken.
+        unsafe {
+            let mut acc = [[S::zero(); NC]; NV];
+            for (v, row) in acc.iter_mut().enumerate() {
+                let mask = S::mask_from_bits(t.store_masks[v]);
+                for (n, a) in row.iter_mut().enumerate() {
+                    *a = S::masked_load(mask, t.out.wrapping_add(n * t.out_stride + v * lanes));
+                }
+            }
+            let mut weights = t.weights.as_ptr();
+            let mut offsets = t.offsets.iter();
+            for kj in 0..t.kw {
+                // Once per kernel column: the same lanes are masked for every row and channel.
+                // (Loops, not `array::from_fn`: its closures are not inlined here, and one
+                // compiled without the set's features cannot keep a mask in a register.)
+                let mut masks = [S::mask_from_bits(0); NV];
+                for (v, mask) in masks.iter_mut().enumerate() {
+                    *mask = S::mask_from_bits(t.masks[kj * t.mask_stride + v]);
+                }
+                for _ in 0..t.kh {
+                    let offset = *offsets.next().expect("one offset per tap");
+                    let mut src = t.src.wrapping_offset(offset);
+                    for _ in 0..t.in_channels {
+                        let mut data = [S::zero(); NV];
+                        for v in 0..NV {
+                            let mask = S::reload(&masks[v]);
+                            data[v] = S::masked_load(mask, src.wrapping_add(v * lanes));
+                        }
+                        for n in 0..NC {
+                            let w = S::splat(*weights.add(n));
+                            for v in 0..NV {
+                                acc[v][n] = S::fma(data[v], w, acc[v][n]);
+                            }
+                        }
+                        weights = weights.add(NC);
+                        src = src.wrapping_add(t.channel_len);
                     }
                 }
-                weights = weights.add(NC);
-                src = src.wrapping_add(t.channel_len);
             }
-        }
-    }
-    for (v, row) in acc.iter().enumerate() {
-        for (n, &a) in row.iter().enumerate() {
-            let at = t.out.wrapping_add(n * t.out_stride + v * LANES);
-            _mm512_mask_storeu_ps(at, t.store_masks[v], a);
+            for (v, row) in acc.iter().enumerate() {
+                let mask = S::mask_from_bits(t.store_masks[v]);
+                for (n, &a) in row.iter().enumerate() {
+                    S::masked_store(t.out.wrapping_add(n * t.out_stride + v * lanes), mask, a);
+                }
+            }
         }
     }
 }
@@ -294,7 +358,7 @@ mod tests {
     #[test]
     fn tiles_cover_every_vector_once_in_threes_and_twos() {
         for vectors in 1..60 {
-            let tiles = tiles(vectors);
+            let tiles = tiles(vectors, 3);
             let mut next = 0;
             for &(first, nv) in &tiles {
                 assert_eq!(first, next, "{vectors} vectors: {tiles:?}");
@@ -302,6 +366,25 @@ mod tests {
                 next += nv;
             }
             assert_eq!(next, vectors, "{vectors} vectors: {tiles:?}");
+            assert_eq!(
+                tiles.len(),
+                vectors.div_ceil(3),
+                "{vectors} vectors: {tiles:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiles_of_any_most_are_as_equal_as_can_be() {
+        for most in 1..5 {
+            for vectors in 1..40 {
+                let tiles = tiles(vectors, most);
+                let sizes: Vec<usize> = tiles.iter().map(|t| t.1).collect();
+                assert_eq!(sizes.iter().sum::<usize>(), vectors, "{most}: {tiles:?}");
+                assert!(sizes.windows(2).all(|s| s[0] >= s[1]), "{most}: {tiles:?}");
+                assert!(sizes[0] <= most && sizes[0] - sizes[sizes.len() - 1] <= 1);
+                assert_eq!(tiles.len(), vectors.div_ceil(most), "{most}: {tiles:?}");
+            }
         }
     }
 }
