@@ -175,6 +175,8 @@ struct Timing {
     min_ms: f64,
     gflop_per_call: f64,
     backend: String,
+    /// The instruction set of jem-kernels' direct convolution (`JEM_BENCH_ISA` caps it).
+    isa: String,
     /// jem-iteration: SGLD steps η per iteration.
     #[serde(skip_serializing_if = "Option::is_none")]
     sgld_steps: Option<usize>,
@@ -288,6 +290,7 @@ pub fn run<B: BenchBackend>(args: BenchArgs, device: &B::Device) -> anyhow::Resu
         min_ms: sorted[0],
         gflop_per_call: flops(&args, forward) as f64 / 1e9,
         backend: B::recorded_name(device),
+        isa: jem_kernels::isa().to_string(),
         sgld_steps: (args.op == BenchOp::JemIteration).then(|| JemConfig::default().sgld_steps),
         k: pgd.then_some(args.k),
         grad: defended.then_some(args.grad),

@@ -200,6 +200,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // A bad JEM_BENCH_ISA is an error before any work, not a silent fallback.
+    if let Err(e) = jem_kernels::isa_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     // The one place that names the backend and device; everything below is generic over both.
     let device = backend::device();
     let result = match cli.command {

@@ -32,6 +32,9 @@ Output, one line per model × row × thread count, in results/perf/cpu.csv:
   input             CHANNELS×SIZE×SIZE of the images
   batch             images per call (chains per call for jem-iteration)
   threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
+  isa               the forced path (`--isa`: native, avx512, avx2, portable)
+  ours_isa, pytorch_isa   what each side reports it ran: jem-kernels' direct convolution
+                    (avx512, avx2, portable) and ATen's CPU capability
   ours_ms, pytorch_ms, burn_ms   lowest median over the rounds (burn: empty if not run)
   ratio, burn_ratio                   ours / PyTorch and burn ops / PyTorch (below 1: faster)
   ours_gflop_per_call, pytorch_gflop_per_call   each side's FLOP count of the call, in units of
@@ -73,6 +76,11 @@ p.add_argument("--sides", default="ours,pytorch,burn",
 p.add_argument("--out", default=str(root / "results/perf"))
 p.add_argument("--device", default="cpu", help="cpu, or cuda: both sides on the first GPU")
 p.add_argument("--bin", help="the jem-bench to time (default: the release build's)")
+p.add_argument("--isa", default="native",
+               help="kernel paths, comma-separated: native (what this CPU runs), avx512, avx2, "
+                    "portable; each forces jem-bench's path (JEM_BENCH_ISA) and holds PyTorch to the "
+                    "same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, "
+                    "MKL_ENABLE_INSTRUCTIONS)")
 a = p.parse_args()
 
 # Where cargo put the release build (CARGO_TARGET_DIR, as cargo reads it, else target/).
@@ -88,6 +96,24 @@ on_gpu = a.device == "cuda"
 if on_gpu and "burn" in sides:
     sys.exit("--device cuda: the burn side switches CPU kernels only; pass --sides ours,pytorch")
 table = "gpu" if on_gpu else "cpu"
+# What each forced path sets for each side. `portable` holds PyTorch to its non-vectorised
+# x86 kernels; jem-bench's matrix products (the gemm crate) cannot be capped and keep the
+# CPU's best instruction set on every path (docs/performance.md).
+ISA_ENV = {
+    "native": ({}, {}),
+    "avx512": ({"JEM_BENCH_ISA": "avx512"},
+               {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX512"}),
+    "avx2": ({"JEM_BENCH_ISA": "avx2"},
+             {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+              "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
+    "portable": ({"JEM_BENCH_ISA": "portable"},
+                 {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                  "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}),
+}
+isas = a.isa.split(",")
+if not set(isas) <= set(ISA_ENV) or (on_gpu and isas != ["native"]):
+    sys.exit(f"--isa {a.isa}: expected native, avx512, avx2 or portable, comma-separated (CPU only)")
 
 
 def parse_op(entry):
@@ -178,7 +204,7 @@ def write_tables():
                 "linearised at the step; PyTorch: double backward).\n")
         for model, shape in dict.fromkeys((r["model"], r["input"]) for r in rows):
             f.write(f"\n## {model} on {shape} images\n\n")
-            head = ["row", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]
+            head = ["row", "isa (ours / PyTorch)", "batch", "threads", "ours ms", "PyTorch ms", "ratio"]
             if burn:
                 head += ["burn ops ms", "burn ops ratio"]
             head += ["ours GFLOP/s", "PyTorch GFLOP/s", "ours peak MiB", "PyTorch peak MiB"]
@@ -186,7 +212,8 @@ def write_tables():
             for r in rows:
                 if (r["model"], r["input"]) != (model, shape):
                     continue
-                cells = [r["row"], r["batch"], r["threads"], r["ours_ms"], r["pytorch_ms"], r["ratio"]]
+                cells = [r["row"], f'{r["ours_isa"]} / {r["pytorch_isa"]}', r["batch"], r["threads"],
+                         r["ours_ms"], r["pytorch_ms"], r["ratio"]]
                 if burn:
                     cells += [r["burn_ms"], r["burn_ratio"]]
                 cells += [r["ours_gflops"], r["pytorch_gflops"], r["ours_peak_rss_mib"], r["pytorch_peak_rss_mib"]]
@@ -195,14 +222,17 @@ def write_tables():
 
 started = time.monotonic()
 rows = []
-runs = [(depth, width, shape, op, k, grad, batch, op_flags, threads)
+runs = [(depth, width, shape, op, k, grad, batch, op_flags, threads, isa)
+        for isa in isas
         for depth, width, shape in models
         for op, k, grad, pgd_batch, op_flags in ops
         for batch in ([pgd_batch] if pgd_batch else batches)
         for threads in [int(t) for t in a.threads.split(",")]]
-for depth, width, shape, op, k, grad, batch, op_flags, threads in runs:
+for depth, width, shape, op, k, grad, batch, op_flags, threads, isa in runs:
     channels, size = INPUTS[shape]
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    ours_env, pytorch_env = ISA_ENV[isa]
+    envs = {"ours": {**env, **ours_env}, "burn": {**env, **ours_env}, "pytorch": {**env, **pytorch_env}}
     common = [*op_flags, "--batch", str(batch), "--depth", str(depth), "--width", str(width),
               "--channels", str(channels), "--size", str(size),
               "--reps", str(a.reps), "--warmup", str(a.warmup)]
@@ -217,7 +247,7 @@ for depth, width, shape, op, k, grad, batch, op_flags, threads in runs:
     best = {}
     for _ in range(a.rounds):
         for side in sides:
-            t, rss = run(cmds[side], env)
+            t, rss = run(cmds[side], envs[side])
             b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
             if t["median_ms"] < b["ms"]:
                 b["ms"], b["t"] = t["median_ms"], t
@@ -237,6 +267,9 @@ for depth, width, shape, op, k, grad, batch, op_flags, threads in runs:
         "input": f"{channels}×{size}×{size}",
         "batch": batch,
         "threads": threads,
+        "isa": isa,
+        "ours_isa": o["t"].get("isa", ""),
+        "pytorch_isa": q["t"].get("isa", ""),
         "ours_ms": round(o["ms"], 2),
         "pytorch_ms": round(q["ms"], 2),
         "ratio": round(o["ms"] / q["ms"], 3),
@@ -256,7 +289,7 @@ for depth, width, shape, op, k, grad, batch, op_flags, threads in runs:
         "device": q["t"].get("device", "cpu"),
     }
     rows.append(row)
-    print(f"{row['model']:9} {row['row']:18} threads {threads}: ours {row['ours_ms']:9.2f} ms, "
+    print(f"{row['model']:9} {row['row']:18} {isa:8} threads {threads}: ours {row['ours_ms']:9.2f} ms, "
           f"pytorch {row['pytorch_ms']:9.2f} ms, ratio {row['ratio']:.2f} "
           f"[{(time.monotonic() - started) / 60:.0f} min]", flush=True)
     write_tables()

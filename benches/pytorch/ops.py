@@ -252,6 +252,9 @@ result = {
     "min_ms": min(times),
     "gflop_per_call": factor() * forward_flops() / 1e9,
     "backend": f"pytorch-{torch.__version__}",
+    # The instruction set ATen's kernels run (ATEN_CPU_CAPABILITY caps it; oneDNN's cap is
+    # ONEDNN_MAX_CPU_ISA).
+    "isa": torch.backends.cpu.get_cpu_capability().lower(),
     "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
 }
 if a.op == "jem-iteration":
