@@ -34,7 +34,8 @@ Output, one line per model × row × thread count, in results/perf/cpu.csv:
   threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
   isa               the forced path (`--isa`: native, avx512, avx2, portable)
   ours_isa, pytorch_isa   what each side reports it ran: jem-kernels' direct convolution
-                    (avx512, avx2, portable) and ATen's CPU capability
+                    (avx512, avx2, portable) + gemm's products (gemm-avx512, gemm-avx2), and
+                    ATen's CPU capability
   ours_ms, pytorch_ms, burn_ms   lowest median over the rounds (burn: empty if not run)
   ratio, burn_ratio                   ours / PyTorch and burn ops / PyTorch (below 1: faster)
   ours_gflop_per_call, pytorch_gflop_per_call   each side's FLOP count of the call, in units of
@@ -96,9 +97,11 @@ on_gpu = a.device == "cuda"
 if on_gpu and "burn" in sides:
     sys.exit("--device cuda: the burn side switches CPU kernels only; pass --sides ours,pytorch")
 table = "gpu" if on_gpu else "cpu"
-# What each forced path sets for each side. `portable` holds PyTorch to its non-vectorised
-# x86 kernels; jem-bench's matrix products (the gemm crate) cannot be capped and keep the
-# CPU's best instruction set on every path (docs/performance.md).
+# What each forced path sets for each side. jem-bench's matrix products (the gemm crate) cannot
+# be capped at run time: for the avx2 and portable rows to be what an AVX2-only CPU computes,
+# time a build without AVX-512 products (`cargo build --release --no-default-features`, passed
+# with --bin; the `ours_isa` column says `…+gemm-avx2`). `portable` is jem-bench without its
+# direct kernel, the path of CPUs it has no kernel for, held beside PyTorch at AVX2.
 ISA_ENV = {
     "native": ({}, {}),
     "avx512": ({"JEM_BENCH_ISA": "avx512"},
@@ -108,8 +111,8 @@ ISA_ENV = {
              {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
               "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
     "portable": ({"JEM_BENCH_ISA": "portable"},
-                 {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                  "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}),
+                 {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                  "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
 }
 isas = a.isa.split(",")
 if not set(isas) <= set(ISA_ENV) or (on_gpu and isas != ["native"]):

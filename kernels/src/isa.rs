@@ -180,6 +180,25 @@ pub fn isa_from_env() -> Result<Isa, String> {
     Ok(select(cap, Isa::is_available))
 }
 
+/// The widest instruction set of the `gemm` crate's matrix products in this build on this CPU:
+/// `avx512` (built with the `avx512-gemm` feature, the default, on a CPU with AVX-512F),
+/// `avx2` (AVX2 + FMA), or `other` (gemm's NEON, SSE or scalar paths). [`ISA_VARIABLE`] does
+/// not change it (see [`Isa`]); a build without `avx512-gemm` stops at `avx2`, as an AVX2-only
+/// CPU does.
+pub fn gemm_isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if cfg!(feature = "avx512-gemm") && std::arch::is_x86_feature_detected!("avx512f") {
+            return "avx512";
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return "avx2";
+        }
+    }
+    "other"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,7 +75,7 @@ mod portable;
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
-pub use isa::{isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
+pub use isa::{gemm_isa, isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
 pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
 pub use portable::{
     conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul, portable_gradients_apply,
