@@ -12,8 +12,8 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{
     __m256, __m256i, __m512, __mmask16, _mm256_and_si256, _mm256_cmpeq_epi32, _mm256_fmadd_ps,
-    _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
-    _mm256_setzero_ps, _mm512_fmadd_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+    _mm256_loadu_ps, _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
+    _mm256_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
     _mm512_set1_ps, _mm512_setzero_ps,
 };
 
@@ -74,6 +74,11 @@ pub(super) trait Simd {
     /// # Safety
     /// Also: `at[i]` must be readable for every lane `i` of `mask`.
     unsafe fn masked_load(mask: Self::Mask, at: *const f32) -> Self::Vector;
+    /// `at[i]` in every lane `i`: a plain load, for vectors whose lanes are all inside.
+    ///
+    /// # Safety
+    /// Also: `at[i]` must be readable for every lane.
+    unsafe fn load(at: *const f32) -> Self::Vector;
     /// `a · b + c`, rounded once.
     unsafe fn fma(a: Self::Vector, b: Self::Vector, c: Self::Vector) -> Self::Vector;
     /// Writes lane `i` of `value` to `at[i]` for each lane `i` of `mask`.
@@ -156,6 +161,12 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
+    unsafe fn load(at: *const f32) -> __m512 {
+        // SAFETY: AVX-512F; the caller guarantees every lane readable.
+        unsafe { _mm512_loadu_ps(at) }
+    }
+
+    #[inline(always)]
     unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
         // SAFETY: AVX-512F, by the trait's contract.
         unsafe { _mm512_fmadd_ps(a, b, c) }
@@ -227,6 +238,12 @@ impl Simd for Avx2 {
         // SAFETY: AVX; the caller guarantees the lanes of `mask` readable, and `vmaskmovps`
         // neither reads nor faults on the others.
         unsafe { _mm256_maskload_ps(at, mask) }
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> __m256 {
+        // SAFETY: AVX; the caller guarantees every lane readable.
+        unsafe { _mm256_loadu_ps(at) }
     }
 
     #[inline(always)]
