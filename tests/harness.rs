@@ -139,7 +139,7 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
     let row = TidyRow {
         model: "results/models/baseline".into(),
         attack: "pgd".into(),
-        norm: "linf".into(),
+        norm: jem_attacks::Norm::Linf,
         eps: 0.1,
         k: 10,
         grad: "full".into(),

@@ -210,7 +210,7 @@ fn rows_and_examples(
         TidyRow {
             model: cell.model.clone(),
             attack: stage.name.clone(),
-            norm: norm.name().into(),
+            norm,
             eps,
             k: cell.k,
             grad: grad.clone(),
@@ -273,7 +273,7 @@ fn rows_and_examples(
             examples.extend(ex.iter().zip(&loaded.indices).map(|(e, &i)| ExampleRow {
                 model: cell.model.clone(),
                 attack: stage.name.clone(),
-                norm: norm.name().into(),
+                norm,
                 eps: *eps,
                 k: cell.k,
                 grad: grad.clone(),

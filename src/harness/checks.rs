@@ -367,7 +367,7 @@ mod tests {
         TidyRow {
             model: "m".into(),
             attack: attack.into(),
-            norm: "linf".into(),
+            norm: jem_attacks::Norm::Linf,
             eps,
             k: 0,
             grad: "none".into(),

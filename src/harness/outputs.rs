@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use jem_attacks::Norm;
 use serde::{Deserialize, Serialize};
 
 use super::cells::Cell;
@@ -17,7 +18,8 @@ use crate::model::write_atomic;
 pub struct TidyRow {
     pub model: String,
     pub attack: String,
-    pub norm: String,
+    /// `linf` or `l2` in the CSV.
+    pub norm: Norm,
     /// Perturbation budget in [0, 1] pixel units (L2: Euclidean norm, not RMS).
     pub eps: f32,
     pub k: usize,
@@ -117,7 +119,8 @@ impl TidyRow {
 pub struct ExampleRow {
     pub model: String,
     pub attack: String,
-    pub norm: String,
+    /// `linf` or `l2` in the CSV.
+    pub norm: Norm,
     pub eps: Option<f32>,
     pub k: usize,
     pub grad: String,

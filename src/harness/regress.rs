@@ -15,6 +15,8 @@ use super::outputs::{read_tidy, TidyRow};
 use super::progress::TerminalProgress;
 use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
+use jem_attacks::Norm;
+
 use crate::backend::BenchBackend;
 use crate::model::write_atomic;
 
@@ -41,13 +43,13 @@ pub struct RegressArgs {
     pub allow_other_settings: bool,
 }
 
-type Key = (String, String, String, u32, usize, String);
+type Key = (String, String, Norm, u32, usize, String);
 
 fn key(r: &TidyRow) -> Key {
     (
         r.model.clone(),
         r.attack.clone(),
-        r.norm.clone(),
+        r.norm,
         r.eps.to_bits(),
         r.k,
         r.grad.clone(),

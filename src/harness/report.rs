@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
+use jem_attacks::Norm;
 use jem_datasets::DataSource;
 use serde::Serialize;
 
@@ -127,11 +128,10 @@ pub fn curves(rows: &[TidyRow]) -> anyhow::Result<Vec<Curve>> {
     Ok(curves)
 }
 
-fn norm_title(norm: &str) -> &str {
+fn norm_title(norm: Norm) -> &'static str {
     match norm {
-        "linf" => "L∞",
-        "l2" => "L2",
-        other => other,
+        Norm::Linf => "L∞",
+        Norm::L2 => "L2",
     }
 }
 
@@ -146,7 +146,7 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
             .map(|r| r.attack.as_str())
             .filter(|a| *a != WORST_CASE),
     );
-    let norms = distinct(rows.iter().map(|r| r.norm.as_str()));
+    let norms = distinct(rows.iter().map(|r| r.norm));
     let mut panels = Vec::new();
     for norm in &norms {
         let of_norm: Vec<&TidyRow> = rows.iter().filter(|r| r.norm == *norm).collect();
@@ -187,8 +187,8 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
             }
             let what = attack.map_or("worst case".to_string(), |a| a.to_string());
             panels.push(Panel {
-                title: format!("{} {what}", norm_title(norm)),
-                x_label: format!("ε ({} norm, [0, 1] pixel units)", norm_title(norm)),
+                title: format!("{} {what}", norm_title(*norm)),
+                x_label: format!("ε ({} norm, [0, 1] pixel units)", norm_title(*norm)),
                 y_label: "robust accuracy (%)".into(),
                 x_range: Some((0.0, x_hi)),
                 y_range: Some((0.0, 100.0)),
@@ -217,7 +217,7 @@ pub fn against_k(rows: &[TidyRow], title: &str) -> anyhow::Result<Option<(Figure
     let mut csv =
         String::from("model,norm,eps,k,grad,n,robust_accuracy,robust_lo,robust_hi,upper_bound\n");
     let mut panels = Vec::new();
-    for norm in distinct(rows.iter().map(|r| r.norm.as_str())) {
+    for norm in distinct(rows.iter().map(|r| r.norm)) {
         let of_norm: Vec<TidyRow> = rows.iter().filter(|r| r.norm == norm).cloned().collect();
         let curves = curves(&of_norm)?;
         let grid = eps_grid(&of_norm.iter().collect::<Vec<_>>());
@@ -362,7 +362,7 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
     )?;
     let title = format!(
         "{} robustness, {} ({} test images, seed {}; bars: 95 % CI)",
-        norm_title(&first.norm),
+        norm_title(first.norm),
         first.data,
         first.n,
         first.seed

@@ -160,13 +160,6 @@ impl<'a> Runs<'a> {
     }
 }
 
-/// The norm a row's ε is measured in.
-fn norm_of(r: &TidyRow) -> anyhow::Result<Norm> {
-    r.norm
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("cell of {} {}: {e}", r.model, r.attack))
-}
-
 /// Every cell's own rows, with breaks carried from its attack's smaller ε.
 fn per_attack_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<TidyRow>> {
     let mut out = Vec::new();
@@ -178,7 +171,7 @@ fn per_attack_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<T
                 row.grad.clone(),
                 row.attack.clone(),
             );
-            let norm = norm_of(row)?;
+            let norm = row.norm;
             let robust = runs.runs[&g]
                 .robust_at(norm, row.eps)
                 .expect("a cell's own ε applies to it");
@@ -247,7 +240,7 @@ fn worst_case_over(
     eps_grid: &[f32],
 ) -> anyhow::Result<Vec<TidyRow>> {
     let template = runs.templates[members[0]];
-    let norm = norm_of(template)?;
+    let norm = template.norm;
     let names: Vec<String> = members
         .iter()
         .map(|g| {
