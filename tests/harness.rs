@@ -142,7 +142,7 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
         norm: jem_attacks::Norm::Linf,
         eps: 0.1,
         k: 10,
-        grad: "full".into(),
+        grad: jem_bench::harness::GradColumn::Full,
         n: 20,
         clean_accuracy: 0.95,
         clean_lo: 0.76,
@@ -309,7 +309,7 @@ fn bpda_rows_at_k_above_0_are_marked_as_upper_bounds() {
     let rs = rows(dir.path());
     assert!(rs.iter().any(|r| r.k == 1) && rs.iter().any(|r| r.k == 0));
     for r in &rs {
-        assert_eq!(r.upper_bound, r.k > 0 && r.grad == "bpda", "{r:?}");
+        assert_eq!(r.upper_bound, r.k > 0 && r.grad.name() == "bpda", "{r:?}");
     }
     let header = std::fs::read_to_string(dir.path().join("robust.csv")).unwrap();
     assert!(header.lines().next().unwrap().contains("upper_bound"));
@@ -330,7 +330,7 @@ fn bpda_rows_at_k_above_0_are_marked_as_upper_bounds() {
     assert!(old.iter().any(|r| r.upper_bound));
     assert!(old
         .iter()
-        .all(|r| r.upper_bound == (r.k > 0 && r.grad == "bpda")));
+        .all(|r| r.upper_bound == (r.k > 0 && r.grad.name() == "bpda")));
 }
 
 /// `report` rebuilds a sweep's summary and plots from its `robust.csv` alone; the plots are a
@@ -832,7 +832,7 @@ fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
             // ⌈20 / 2 chains⌉ draws.
             _ => ("full", 10),
         };
-        assert_eq!((r.grad.as_str(), r.eot), (grad, eot), "{r:?}");
+        assert_eq!((r.grad.name(), r.eot), (grad, eot), "{r:?}");
         assert!(!r.upper_bound);
     }
     let settings = std::fs::read_to_string(dir.path().join("settings.json")).unwrap();

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::attack_config::{configure, Configured};
 use super::cells::{AttackKind, Cell};
 use super::convergence::convergence_checks;
-use super::outputs::{self, CellResult, ExampleRow, TidyRow};
+use super::outputs::{self, CellResult, ExampleRow, GradColumn, TidyRow};
 use super::robustness::wilson;
 use super::spec::SweepSpec;
 use super::subject::Subject;
@@ -203,7 +203,7 @@ fn rows_and_examples(
 ) -> (Vec<TidyRow>, Vec<ExampleRow>) {
     let (probe, defence_settings) = (&facts.probe, &facts.defence);
     let (n, norm) = (loaded.indices.len(), spec.norm);
-    let grad = cell.grad.map_or("none".to_string(), |g| g.to_string());
+    let grad = GradColumn::of(cell.grad);
     let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
         let (clean_lo, clean_hi) = wilson(clean, n);
         let (robust_lo, robust_hi) = wilson(robust, n);
@@ -213,7 +213,7 @@ fn rows_and_examples(
             norm,
             eps,
             k: cell.k,
-            grad: grad.clone(),
+            grad,
             n,
             clean_accuracy: clean as f64 / n as f64,
             clean_lo,
@@ -276,7 +276,7 @@ fn rows_and_examples(
                 norm,
                 eps: *eps,
                 k: cell.k,
-                grad: grad.clone(),
+                grad,
                 example: i,
                 label: loaded.data.labels[i],
                 clean_correct: e.clean_correct,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use clap::ValueEnum;
 
 use super::cells::AttackKind;
-use super::outputs::TidyRow;
+use super::outputs::{GradColumn, TidyRow};
 use super::robustness::WORST_CASE;
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,12 +74,15 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
 }
 
 /// Robust accuracy of each cell (model, K, gradient mode, ε) of one attack.
-fn robust_by_cell(rows: &[TidyRow], attack: &str) -> BTreeMap<(String, usize, String, u32), f64> {
+fn robust_by_cell(
+    rows: &[TidyRow],
+    attack: &str,
+) -> BTreeMap<(String, usize, GradColumn, u32), f64> {
     rows.iter()
         .filter(|r| r.attack == attack)
         .map(|r| {
             (
-                (r.model.clone(), r.k, r.grad.clone(), r.eps.to_bits()),
+                (r.model.clone(), r.k, r.grad, r.eps.to_bits()),
                 r.robust_accuracy,
             )
         })
@@ -119,10 +122,11 @@ fn falls_toward_chance(rows: &[TidyRow], classes: usize) -> Check {
 
 /// Robust accuracy cannot rise with ε: an adversarial within ε is one within any larger ε.
 fn does_not_rise_with_eps(rows: &[TidyRow]) -> Check {
-    let mut series: BTreeMap<(String, usize, String, String), Vec<(f32, f64)>> = BTreeMap::new();
+    let mut series: BTreeMap<(String, usize, GradColumn, String), Vec<(f32, f64)>> =
+        BTreeMap::new();
     for r in rows {
         series
-            .entry((r.model.clone(), r.k, r.grad.clone(), r.attack.clone()))
+            .entry((r.model.clone(), r.k, r.grad, r.attack.clone()))
             .or_default()
             .push((r.eps, r.robust_accuracy));
     }
@@ -255,10 +259,10 @@ fn black_box_does_not_beat_white_box(rows: &[TidyRow]) -> Check {
 /// Zero gradients on correctly classified inputs (AutoAttack's check).
 fn gradients_are_not_zero(rows: &[TidyRow]) -> Check {
     let probed: Vec<&TidyRow> = rows.iter().filter(|r| r.attack != WORST_CASE).collect();
-    let mut zero: BTreeMap<(String, usize, String), usize> = BTreeMap::new();
+    let mut zero: BTreeMap<(String, usize, GradColumn), usize> = BTreeMap::new();
     for r in &probed {
         if r.zero_gradients > 0 {
-            zero.insert((r.model.clone(), r.k, r.grad.clone()), r.zero_gradients);
+            zero.insert((r.model.clone(), r.k, r.grad), r.zero_gradients);
         }
     }
     Check {
@@ -370,7 +374,7 @@ mod tests {
             norm: jem_attacks::Norm::Linf,
             eps,
             k: 0,
-            grad: "none".into(),
+            grad: GradColumn::None,
             n: 20,
             clean_accuracy: 1.0,
             clean_lo: 0.8,
@@ -436,7 +440,7 @@ mod tests {
     ) -> TidyRow {
         TidyRow {
             k: 1,
-            grad: "full".into(),
+            grad: GradColumn::Full,
             robust_lo: 0.40,
             robust_hi: 0.60,
             check_sampled: Some(sampled),

@@ -24,7 +24,7 @@ mod sweep;
 
 pub use cells::{AttackKind, Cell};
 pub use merge::{merge, MergeArgs};
-pub use outputs::{read_tidy, ExampleRow, TidyRow};
+pub use outputs::{read_tidy, ExampleRow, GradColumn, TidyRow};
 pub use progress::TerminalProgress;
 pub use regress::{compare, regress, RegressArgs};
 pub use report::{report, ReportArgs};

@@ -7,11 +7,56 @@
 use std::path::Path;
 
 use anyhow::Context;
-use jem_attacks::Norm;
+use jem_attacks::{GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
 use super::cells::Cell;
 use crate::model::write_atomic;
+
+/// The `grad` column of a row: how the attack's gradients pass the SGLD steps.
+///
+/// The variants are declared in the order of their names, so that rows sort as their text does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GradColumn {
+    /// A worst case over every gradient mode of a model and K.
+    All,
+    /// Through BPDA (the steps as the identity on the way back): robust accuracy at K > 0 is an
+    /// upper bound.
+    Bpda,
+    /// Through every SGLD step, exactly.
+    Full,
+    /// No SGLD steps to pass (K = 0), or an attack that takes no gradients.
+    None,
+}
+
+impl GradColumn {
+    /// The column of a cell of gradient mode `mode` (`None`: K = 0 or no gradients).
+    pub fn of(mode: Option<GradMode>) -> Self {
+        match mode {
+            Option::None => GradColumn::None,
+            Some(GradMode::Bpda) => GradColumn::Bpda,
+            Some(GradMode::Full) => GradColumn::Full,
+        }
+    }
+
+    /// The text in the CSV: `all`, `bpda`, `full`, `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GradColumn::All => "all",
+            GradColumn::Bpda => "bpda",
+            GradColumn::Full => "full",
+            GradColumn::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for GradColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so that table widths apply.
+        f.pad(self.name())
+    }
+}
 
 /// One row per model × attack × norm × ε × K × gradient mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,7 +68,7 @@ pub struct TidyRow {
     /// Perturbation budget in [0, 1] pixel units (L2: Euclidean norm, not RMS).
     pub eps: f32,
     pub k: usize,
-    pub grad: String,
+    pub grad: GradColumn,
     pub n: usize,
     pub clean_accuracy: f64,
     /// 95 % Wilson interval of the clean accuracy (absent from CSVs of older versions).
@@ -86,7 +131,7 @@ impl TidyRow {
     /// Whether the row's robust accuracy is only an upper bound from a non-adaptive gradient
     /// (BPDA through K > 0 SGLD steps, see [`TidyRow::upper_bound`]).
     pub fn is_bpda_bound(&self) -> bool {
-        self.k > 0 && self.grad == "bpda"
+        self.k > 0 && self.grad == GradColumn::Bpda
     }
 
     /// The robust accuracy with the convergence check's breaks counted: the first estimate
@@ -123,7 +168,7 @@ pub struct ExampleRow {
     pub norm: Norm,
     pub eps: Option<f32>,
     pub k: usize,
-    pub grad: String,
+    pub grad: GradColumn,
     /// Index of the image in the test split.
     pub example: usize,
     pub label: u8,

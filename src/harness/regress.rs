@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use super::outputs::{read_tidy, TidyRow};
+use super::outputs::{read_tidy, GradColumn, TidyRow};
 use super::progress::TerminalProgress;
 use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
@@ -43,7 +43,7 @@ pub struct RegressArgs {
     pub allow_other_settings: bool,
 }
 
-type Key = (String, String, Norm, u32, usize, String);
+type Key = (String, String, Norm, u32, usize, GradColumn);
 
 fn key(r: &TidyRow) -> Key {
     (
@@ -52,7 +52,7 @@ fn key(r: &TidyRow) -> Key {
         r.norm,
         r.eps.to_bits(),
         r.k,
-        r.grad.clone(),
+        r.grad,
     )
 }
 

@@ -13,7 +13,7 @@ use jem_datasets::DataSource;
 use serde::Serialize;
 
 use super::checks;
-use super::outputs::{read_tidy, TidyRow};
+use super::outputs::{read_tidy, GradColumn, TidyRow};
 use super::robustness::{ALL_GRADS, WORST_CASE};
 use crate::model::{write_atomic, SOFTWARE};
 use crate::plot::{model_labels, Dash, Figure, Panel, Series, PALETTE};
@@ -26,7 +26,7 @@ pub struct Curve {
     pub k: usize,
     /// Gradient mode of the worst case: `none` (K = 0), `bpda`, `full`, or `all` when the
     /// sweep ran several.
-    pub grad: String,
+    pub grad: GradColumn,
     /// Every point comes from BPDA gradients through K > 0 SGLD steps: an upper bound.
     pub upper_bound: bool,
     pub n: usize,
@@ -109,7 +109,7 @@ pub fn curves(rows: &[TidyRow]) -> anyhow::Result<Vec<Curve>> {
             curves.push(Curve {
                 model: m.clone(),
                 k,
-                grad: first.grad.clone(),
+                grad: first.grad,
                 upper_bound: mine.iter().all(|r| r.upper_bound),
                 n: first.n,
                 clean_accuracy: first.clean_accuracy,
@@ -389,7 +389,7 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
         let grad = if c.upper_bound {
             format!("{}*", c.grad)
         } else {
-            c.grad.clone()
+            c.grad.to_string()
         };
         t += &format!(
             "{:<28} {:>3} {:>5} {:>16}",

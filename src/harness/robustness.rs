@@ -18,13 +18,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use anyhow::Context;
 use jem_attacks::Norm;
 
-use super::outputs::{CellResult, ExampleRow, TidyRow};
+use super::outputs::{CellResult, ExampleRow, GradColumn, TidyRow};
 
 /// The `attack` of the rows that hold the per-example worst case over attacks.
 pub const WORST_CASE: &str = "worst-case";
 
 /// The `grad` of a worst-case row over every gradient mode of a model and K.
-pub const ALL_GRADS: &str = "all";
+pub const ALL_GRADS: GradColumn = GradColumn::All;
 
 /// 95 % Wilson score interval of a proportion `successes / n` (Wilson 1927): unlike the
 /// normal approximation it stays inside [0, 1] and is not degenerate at 0 or n.
@@ -112,7 +112,7 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
 }
 
 /// Model, K, gradient mode and attack: the cells of one attack run.
-type Group = (String, usize, String, String);
+type Group = (String, usize, GradColumn, String);
 
 /// The finished cells' examples grouped into attack runs, in sweep order.
 struct Runs<'a> {
@@ -131,7 +131,7 @@ impl<'a> Runs<'a> {
             // A cell's examples come attack by attack (several for a preset's cascade), and
             // within an attack ε by ε (once for a minimum-perturbation attack).
             for e in &r.examples {
-                let g = (e.model.clone(), e.k, e.grad.clone(), e.attack.clone());
+                let g = (e.model.clone(), e.k, e.grad, e.attack.clone());
                 if !runs.contains_key(&g) {
                     let template = r
                         .rows
@@ -165,12 +165,7 @@ fn per_attack_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<T
     let mut out = Vec::new();
     for r in results {
         for row in &r.rows {
-            let g = (
-                row.model.clone(),
-                row.k,
-                row.grad.clone(),
-                row.attack.clone(),
-            );
+            let g = (row.model.clone(), row.k, row.grad, row.attack.clone());
             let norm = row.norm;
             let robust = runs.runs[&g]
                 .robust_at(norm, row.eps)
@@ -198,13 +193,13 @@ fn worst_case_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<T
     }
     for (m, k) in models_ks {
         let mine: Vec<&Group> = runs.order.iter().filter(|g| g.0 == m && g.1 == k).collect();
-        let modes: BTreeSet<&str> = mine
+        let modes: BTreeSet<GradColumn> = mine
             .iter()
-            .map(|g| g.2.as_str())
-            .filter(|g| *g != "none")
+            .map(|g| g.2)
+            .filter(|g| *g != GradColumn::None)
             .collect();
-        let mut grads: Vec<&str> = if modes.is_empty() {
-            vec!["none"]
+        let mut grads: Vec<GradColumn> = if modes.is_empty() {
+            vec![GradColumn::None]
         } else {
             modes.iter().copied().collect()
         };
@@ -223,7 +218,7 @@ fn worst_case_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<T
             let members: Vec<&Group> = mine
                 .iter()
                 .copied()
-                .filter(|g| grad == ALL_GRADS || g.2 == grad || g.2 == "none")
+                .filter(|g| grad == ALL_GRADS || g.2 == grad || g.2 == GradColumn::None)
                 .collect();
             out.extend(worst_case_over(runs, &members, grad, &eps_grid)?);
         }
@@ -236,7 +231,7 @@ fn worst_case_rows(results: &[&CellResult], runs: &Runs) -> anyhow::Result<Vec<T
 fn worst_case_over(
     runs: &Runs,
     members: &[&Group],
-    grad: &str,
+    grad: GradColumn,
     eps_grid: &[f32],
 ) -> anyhow::Result<Vec<TidyRow>> {
     let template = runs.templates[members[0]];
@@ -244,7 +239,7 @@ fn worst_case_over(
     let names: Vec<String> = members
         .iter()
         .map(|g| {
-            if g.2 == "none" {
+            if g.2 == GradColumn::None {
                 g.3.clone()
             } else {
                 format!("{} ({})", g.3, g.2)
@@ -273,7 +268,7 @@ fn worst_case_over(
         let row = TidyRow {
             attack: WORST_CASE.into(),
             eps,
-            grad: grad.into(),
+            grad,
             eot: 0,
             restarts: 0,
             attack_settings: serde_json::json!({ "worst_case_over": names }).to_string(),

@@ -12,9 +12,9 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{
     __m256, __m256i, __m512, __mmask16, _mm256_and_si256, _mm256_cmpeq_epi32, _mm256_fmadd_ps,
-    _mm256_loadu_ps, _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
-    _mm256_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
-    _mm512_set1_ps, _mm512_setzero_ps,
+    _mm256_loadu_ps, _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps,
+    _mm256_setr_epi32, _mm256_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
+    _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
 use crate::isa::Isa;
