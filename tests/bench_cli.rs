@@ -213,3 +213,44 @@ fn pytorch_twin_reports_the_same_rows_and_flops() {
         );
     }
 }
+
+/// `JEM_BENCH_ISA` forces the convolution kernels' path, which `bench` reports with the matrix
+/// products' (`portable+gemm-avx512`), capped by what the CPU has; a bad value is refused
+/// before anything runs, naming the variable and the values it takes.
+#[test]
+fn the_forced_instruction_set_is_reported_and_a_bad_one_refused() {
+    let run = |isa: &str| {
+        Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+            .args(["bench", "--op", "forward", "--batch", "2", "--reps", "1"])
+            .args(["--warmup", "0"])
+            .env("RAYON_NUM_THREADS", "1")
+            .env("JEM_BENCH_ISA", isa)
+            .output()
+            .unwrap()
+    };
+    let reported = |isa: &str| -> String {
+        let out = run(isa);
+        assert!(
+            out.status.success(),
+            "{isa}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        line["isa"].as_str().unwrap().to_string()
+    };
+    let gemm = jem_kernels::gemm_isa();
+    assert_eq!(reported("portable"), format!("portable+gemm-{gemm}"));
+    // Forcing the widest set is no cap: the CPU's best.
+    let best = jem_kernels::Isa::best_available();
+    assert_eq!(reported("avx512"), format!("{best}+gemm-{gemm}"));
+    assert_eq!(reported(""), format!("{best}+gemm-{gemm}"), "empty: no cap");
+
+    let out = run("avx-512");
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("JEM_BENCH_ISA=\"avx-512\"") && stderr.contains("avx512, avx2, portable"),
+        "{stderr}"
+    );
+}
