@@ -57,11 +57,6 @@ pub trait Attack<B: AutodiffBackend, M: Model<B>> {
     ) -> Result<Vec<AttackOutcome>, String>;
 }
 
-/// Whether an example's outcome leaves it robust: classified correctly and not broken.
-fn standing(e: &ExampleOutcome) -> bool {
-    e.clean_correct && !e.adversarial
-}
-
 /// An earlier attack's outcome carried into a later one's: the same result at no further cost.
 fn carried(e: &ExampleOutcome) -> ExampleOutcome {
     ExampleOutcome {
@@ -133,7 +128,7 @@ fn ascending<B: AutodiffBackend>(
     let mut out: Vec<Option<AttackOutcome>> = vec![None; eps.len()];
     for j in order {
         let before = earlier.map(|e| &e[j]);
-        let taken = |i: usize| before.is_some_and(|b| !standing(&b.examples[i]));
+        let taken = |i: usize| before.is_some_and(|b| !b.examples[i].stands());
         let rows: Vec<usize> = (0..n)
             .filter(|&i| settled[i].is_none() && !taken(i))
             .collect();
@@ -431,7 +426,7 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
         // One run on the examples still standing at some ε > 0 after the earlier attacks (at
         // ε = 0 nothing can be broken). Its cost is counted once per example, at the first ε
         // that needed it.
-        let taken = |j: usize, i: usize| earlier.is_some_and(|e| !standing(&e[j].examples[i]));
+        let taken = |j: usize, i: usize| earlier.is_some_and(|e| !e[j].examples[i].stands());
         let needed: Vec<Option<usize>> = (0..n)
             .map(|i| match earlier {
                 Some(_) => (0..eps.len()).find(|&j| eps[j] > 0.0 && !taken(j, i)),

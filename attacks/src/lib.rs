@@ -23,7 +23,7 @@
 //! let apgd = ApgdConfig::new(Norm::Linf, ApgdLoss::CrossEntropy);
 //! let per_eps = apgd.attack(&model, x, y, &[0.14, 0.16]).unwrap();
 //! let (held, broken) = (&per_eps[0].examples[0], &per_eps[1].examples[0]);
-//! assert!(held.clean_correct && !held.adversarial);
+//! assert!(held.stands()); // classified correctly, not broken
 //! assert!(broken.adversarial && broken.linf <= 0.16 + 1e-6);
 //! ```
 //!

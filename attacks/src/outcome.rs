@@ -53,6 +53,21 @@ impl ExampleOutcome {
         }
     }
 
+    /// Correctly classified and not broken: robust at the ε the attack was run at.
+    pub fn stands(&self) -> bool {
+        self.clean_correct && !self.adversarial
+    }
+
+    /// Robust at `eps` by an outcome of an attack run at `run_at` (`None`: a
+    /// minimum-perturbation attack, which answers for any ε by its distance). A fixed-ε
+    /// outcome answers for its own ε and, its breaks carried, for every larger one.
+    pub fn robust_under(&self, run_at: Option<f32>, norm: Norm, eps: f32) -> bool {
+        match run_at {
+            Some(_) => self.stands(),
+            None => self.robust_at(norm, eps),
+        }
+    }
+
     /// Still correctly classified under every perturbation of size ≤ `eps` this attack tried.
     /// A fixed-ε attack answers only for its own ε; a minimum-perturbation attack for any.
     pub fn robust_at(&self, norm: Norm, eps: f32) -> bool {

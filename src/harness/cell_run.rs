@@ -257,10 +257,7 @@ fn rows_and_examples(
             let clean = ex.iter().filter(|e| e.clean_correct).count();
             match eps {
                 Some(e) => {
-                    let robust = ex
-                        .iter()
-                        .filter(|x| x.clean_correct && !x.adversarial)
-                        .count();
+                    let robust = ex.iter().filter(|x| x.stands()).count();
                     rows.push(row(stage, *e, clean, robust));
                 }
                 None => {

@@ -29,10 +29,7 @@ pub(super) fn standing(
     outcome
         .examples
         .iter()
-        .map(|x| match at {
-            Some(_) => x.clean_correct && !x.adversarial,
-            None => x.robust_at(norm, eps),
-        })
+        .map(|x| x.robust_under(at, norm, eps))
         .collect()
 }
 
