@@ -280,12 +280,9 @@ impl SweepSpec {
         }
     }
 
-    /// Checks the settings on their own (models and data are checked by [`Plan::new`]
-    /// (super::plan::Plan::new)); an [`InvalidSetting`] names the field.
+    /// Checks the settings on their own (models and data are checked when a sweep is planned
+    /// from them); an [`InvalidSetting`] names the field.
     pub fn validate(&self) -> anyhow::Result<()> {
-        let refuse = |field, value: String, problem: &str| -> anyhow::Result<()> {
-            Err(InvalidSetting::new(field, value, problem).into())
-        };
         for (field, empty, what) in [
             (
                 "attacks",
@@ -347,14 +344,14 @@ impl SweepSpec {
                 .into());
             }
             if self.norm == Norm::Linf && e > 1.0 {
-                refuse(
+                return Err(InvalidSetting::bare(
                     "eps",
-                    String::new(),
                     &format!(
                         "{e} exceeds 1, the largest L∞ distance between [0, 1] pixels (ε is in \
                          [0, 1] pixel units: 8/255 = 0.0314)"
                     ),
-                )?;
+                )
+                .into());
             }
         }
         Ok(())
