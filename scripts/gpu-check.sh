@@ -11,8 +11,8 @@
 #   scripts/gpu-check.sh unstash        # here, after it: puts them back
 #   scripts/gpu-check.sh run [OUT]      # on the GPU machine, from the repository root: writes
 #                                       # OUT (default results/gpu): machine.txt,
-#                                       # first-eval.log, agreement.log, k0-sweep.log,
-#                                       # k0-equality.txt, compare.log, gpu.csv, gpu.md
+#                                       # agreement.log, k0.log, commands.log,
+#                                       # compare.log, gpu.csv, gpu.md
 #                                       # (8 files: what a device call brings back at most)
 #
 # Needed on the GPU machine: the NVIDIA driver and libnvrtc (burn compiles its kernels at run
@@ -20,8 +20,9 @@
 # repository's results/models and results/sweeps/linf (the CPU sweep compared against) — not
 # results/train or datasets/data, which the binaries do not read.
 #
-# Budget: about 8 minutes. Each step has its own time limit and the script goes on to the next
-# when one runs out, so a slow step costs its own result only; every log says how it ended.
+# Budget: about 7 minutes (GPU_CHECK_SECONDS, default 420, bounds the two phases together).
+# Each step has its own time limit and the script goes on to the next when one runs out, so a
+# slow step costs its own result only; every log says how it ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +44,12 @@ for l in sys.stdin:
     cp "$test_bin" "$bin/gpu-tests"
     strip "$bin/jem-bench" "$bin/gpu-tests"
     xz -T2 -6 "$bin/jem-bench" "$bin/gpu-tests"
+    # What the binaries were built from (the GPU machine's copy of the tree cannot say: its
+    # large folders are stashed, and uncommitted changes travel too).
+    {
+        echo "built from: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!results' || echo ' with uncommitted changes')"
+        echo "built on: $(date -u +%FT%TZ)"
+    } >"$bin/built-from.txt"
     ls -l "$bin"
 }
 
@@ -68,30 +75,59 @@ run() {
     xz -dc "$bin/gpu-tests.xz" >"$work/gpu-tests" && chmod +x "$work/gpu-tests"
     {
         echo "date: $(date -u +%FT%TZ)"
-        echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+        cat "$bin/built-from.txt" 2>/dev/null || echo "built from: unknown"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        nproc | sed 's/^/host CPU cores: /'
     } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
-    # burn's CUDA backend compiles each kernel with NVRTC the first time a process meets it;
-    # cubecl.toml (read from this folder) keeps them, and the autotune choices, under target/
-    # for the next process. cubecl panics on a configuration it cannot read: then the check
-    # goes on without the file, and says so.
-    step 120 "$out/first-eval.log" "$work/jem-bench" --device cuda eval --model results/models/baseline --n 100
-    if grep -q "doesn't have the right format" "$out/first-eval.log"; then
-        mv cubecl.toml "$work/cubecl.toml.unread"
-        echo "cubecl.toml could not be read by cubecl: moved aside for this run" | tee -a "$out/first-eval.log"
+    local started=$SECONDS
+
+    # Phase 1, correctness, in parallel (the GPU has room; a device call has minutes): each
+    # agreement test in its own process; the baseline's K = 0 sweep cell against the committed
+    # CPU sweep; every other command once on the GPU.
+    local tests=(cpu_and_gpu_agree_on_every_convolution_gradient_of_the_wide_resnets
+        cpu_and_gpu_agree_on_a_wide_resnet_its_sgld_defence_and_pgd
+        cpu_and_gpu_agree_on_an_adam_step_and_a_jem_training_iteration
+        outputs_name_the_gpu)
+    local t
+    for t in "${tests[@]}"; do
+        step 150 "$work/agreement-$t.log" env RAYON_NUM_THREADS=4 \
+            "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
+    done
+    k0_sweep "$work" "$out" &
+    commands "$work" "$out" &
+    wait
+    for t in "${tests[@]}"; do
+        echo "=== $t"
+        cat "$work/agreement-$t.log"
+    done >"$out/agreement.log"
+    grep -E "test result|^\[agreement" "$out/agreement.log"
+    echo "phase 1 (correctness) took $((SECONDS - started)) s"
+
+    # Phase 2, timings, alone on the GPU, both sides in true f32, while time is left
+    # (compare.py writes each row as it is measured). The autotune choices phase 1 made under
+    # contention are dropped first; the compiled kernels are kept.
+    rm -rf target/autotune
+    local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
+    if [ "$left" -lt 30 ]; then
+        echo "timings not run: $left s left" | tee "$out/compare.log"
+    elif python3 -c 'import torch, safetensors; assert torch.cuda.is_available()' 2>/dev/null; then
+        step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
+            --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
+            --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --out "$out"
+    else
+        echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"
     fi
+    rm -rf "$work"
+}
 
-    # 1. Agreement, every case printed (the test binary runs from the repository root, where
-    #    it finds results/models).
-    step 300 "$out/agreement.log" "$work/gpu-tests" --ignored --nocapture --test-threads 1
-
-    # 2. The default sweep's K = 0 cell of the baseline on the GPU (the AutoAttack cascade: 218 s
-    #    on 2 CPU cores; all three models would not fit this step's time), against the
-    #    committed CPU sweep: the same examples broken at every ε by every stage.
-    step 150 "$out/k0-sweep.log" "$work/jem-bench" --device cuda robust --norm linf --steps 0 \
+# The default sweep's K = 0 cell of the baseline on the GPU (the AutoAttack cascade), against
+# the committed CPU sweep: the same examples broken at every ε by every stage.
+k0_sweep() {
+    local work=$1 out=$2
+    step 150 "$work/k0-sweep.log" "$work/jem-bench" --device cuda robust --norm linf --steps 0 \
         --models results/models/baseline --out "$work/k0" &&
-        python3 - "$work/k0/examples.csv" results/sweeps/linf/examples.csv >"$out/k0-equality.txt" <<'EOF'
+        python3 - "$work/k0/examples.csv" results/sweeps/linf/examples.csv >"$work/k0-equality.txt" <<'EOF'
 import csv, sys
 def outcomes(path):
     rows = csv.DictReader(open(path))
@@ -106,23 +142,43 @@ for key in differ:
     print("differs:", key, "gpu", gpu[key], "cpu", cpu[key])
 sys.exit(1 if differ or not shared else 0)
 EOF
-    cat "$out/k0-equality.txt" 2>/dev/null
+    cat "$work/k0-sweep.log" "$work/k0-equality.txt" "$work/k0/robust.csv" >"$out/k0.log" 2>&1
+    tail -n 3 "$work/k0-equality.txt" 2>/dev/null
+}
 
-    # 3. Timings against PyTorch on the same GPU: every row, WRN-10-1 (MNIST) and WRN-28-10
-    #    (CIFAR-10 shape), batches 64 and 256.
-    if python3 -c 'import torch, safetensors; assert torch.cuda.is_available()' 2>/dev/null; then
-        step 240 "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
-            --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
-            --warmup 2 --max-seconds 2 --models 10-1,28-10:cifar --batch 64,256 --out "$out"
-    else
-        echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"
-    fi
-    rm -rf "$work"
+# Every other command once on the GPU, small: each log says how it ended; the outputs'
+# `backend` field says where they were computed.
+commands() {
+    local work=$1 out=$2
+    local jb="$work/jem-bench" c="$work/commands"
+    mkdir -p "$c"
+    # In parallel, like the rest of phase 1: each within its own limit.
+    step 150 "$c/eval.log" "$jb" --device cuda eval --model results/models/baseline --n 1000 &
+    step 150 "$c/train-baseline.log" "$jb" --device cuda train --kind baseline \
+        --train-subset 1024 --epochs 1 --batch-size 64 --max-iters 16 --out "$c/train-baseline" &
+    step 150 "$c/train-jem.log" "$jb" --device cuda train --kind jem --train-subset 1024 \
+        --epochs 1 --batch-size 32 --max-iters 4 --buffer-size 256 --out "$c/train-jem" &
+    step 150 "$c/train-adv.log" "$jb" --device cuda train --kind adv --train-subset 1024 \
+        --epochs 1 --batch-size 32 --max-iters 4 --out "$c/train-adv" &
+    step 150 "$c/sample.log" "$jb" --device cuda sample --model results/models/jem \
+        --per-class 2 --steps 20 --out "$c/sample" &
+    step 150 "$c/calibrate.log" "$jb" --device cuda calibrate --models results/models/baseline \
+        --steps 0,1 --n 100 --out "$c/calibrate" &
+    step 150 "$c/ood.log" "$jb" --device cuda ood --models results/models/baseline --n 100 \
+        --out "$c/ood" &
+    step 150 "$c/nonsense.log" "$jb" --device cuda nonsense --models results/models/baseline \
+        --per-class 1 --max-iters 50 --out "$c/nonsense" &
+    wait
+    for f in "$c"/*.log; do
+        echo "=== $(basename "$f" .log)"
+        tail -n 25 "$f"
+    done >"$out/commands.log"
+    grep -h "^\[" "$c"/*.log
 }
 
 # Tracked folders the GPU machine does not read (the binaries embed the data sets): with them
 # aside, the tree is about 7 MiB and the two binaries about 52 MiB of the 64 MiB that travel.
-big=(results/train datasets/data results/samples results/reference results/ood tests/fixtures
+big=(results/train datasets/data results/samples results/reference results/ood
     results/sweeps/l2 results/sweeps/autoattack-linf results/sweeps/jem-1to1-linf
     results/sweeps/linf-k1-full-eot4)
 

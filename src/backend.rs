@@ -10,7 +10,7 @@ use burn::backend::Autodiff;
 #[cfg(not(feature = "cuda"))]
 pub type Inference = burn::backend::Flex;
 #[cfg(feature = "cuda")]
-pub type Inference = burn::backend::Cuda;
+pub type Inference = jem_kernels::Cuda;
 
 /// The inference backend with automatic differentiation, for training and attacks.
 pub type Train = Autodiff<Inference>;
@@ -23,18 +23,58 @@ pub type Device = burn::tensor::Device<Inference>;
 pub trait BenchBackend: jem_kernels::KernelsAutodiff {
     /// The backend and device as every output records them.
     fn recorded_name(device: &Self::Device) -> String;
+
+    /// Which kernels compute: on the CPU, the instruction set of jem-kernels' direct
+    /// convolution (`JEM_BENCH_ISA` caps it) and that of the matrix products (the
+    /// `avx512-gemm` build feature and the CPU decide it), e.g. `avx2+gemm-avx2`; on CUDA, the
+    /// arithmetic (`f32`: jem-kernels' CUDA convolutions and products never use TF32).
+    fn kernel_path() -> String;
+
+    /// Why gradients through the SGLD defence (K > 0) cannot be trusted on this backend, if
+    /// they cannot: every command refuses such a gradient there before doing any work.
+    fn sgld_gradients_unverified() -> Option<&'static str> {
+        None
+    }
+}
+
+/// Refuses `what` (a command's gradient through K > 0 SGLD steps) on a backend where those
+/// gradients are not verified against the CPU, saying why and what to do instead.
+pub fn require_sgld_gradients<B: BenchBackend>(what: &str) -> anyhow::Result<()> {
+    match B::sgld_gradients_unverified() {
+        None => Ok(()),
+        Some(why) => anyhow::bail!(
+            "{what}: {why}; run it with the CPU build (`cargo build --release`), or on the GPU \
+             with K = 0 or an attack that takes no gradient (square, boundary)"
+        ),
+    }
 }
 
 impl BenchBackend for Autodiff<burn::backend::Flex> {
     fn recorded_name(_device: &Self::Device) -> String {
         "burn-flex".into()
     }
+
+    fn kernel_path() -> String {
+        format!("{}+gemm-{}", jem_kernels::isa(), jem_kernels::gemm_isa())
+    }
 }
 
 #[cfg(feature = "cuda")]
-impl BenchBackend for Autodiff<burn::backend::Cuda> {
+impl BenchBackend for Autodiff<jem_kernels::Cuda> {
     fn recorded_name(device: &Self::Device) -> String {
         format!("burn-cuda:{}", device.index)
+    }
+
+    fn kernel_path() -> String {
+        "f32".into()
+    }
+
+    fn sgld_gradients_unverified() -> Option<&'static str> {
+        Some(
+            "on CUDA the loss gradient through K > 0 SGLD steps differs from the CPU's \
+             (tests/gpu.rs on an H200: relative difference 1.04 with full gradients, while the \
+             network's own gradients agree to 1e-6; results/gpu/agreement.log, docs/gpu.md)",
+        )
     }
 }
 
@@ -84,13 +124,6 @@ fn parse(spec: &str) -> anyhow::Result<(Device, String)> {
     };
     let device = CudaDevice::new(index);
     opens(&device, spec)?;
-    // Forward passes were measured equal to the CPU's on an H200; the convolution gradients
-    // now come from jem-kernels' construction (proven on the CPU), not yet run on a GPU.
-    eprintln!(
-        "warning: on CUDA the convolution gradients are computed by a construction checked on \
-         the CPU but not yet on a GPU (tests/gpu.rs, scripts/gpu-check.sh; docs/gpu.md): \
-         evaluations are verified, attacks, sampling and training on this device are not yet"
-    );
     Ok((device, format!("cuda:{index}")))
 }
 

@@ -175,9 +175,8 @@ struct Timing {
     min_ms: f64,
     gflop_per_call: f64,
     backend: String,
-    /// The instruction set of jem-kernels' direct convolution (`JEM_BENCH_ISA` caps it) and
-    /// that of the matrix products (the `avx512-gemm` build feature and the CPU decide it):
-    /// `avx2+gemm-avx2` is what an AVX2-only CPU runs.
+    /// Which kernels computed ([`BenchBackend::kernel_path`]): `avx2+gemm-avx2` is what an
+    /// AVX2-only CPU runs; on CUDA, `f32` or `tf32`.
     isa: String,
     /// jem-iteration: SGLD steps η per iteration.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -292,7 +291,7 @@ pub fn run<B: BenchBackend>(args: BenchArgs, device: &B::Device) -> anyhow::Resu
         min_ms: sorted[0],
         gflop_per_call: flops(&args, forward) as f64 / 1e9,
         backend: B::recorded_name(device),
-        isa: format!("{}+gemm-{}", jem_kernels::isa(), jem_kernels::gemm_isa()),
+        isa: B::kernel_path(),
         sgld_steps: (args.op == BenchOp::JemIteration).then(|| JemConfig::default().sgld_steps),
         k: pgd.then_some(args.k),
         grad: defended.then_some(args.grad),

@@ -7,10 +7,11 @@ results/perf/cpu.md.
 
   cargo build --release && python benches/pytorch/compare.py [--rounds 3] [--reps 20]
 
-On a GPU both sides compute on the first CUDA device and the tables go to results/perf/gpu.csv
-and gpu.md; jem-bench must then be a `--features cuda` build (`--bin PATH` names it if it is not
-in target/release), the `burn` side (a CPU kernel switch) is not run, and peak RSS is host
-memory only:
+On a GPU both sides compute on the first CUDA device, in true f32 (ops.py turns PyTorch's TF32
+off, as jem-bench never uses it), and the tables go to results/perf/gpu.csv and gpu.md;
+jem-bench must then be a `--features cuda` build (`--bin PATH` names it if it is not in
+target/release), the `burn` side (a CPU kernel switch) is not run, and peak RSS is host memory
+only:
 
   python benches/pytorch/compare.py --device cuda --threads 1 --sides ours,pytorch
 

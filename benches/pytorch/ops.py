@@ -55,6 +55,10 @@ p.add_argument("--grad", choices=["bpda", "full"], default="bpda", help="pgd-ste
 p.add_argument("--chains", type=int, default=5, help="pgd-step, K > 0: chains per image")
 p.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: compute on that GPU")
 a = p.parse_args()
+# On a GPU, true f32 as jem-bench computes there: cuDNN's convolutions would otherwise run in
+# TF32 (PyTorch's default for them).
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
 
 SGLD_STEPS, SGLD_LR, SGLD_STD = 20, 1.0, 0.01  # the official JEM's, as jem-bench's defaults
 BUFFER_SIZE, REINIT_FREQ = 10_000, 0.05
@@ -254,7 +258,7 @@ result = {
     "backend": f"pytorch-{torch.__version__}",
     # The instruction set ATen's kernels run (ATEN_CPU_CAPABILITY caps it; oneDNN's cap is
     # ONEDNN_MAX_CPU_ISA).
-    "isa": torch.backends.cpu.get_cpu_capability().lower(),
+    "isa": "f32" if dev.type == "cuda" else torch.backends.cpu.get_cpu_capability().lower(),
     "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
 }
 if a.op == "jem-iteration":

@@ -143,9 +143,6 @@ impl FastActivation for Flex {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl FastActivation for burn::backend::Cuda {}
-
 /// Backward of LeakyReLU: keeps the output (or, for slopes ≤ 0, the input) and the slope.
 #[derive(Debug)]
 struct LeakyReluBackward;

@@ -1,6 +1,6 @@
 //! [`FastConv`], the backend extension: burn's CPU backend runs this crate's kernels, burn's
-//! autodiff backend gets a backward node that calls them, and the CUDA backend keeps burn's
-//! forward convolution with the portable gradients ([`crate::portable`]).
+//! autodiff backend gets a backward node that calls them (the CUDA backend's implementation is
+//! in `cuda.rs`: a forward convolution with the portable gradients, [`crate::portable`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -18,6 +18,7 @@ use burn::tensor::{DType, TensorData, TensorMetadata};
 use crate::activation::composed_backward;
 use crate::conv::{self, ConvGeometry};
 use crate::portable;
+use crate::FastLinear;
 
 /// A backend with a 2-D convolution for Wide-ResNets, optionally with a LeakyReLU fused in
 /// front of it (`input_slope`: the convolution of LeakyReLU(`x`), a pre-activation block's
@@ -70,7 +71,7 @@ pub trait FastConv: Backend {
 }
 
 /// `x`, or burn's LeakyReLU of it.
-fn activated<B: Backend>(x: FloatTensor<B>, slope: Option<f64>) -> FloatTensor<B> {
+pub(crate) fn activated<B: Backend>(x: FloatTensor<B>, slope: Option<f64>) -> FloatTensor<B> {
     match slope {
         Some(slope) => B::leaky_relu(x, slope.into()),
         None => x,
@@ -126,7 +127,7 @@ fn through_activation<B: Backend>(
 
 /// The input gradient from a forward convolution ([`crate::conv2d_input_grad_from_forward`]),
 /// then the activation's; burn's own where the construction does not apply (groups, dilation).
-fn portable_x_backward<B: Backend>(
+pub(crate) fn portable_x_backward<B: FastConv + FastLinear>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
@@ -144,7 +145,7 @@ fn portable_x_backward<B: Backend>(
 
 /// The weight gradient from one matrix product ([`crate::conv2d_weight_grad_from_matmul`]) on
 /// the activated input; burn's own where the construction does not apply.
-fn portable_weight_backward<B: Backend>(
+pub(crate) fn portable_weight_backward<B: FastConv + FastLinear>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
@@ -323,32 +324,6 @@ impl FastConv for Flex {
         let grad = values(&output_grad);
         let db = conv::conv2d_bias_grad(slice(&grad), &g);
         FlexTensor::from_data(TensorData::new(db, [g.out_channels]))
-    }
-}
-
-/// burn's CUDA backend keeps its own forward convolution (it agrees with the CPU's) but takes
-/// both gradients from [`crate::portable`]'s construction: burn 0.21's own CUDA backward kernels
-/// give wrong gradients for some Wide-ResNet shapes (docs/gpu.md).
-#[cfg(feature = "cuda")]
-impl FastConv for burn::backend::Cuda {
-    fn fast_conv2d_x_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        output_grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-        input_slope: Option<f64>,
-    ) -> FloatTensor<Self> {
-        portable_x_backward::<Self>(x, weight, output_grad, options, input_slope)
-    }
-
-    fn fast_conv2d_weight_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        output_grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-        input_slope: Option<f64>,
-    ) -> FloatTensor<Self> {
-        portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope)
     }
 }
 

@@ -31,11 +31,14 @@
 //! on every core; burn's autodiff records it as a composition of eight passes.
 //!
 //! [`FastConv`] is the extension trait: implemented with these kernels for `Flex`, with a
-//! backward node for `Autodiff<B>` over any `B: FastConv`, and with burn's own forward
-//! convolution for CUDA, whose two gradients are composed from that forward convolution and a
-//! matrix product ([`conv2d_input_grad_from_forward`], [`conv2d_weight_grad_from_matmul`]): burn
-//! 0.21's own CUDA backward kernels are wrong for some shapes. A model calls [`conv2d`] where it
-//! would call `Conv2d::forward`:
+//! backward node for `Autodiff<B>` over any `B: FastConv`, and, with the `cuda` or `wgpu`
+//! feature, for burn's GPU backends without fusion (`Cuda`, `Wgpu`): burn's direct convolution in
+//! true f32, whose two gradients are composed from that forward convolution and a matrix product
+//! ([`conv2d_input_grad_from_forward`], [`conv2d_weight_grad_from_matmul`]) — burn 0.21's own
+//! CUDA backward kernels are wrong for some shapes, and its autotuned kernels compute in TF32.
+//! [`FastLinear`] does the same for matrix products and a network's linear head ([`linear`]):
+//! burn's own on the CPU, cubek's unit-tiled f32 product on a GPU. A model calls [`conv2d`] where
+//! it would call `Conv2d::forward`:
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
@@ -66,14 +69,22 @@
 mod activation;
 mod backend;
 mod conv;
+#[cfg(feature = "cubecl")]
+mod cube;
 mod fresh;
 mod isa;
+mod linear;
 mod matmul;
 mod module;
 mod portable;
 
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
+#[cfg(feature = "cuda")]
+pub use cube::Cuda;
+#[cfg(feature = "wgpu")]
+pub use cube::Wgpu;
+pub use linear::{linear, FastLinear};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
 pub use isa::{gemm_isa, isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
 pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
@@ -87,9 +98,9 @@ pub use conv::conv2d as conv2d_slices;
 use burn::tensor::backend::AutodiffBackend;
 
 /// A backend with every kernel of this crate: what a Wide-ResNet's forward pass asks for.
-pub trait Kernels: FastConv + FastActivation {}
+pub trait Kernels: FastConv + FastActivation + FastLinear {}
 
-impl<B: FastConv + FastActivation> Kernels for B {}
+impl<B: FastConv + FastActivation + FastLinear> Kernels for B {}
 
 /// An autodiff backend whose inner backend has the kernels too: what code that differentiates
 /// a model on one backend and evaluates it on the inner one (training, attacks) asks for.

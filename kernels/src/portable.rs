@@ -18,10 +18,16 @@
 //! - weight gradient: for each tap (a, b), `Σ_{n,p,q} g[n,o,p,q] · x̄[n,i, s·p + a, s·q + b]`, one
 //!   product of the output gradient `[out, N·L]` with the unfolded input `[N·L, in·kh·kw]`; the
 //!   strided reads of x̄ are reshapes (`[…, oh, s, ow, s]`, keep index 0), not strided slices.
+//!
+//! The convolution and the product are the backend's [`FastConv::fast_conv2d`] and
+//! [`FastLinear::fast_matmul`], so that a backend's choice of kernels (CUDA: true f32, not
+//! burn's TF32 tensor-core kernels) holds for the gradients too.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::{Tensor, TensorPrimitive};
+
+use crate::{FastConv, FastLinear};
 
 fn wrap<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
@@ -75,7 +81,7 @@ fn dilate<B: Backend>(t: Tensor<B, 4>, stride: [usize; 2]) -> Tensor<B, 4> {
 /// # Panics
 /// If the options have groups or dilation (see [`portable_gradients_apply`]), or if the shapes do
 /// not belong to one convolution.
-pub fn conv2d_input_grad_from_forward<B: Backend>(
+pub fn conv2d_input_grad_from_forward<B: FastConv + FastLinear>(
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
     input_size: [usize; 2],
@@ -96,13 +102,13 @@ pub fn conv2d_input_grad_from_forward<B: Backend>(
         .pad([(kh - 1, kh - 1 + rh), (kw - 1, kw - 1 + rw)], 0.0)
         .slice([0..n, 0..out, ph..ph + h + kh - 1, pw..pw + w + kw - 1]);
     let flipped = weight.swap_dims(0, 1).flip([2, 3]);
-    let dx = burn::tensor::module::conv2d(
-        padded,
-        flipped,
+    B::fast_conv2d(
+        unwrap(padded),
+        unwrap(flipped),
         None,
         ConvOptions::new([1, 1], [0, 0], [1, 1], 1),
-    );
-    unwrap(dx)
+        None,
+    )
 }
 
 /// The gradient of `conv2d(x, weight)` with respect to its `[out, in, kh, kw]` weight, as one
@@ -111,7 +117,7 @@ pub fn conv2d_input_grad_from_forward<B: Backend>(
 /// # Panics
 /// If the options have groups or dilation (see [`portable_gradients_apply`]), or if the shapes do
 /// not belong to one convolution.
-pub fn conv2d_weight_grad_from_matmul<B: Backend>(
+pub fn conv2d_weight_grad_from_matmul<B: FastConv + FastLinear>(
     x: FloatTensor<B>,
     output_grad: FloatTensor<B>,
     kernel: [usize; 2],
@@ -145,5 +151,9 @@ pub fn conv2d_weight_grad_from_matmul<B: Backend>(
         .permute([0, 3, 1, 2])
         .reshape([n * oh * ow, cin * kh * kw]);
     let rows = grad.swap_dims(0, 1).reshape([out, n * oh * ow]);
-    unwrap(rows.matmul(columns).reshape([out, cin, kh, kw]))
+    let [rows, columns] = [rows, columns].map(|m| m.into_primitive().tensor());
+    let product = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(
+        rows, columns,
+    )));
+    unwrap(product.reshape([out, cin, kh, kw]))
 }

@@ -128,6 +128,13 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
         let models: Vec<String> = subjects.iter().map(|s| s.name().to_string()).collect();
         let eps_grid = spec.eps_grid();
         let cells = cells::list(&models, &spec.attack_list(), &spec.ks, &spec.grad);
+        if let Some(cell) = cells.iter().find(|c| c.k > 0 && c.grad.is_some()) {
+            crate::backend::require_sgld_gradients::<B>(&format!(
+                "the {} attack at K = {}",
+                cell.attack.name(),
+                cell.k
+            ))?;
+        }
         Ok(Self {
             out: out.to_path_buf(),
             subjects,

@@ -1,0 +1,147 @@
+//! burn's GPU backends as jem-bench runs them: burn 0.21's `CubeBackend` without kernel fusion
+//! ([`Cuda`]; [`Wgpu`] with the `wgpu` feature, which also runs on a software Vulkan device, so
+//! that a machine without a GPU can run the same GPU kernels), with this crate's extensions,
+//! computing convolutions and matrix products in true f32: burn's direct convolution kernel and
+//! cubek's unit-tiled matrix product, on the CUDA cores (not the tensor cores).
+//! burn's own choice for both, its autotuner, picks tensor-core kernels that compute f32 in
+//! TF32 (inputs rounded to 10 mantissa bits) with no switch to turn that off, and some of its
+//! candidates return wrong results for Wide-ResNet shapes (docs/gpu.md). Both gradients of a
+//! convolution are composed from the forward convolution and the matrix product
+//! ([`crate::portable`]), never burn's CUDA backward kernels, two of which are wrong for
+//! Wide-ResNet shapes.
+
+use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps};
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::kernel::conv::{conv_forward, ConvStrategy};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::kernel::matmul::init_matmul_output;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
+use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+use cubek::matmul::launch::{launch_ref, Strategy};
+use cubek::std::InputBinding;
+
+use crate::backend::{activated, portable_weight_backward, portable_x_backward};
+use crate::{FastActivation, FastConv, FastLinear};
+
+/// burn's CUDA backend without fusion (f32 floats, i32 integers, u8 booleans): the backend
+/// `jem-bench --device cuda` computes on.
+#[cfg(feature = "cuda")]
+pub type Cuda = CubeBackend<burn_cubecl::cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
+/// burn's WebGPU backend (Vulkan, Metal, DX12) without fusion, as burn's `Wgpu` types its
+/// booleans (u32): the same kernels as [`Cuda`], compiled for another runtime. The GPU tests
+/// run on it where no CUDA GPU is present, on a software Vulkan device if need be.
+#[cfg(feature = "wgpu")]
+pub type Wgpu = CubeBackend<burn_cubecl::cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+
+/// `lhs · rhs` in true f32: cubek's unit-tiled product (each thread a tile of the output, on
+/// the CUDA cores), or its naive one where the tiled one does not take the shapes.
+fn f32_matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
+    let (lhs, rhs) = (into_contiguous(lhs), into_contiguous(rhs));
+    let out = init_matmul_output(&lhs, &rhs, DType::F32);
+    let f32_type = DType::F32.into();
+    let globals = MatmulGlobalElems {
+        lhs: f32_type,
+        rhs: f32_type,
+        out: f32_type,
+    };
+    let mut refused = Vec::new();
+    for strategy in [Strategy::SimpleUnit(Default::default()), Strategy::Naive] {
+        let mut dtypes = MatmulElems::from_globals(&globals);
+        let launched = launch_ref(
+            &strategy,
+            &out.client,
+            InputBinding::new(lhs.clone().binding(), f32_type),
+            InputBinding::new(rhs.clone().binding(), f32_type),
+            out.clone().binding(),
+            &mut dtypes,
+        );
+        match launched {
+            Ok(()) => return out,
+            Err(e) => refused.push(format!("{strategy}: {e:?}")),
+        }
+    }
+    panic!(
+        "no f32 matrix product for {:?} · {:?} on the GPU: {}",
+        lhs.shape(),
+        rhs.shape(),
+        refused.join("; ")
+    );
+}
+
+impl<R: CubeRuntime, BT: BoolElement> FastLinear for CubeBackend<R, f32, i32, BT> {
+    fn fast_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        f32_matmul(lhs, rhs)
+    }
+
+    fn fast_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let out = f32_matmul(x, weight);
+        match bias {
+            Some(bias) => {
+                let n = bias.shape()[0];
+                Self::float_add(out, Self::float_reshape(bias, Shape::new([1, n])))
+            }
+            None => out,
+        }
+    }
+
+    fn fast_linear_x_backward(
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::fast_matmul(output_grad, Self::float_swap_dims(weight, 0, 1))
+    }
+
+    fn fast_linear_weight_backward(
+        x: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::fast_matmul(Self::float_swap_dims(x, 0, 1), output_grad)
+    }
+}
+
+impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> {
+    fn fast_conv2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+    ) -> FloatTensor<Self> {
+        let x = activated::<Self>(x, input_slope);
+        let y = conv_forward(x, weight, bias, options, ConvStrategy::Direct)
+            .unwrap_or_else(|e| panic!("burn's CUDA convolution refused its arguments: {e:?}"));
+        // burn returns the NHWC result as a permuted view; some of its kernels read their
+        // input in memory order whatever its strides (burn 0.21's bool-to-float cast does:
+        // an activation pattern recorded from such a view comes out scrambled), so the maps
+        // leave here in plain NCHW order.
+        into_contiguous(y)
+    }
+
+    fn fast_conv2d_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+    ) -> FloatTensor<Self> {
+        portable_x_backward::<Self>(x, weight, output_grad, options, input_slope)
+    }
+
+    fn fast_conv2d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+    ) -> FloatTensor<Self> {
+        portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope)
+    }
+}
+
+impl<R: CubeRuntime, BT: BoolElement> FastActivation for CubeBackend<R, f32, i32, BT> {}
