@@ -11,7 +11,7 @@
 #   scripts/gpu-check.sh unstash        # here, after it: puts them back
 #   scripts/gpu-check.sh run [OUT]      # on the GPU machine, from the repository root: writes
 #                                       # OUT (default results/gpu): machine.txt,
-#                                       # agreement.log, k0.log, commands.log,
+#                                       # agreement.log, k0.log, k1.log, commands.log,
 #                                       # compare.log, gpu.csv, gpu.md
 #                                       # (8 files: what a device call brings back at most)
 #
@@ -83,8 +83,8 @@ run() {
     local started=$SECONDS
 
     # Phase 1, correctness, in parallel (the GPU has room; a device call has minutes): each
-    # agreement test in its own process; the baseline's K = 0 sweep cell against the committed
-    # CPU sweep; every other command once on the GPU.
+    # agreement test in its own process; the baseline's K = 0 and K = 1 sweep cells against the
+    # committed CPU sweep; every other command once on the GPU.
     local tests=(cpu_and_gpu_agree_on_every_convolution_gradient_of_the_wide_resnets
         cpu_and_gpu_agree_on_a_wide_resnet_its_sgld_defence_and_pgd
         cpu_and_gpu_agree_on_an_adam_step_and_a_jem_training_iteration
@@ -94,7 +94,8 @@ run() {
         step 150 "$work/agreement-$t.log" env RAYON_NUM_THREADS=4 \
             "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
     done
-    k0_sweep "$work" "$out" &
+    k_sweep 0 "$work" "$out" &
+    k_sweep 1 "$work" "$out" &
     commands "$work" "$out" &
     wait
     for t in "${tests[@]}"; do
@@ -121,29 +122,34 @@ run() {
     rm -rf "$work"
 }
 
-# The default sweep's K = 0 cell of the baseline on the GPU (the AutoAttack cascade), against
-# the committed CPU sweep: the same examples broken at every ε by every stage.
-k0_sweep() {
-    local work=$1 out=$2
-    step 150 "$work/k0-sweep.log" "$work/jem-bench" --device cuda robust --norm linf --steps 0 \
-        --models results/models/baseline --out "$work/k0" &&
-        python3 - "$work/k0/examples.csv" results/sweeps/linf/examples.csv >"$work/k0-equality.txt" <<'EOF'
+# The default sweep's cells of the baseline on the GPU against the committed CPU sweep
+# `results/sweeps/linf`, example by example: K = 0 (the AutoAttack cascade) and K = 1 (the
+# adaptive attack, gradients through the SGLD step with EOT; JEM_BENCH_UNVERIFIED_GRADIENTS lets
+# it run while those gradients await verification on CUDA — this comparison is part of it).
+k_sweep() {
+    local k=$1 work=$2 out=$3
+    step 200 "$work/k$k-sweep.log" env JEM_BENCH_UNVERIFIED_GRADIENTS=allow "$work/jem-bench" \
+        --device cuda robust --norm linf --steps "$k" --convergence-sample 0 \
+        --models results/models/baseline --out "$work/k$k" &&
+        python3 - "$k" "$work/k$k/examples.csv" results/sweeps/linf/examples.csv \
+            >"$work/k$k-equality.txt" <<'EOF'
 import csv, sys
+k = sys.argv[1]
 def outcomes(path):
     rows = csv.DictReader(open(path))
     return {(r["model"], r["attack"], r["eps"], r["example"]): (r["clean_correct"], r["adversarial"])
-            for r in rows if r["k"] == "0"}
-gpu, cpu = outcomes(sys.argv[1]), outcomes(sys.argv[2])
+            for r in rows if r["k"] == k and r["model"] == "results/models/baseline"}
+gpu, cpu = outcomes(sys.argv[2]), outcomes(sys.argv[3])
 shared = sorted(set(gpu) & set(cpu))
 differ = [key for key in shared if gpu[key] != cpu[key]]
-print(f"K = 0 cells: {len(gpu)} examples on the GPU, {len(cpu)} in the committed CPU sweep, "
+print(f"K = {k} cells: {len(gpu)} examples on the GPU, {len(cpu)} in the committed CPU sweep, "
       f"{len(shared)} compared; {len(differ)} differ")
 for key in differ:
     print("differs:", key, "gpu", gpu[key], "cpu", cpu[key])
 sys.exit(1 if differ or not shared else 0)
 EOF
-    cat "$work/k0-sweep.log" "$work/k0-equality.txt" "$work/k0/robust.csv" >"$out/k0.log" 2>&1
-    tail -n 3 "$work/k0-equality.txt" 2>/dev/null
+    cat "$work/k$k-sweep.log" "$work/k$k-equality.txt" "$work/k$k/robust.csv" >"$out/k$k.log" 2>&1
+    tail -n 3 "$work/k$k-equality.txt" 2>/dev/null
 }
 
 # Every other command once on the GPU, small: each log says how it ended; the outputs'
