@@ -98,8 +98,10 @@ impl<B: BenchBackend> Plan<B, WideResNet<B>> {
             .iter()
             .map(|p| {
                 let m = p.display().to_string();
-                Subject::from_checkpoint(&m, spec.data.as_deref(), device)
-                    .with_context(|| format!("--models {m}"))
+                // A field of the spec names what failed (the command line shows its flag).
+                Subject::from_checkpoint(&m, spec.data.as_deref(), device).map_err(|e| {
+                    anyhow::Error::new(InvalidSetting::new("models", m.clone(), &format!("{e:#}")))
+                })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Plan::new(spec, subjects, out)
