@@ -46,12 +46,24 @@ pub const UNVERIFIED_GRADIENTS: &str = "JEM_BENCH_UNVERIFIED_GRADIENTS";
 /// verify them (scripts/gpu-check.sh compares such a run with the CPU's).
 pub fn require_sgld_gradients<B: BenchBackend>(what: &str) -> anyhow::Result<()> {
     let allowed = std::env::var(UNVERIFIED_GRADIENTS).is_ok_and(|v| v == "allow");
-    match B::sgld_gradients_unverified() {
-        None => Ok(()),
-        Some(why) if allowed => {
-            eprintln!("warning: {what}: {why}; computed anyway ({UNVERIFIED_GRADIENTS}=allow)");
-            Ok(())
-        }
+    if let Some(warning) = unverified_gradients(what, B::sgld_gradients_unverified(), allowed)? {
+        eprintln!("{warning}");
+    }
+    Ok(())
+}
+
+/// [`require_sgld_gradients`]'s decision: nothing to say where the gradients are verified, a
+/// warning where they are not but `allowed`, else the error.
+fn unverified_gradients(
+    what: &str,
+    why: Option<&str>,
+    allowed: bool,
+) -> anyhow::Result<Option<String>> {
+    match why {
+        None => Ok(None),
+        Some(why) if allowed => Ok(Some(format!(
+            "warning: {what}: {why}; computed anyway ({UNVERIFIED_GRADIENTS}=allow)"
+        ))),
         Some(why) => anyhow::bail!(
             "{what}: {why}; run it with the CPU build (`cargo build --release`), or on the GPU \
              with K = 0 or an attack that takes no gradient (square, boundary)"
@@ -172,5 +184,27 @@ pub fn name() -> String {
         format!("burn-{device}")
     } else {
         "burn-flex".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unverified_gradients_are_refused_unless_allowed_and_verified_ones_pass_silently() {
+        let what = "the apgd-ce attack at K = 1";
+        assert!(unverified_gradients(what, None, false).unwrap().is_none());
+        assert!(unverified_gradients(what, None, true).unwrap().is_none());
+        let refused = unverified_gradients(what, Some("not verified on CUDA"), false)
+            .unwrap_err()
+            .to_string();
+        for part in [what, "not verified on CUDA", "CPU build", "K = 0"] {
+            assert!(refused.contains(part), "{refused:?} lacks {part:?}");
+        }
+        let warned = unverified_gradients(what, Some("not verified on CUDA"), true)
+            .unwrap()
+            .expect("a warning");
+        assert!(warned.starts_with("warning: ") && warned.contains(UNVERIFIED_GRADIENTS));
     }
 }
