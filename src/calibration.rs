@@ -10,7 +10,6 @@ mod diagram;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
 use burn::tensor::activation::log_softmax;
 use clap::Args;
 use jem_attacks::GradMode;
@@ -108,20 +107,18 @@ impl CalibrateArgs {
         if let Some(k) = first_repeat(&self.steps) {
             anyhow::bail!("--steps: K = {k} named twice");
         }
-        if let Some(m) = first_repeat(&self.models) {
-            anyhow::bail!("--models: {} named twice", m.display());
-        }
         if self.steps.iter().any(|&k| k > 0) {
             self.defence.validate()?;
         }
+        let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
+            &self.models,
+            &self.steps,
+            device,
+            |sidecar, k| crate::defended::forward_settings(sidecar, k, &self.defence).map(drop),
+        )?;
         let mut prepared = Vec::new();
-        for path in &self.models {
+        for (path, sidecar) in self.models.iter().zip(sidecars) {
             let m = path.display().to_string();
-            let (_, sidecar) = Checkpoint::load_named::<B::InnerBackend>(path, "--models", device)?;
-            for &k in &self.steps {
-                crate::defended::forward_settings(&sidecar, k, &self.defence)
-                    .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
-            }
             let data = test_set::load(&m, &sidecar, "--data", self.data.as_deref(), self.n)?;
             prepared.push(Prepared {
                 path: path.clone(),

@@ -3,6 +3,7 @@
 //! taken from the model's own settings (a checkpoint's JEM training settings; the paper's
 //! values for other models), each overridable by a flag.
 
+use anyhow::Context;
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
@@ -13,7 +14,8 @@ use jem_attacks::{
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::model::Sidecar;
+use crate::model::{Checkpoint, Sidecar};
+use crate::tables::first_repeat;
 use crate::train::JemConfig;
 
 /// How the defence runs, recorded with every result.
@@ -140,6 +142,32 @@ pub fn forward_settings(
         d.remove("grad");
     }
     Ok(s)
+}
+
+/// The sidecars of `models` (`--models`), each loaded, and checked by `check` for what the
+/// defence needs at every K of `steps`, before a command does any work: the first step of every
+/// command that evaluates a list of models under the defence.
+pub fn checked_sidecars<B: burn::tensor::backend::Backend>(
+    models: &[std::path::PathBuf],
+    steps: &[usize],
+    device: &B::Device,
+    check: impl Fn(&Sidecar, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Sidecar>> {
+    if let Some(m) = first_repeat(models) {
+        anyhow::bail!("--models: {} named twice", m.display());
+    }
+    models
+        .iter()
+        .map(|path| {
+            let (_, sidecar) = Checkpoint::load_named::<B>(path, "--models", device)?;
+            for &k in steps {
+                check(&sidecar, k).with_context(|| {
+                    format!("--models {}: the SGLD defence (K = {k})", path.display())
+                })?;
+            }
+            Ok(sidecar)
+        })
+        .collect()
 }
 
 /// A network as the attacks see it at K sampling steps.

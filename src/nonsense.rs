@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use jem_attacks::{GradMode, NonsenseConfig};
 use serde::Serialize;
@@ -104,16 +103,19 @@ impl NonsenseArgs {
         if self.steps.iter().any(|&k| k > 0) {
             self.defence.validate()?;
         }
+        let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
+            &self.models,
+            &self.steps,
+            device,
+            |sidecar, k| match k {
+                0 => Ok(()),
+                _ => crate::train::JemConfig::of(sidecar).map(drop),
+            },
+        )?;
         let mut shapes = Vec::new();
-        for path in &self.models {
-            let m = path.display().to_string();
-            let (_, sidecar) = Checkpoint::load_named::<B::InnerBackend>(path, "--models", device)?;
+        for (path, sidecar) in self.models.iter().zip(&sidecars) {
             let shape = sidecar.image_shape()?;
-            if self.steps.iter().any(|&k| k > 0) {
-                crate::train::JemConfig::of(&sidecar)
-                    .with_context(|| format!("--models {m}: the SGLD defence (K > 0)"))?;
-            }
-            shapes.push((m, shape, sidecar.architecture.num_classes));
+            shapes.push((path.display().to_string(), shape, sidecar.architecture.num_classes));
         }
         if let Some((first, rest)) = shapes.split_first() {
             for other in rest {

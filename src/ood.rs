@@ -171,9 +171,6 @@ impl OodArgs {
         if let Some(s) = first_repeat(&self.scores) {
             anyhow::bail!("--scores: {} named twice", s.name());
         }
-        if let Some(m) = first_repeat(&self.models) {
-            anyhow::bail!("--models: {} named twice", m.display());
-        }
         if let Some(s) = first_repeat(&self.ood) {
             anyhow::bail!("--ood: {s} named twice");
         }
@@ -185,14 +182,15 @@ impl OodArgs {
         if self.steps.iter().any(|&k| k > 0) {
             self.defence.validate()?;
         }
+        let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
+            &self.models,
+            &self.steps,
+            device,
+            |sidecar, k| self.defence_settings(sidecar, k).map(drop),
+        )?;
         let mut prepared = Vec::new();
-        for path in &self.models {
+        for (path, sidecar) in self.models.iter().zip(sidecars) {
             let m = path.display().to_string();
-            let (_, sidecar) = Checkpoint::load_named::<B::InnerBackend>(path, "--models", device)?;
-            for &k in &self.steps {
-                self.defence_settings(&sidecar, k)
-                    .with_context(|| format!("--models {m}: the SGLD defence (K = {k})"))?;
-            }
             let data = test_set::load(&m, &sidecar, "--in", self.in_data.as_deref(), self.n)?;
             if let Some(same) = sets.iter().find(|s| **s == OodSet::Data(data.spec.clone())) {
                 anyhow::bail!(
