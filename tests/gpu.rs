@@ -134,6 +134,7 @@ struct Computed {
     defended_gradient: Vec<f32>,
     defended_gradient_differences: Vec<f32>,
     defended_gradient_bpda: Vec<f32>,
+    defended_gradient_k3: Vec<f32>,
     pgd_step: Vec<f32>,
 }
 
@@ -215,6 +216,11 @@ fn compute<B: KernelsAutodiff>() -> Computed {
     bpda.config.grad = GradMode::Bpda;
     let (gradient, _) = bpda.loss_gradient(x.clone(), loss, &mut StdRng::seed_from_u64(2));
     let defended_gradient_bpda = host(gradient);
+    // Three steps: the backward pass through a chain of steps, each with its own Hessian.
+    let mut three = defence_with(HessianVector::PiecewiseLinear);
+    three.sampler.config.steps = 3;
+    let (gradient, _) = three.loss_gradient(x.clone(), loss, &mut StdRng::seed_from_u64(2));
+    let defended_gradient_k3 = host(gradient);
 
     let pgd = PgdConfig {
         steps: 1,
@@ -232,6 +238,7 @@ fn compute<B: KernelsAutodiff>() -> Computed {
         defended_gradient,
         defended_gradient_differences,
         defended_gradient_bpda,
+        defended_gradient_k3,
         pgd_step,
     }
 }
@@ -330,6 +337,12 @@ fn compare_network(report: &mut Report, a: &Computed, b: &Computed, tolerance: f
         "K = 1 full-gradient loss gradient, Hessian-vector products from gradient differences",
         &a.defended_gradient_differences,
         &b.defended_gradient_differences,
+        2.0 * tolerance,
+    );
+    report.relative(
+        "K = 3 full-gradient loss gradient",
+        &a.defended_gradient_k3,
+        &b.defended_gradient_k3,
         2.0 * tolerance,
     );
     report.signs("one PGD step", &a.pgd_step, &b.pgd_step, 1e-4);
