@@ -107,15 +107,20 @@ run() {
 
     # Phase 2, timings, alone on the GPU, both sides in true f32, while time is left
     # (compare.py writes each row as it is measured). The autotune choices phase 1 made under
-    # contention are dropped first; the compiled kernels are kept.
+    # contention are dropped first; the compiled kernels are kept. The rows already in
+    # results/perf/gpu.csv are kept and only the missing ones measured (--resume), so that
+    # successive short GPU calls complete the table; delete that file to measure every row again
+    # (after a change to the GPU kernels).
     rm -rf target/autotune
+    [ -f results/perf/gpu.csv ] && cp results/perf/gpu.csv "$out/gpu.csv"
     local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
     if [ "$left" -lt 30 ]; then
         echo "timings not run: $left s left" | tee "$out/compare.log"
     elif python3 -c 'import torch, safetensors; assert torch.cuda.is_available()' 2>/dev/null; then
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
             --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
-            --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --out "$out"
+            --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --resume \
+            --out "$out"
     else
         echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"
     fi

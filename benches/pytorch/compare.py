@@ -15,6 +15,9 @@ only:
 
   python benches/pytorch/compare.py --device cuda --threads 1 --sides ours,pytorch
 
+`--resume` keeps the rows of the table already in `--out` and measures only the missing ones, so
+that short sessions on a lent GPU complete one table between them.
+
 Needs torch (and safetensors) in the Python that runs it; jem-bench's build and tests never do.
 
 Rows (`--ops`, comma-separated): forward, train-step, input-gradient, sgld-step, jem-iteration
@@ -78,6 +81,10 @@ p.add_argument("--sides", default="ours,pytorch,burn",
 p.add_argument("--out", default=str(root / "results/perf"))
 p.add_argument("--device", default="cpu", help="cpu, or cuda: both sides on the first GPU")
 p.add_argument("--bin", help="the jem-bench to time (default: the release build's)")
+p.add_argument("--resume", action="store_true",
+               help="keep the rows of an existing table in --out and measure only the missing ones "
+                    "(each row is still both sides measured side by side in this run's machine; "
+                    "the device column says which)")
 p.add_argument("--isa", default="native",
                help="kernel paths, comma-separated: native (what this CPU runs), avx512, avx2, "
                     "portable; each forces jem-bench's path (JEM_BENCH_ISA) and holds PyTorch to the "
@@ -195,7 +202,8 @@ def write_tables():
         limit = (f" (fewer once {a.max_seconds:g} s of timed calls had passed, at least {min(3, a.reps)})"
                  if a.max_seconds > 0 else "")
         if on_gpu:
-            f.write(f"GPU: {rows[0]['device']} (host CPU: {cpu}); ")
+            gpus = ", ".join(dict.fromkeys(r["device"] for r in rows))
+            f.write(f"GPU: {gpus} (host CPU of this run: {cpu}); ")
         else:
             f.write(f"CPU: {cpu}; ")
         f.write(f"lowest median of {a.rounds} interleaved rounds × up to {a.reps} calls"
@@ -226,6 +234,17 @@ def write_tables():
 
 started = time.monotonic()
 rows = []
+# A row is one op of one model at one batch, thread count and path.
+def key(op, k, grad, model, input_, batch, threads, isa):
+    return tuple(str(v) for v in (op, "" if k is None else k, grad or "", model, input_, batch, threads, isa))
+
+
+done = set()
+if a.resume and (out / f"{table}.csv").exists():
+    rows = list(csv.DictReader(open(out / f"{table}.csv")))
+    done = {key(r["op"], r["k"], r["grad"], r["model"], r["input"], r["batch"], r["threads"], r["isa"])
+            for r in rows}
+    print(f"--resume: {len(rows)} rows kept from {out / (table + '.csv')}")
 runs = [(depth, width, shape, op, k, grad, batch, op_flags, threads, isa)
         for isa in isas
         for depth, width, shape in models
@@ -234,6 +253,8 @@ runs = [(depth, width, shape, op, k, grad, batch, op_flags, threads, isa)
         for threads in [int(t) for t in a.threads.split(",")]]
 for depth, width, shape, op, k, grad, batch, op_flags, threads, isa in runs:
     channels, size = INPUTS[shape]
+    if key(op, k, grad, f"WRN-{depth}-{width}", f"{channels}×{size}×{size}", batch, threads, isa) in done:
+        continue
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     ours_env, pytorch_env = ISA_ENV[isa]
     envs = {"ours": {**env, **ours_env}, "burn": {**env, **ours_env}, "pytorch": {**env, **pytorch_env}}
