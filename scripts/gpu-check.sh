@@ -83,24 +83,29 @@ run() {
     local started=$SECONDS
 
     # Phase 1, correctness, in parallel (the GPU has room; a device call has minutes): each
-    # agreement test in its own process; the baseline's K = 0 and K = 1 sweep cells against the
-    # committed CPU sweep; every other command once on the GPU.
+    # agreement test in its own process, with either forward convolution (JEM_BENCH_GPU_CONV);
+    # the baseline's K = 0 and K = 1 sweep cells against the committed CPU sweep; every other
+    # command once on the GPU.
     local tests=(cpu_and_gpu_agree_on_every_convolution_gradient_of_the_wide_resnets
         cpu_and_gpu_agree_on_a_wide_resnet_its_sgld_defence_and_pgd
         cpu_and_gpu_agree_on_an_adam_step_and_a_jem_training_iteration
         outputs_name_the_gpu)
-    local t
-    for t in "${tests[@]}"; do
-        step 150 "$work/agreement-$t.log" env RAYON_NUM_THREADS=4 \
-            "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
+    local t conv
+    for conv in direct im2col; do
+        for t in "${tests[@]}"; do
+            step 150 "$work/agreement-$conv-$t.log" env RAYON_NUM_THREADS=4 JEM_BENCH_GPU_CONV=$conv \
+                "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
+        done
     done
     k_sweep 0 "$work" "$out" &
     k_sweep 1 "$work" "$out" &
     commands "$work" "$out" &
     wait
-    for t in "${tests[@]}"; do
-        echo "=== $t"
-        cat "$work/agreement-$t.log"
+    for conv in direct im2col; do
+        for t in "${tests[@]}"; do
+            echo "=== $t (JEM_BENCH_GPU_CONV=$conv)"
+            cat "$work/agreement-$conv-$t.log"
+        done
     done >"$out/agreement.log"
     grep -E "test result|^\[agreement" "$out/agreement.log"
     echo "phase 1 (correctness) took $((SECONDS - started)) s"
@@ -120,6 +125,7 @@ run() {
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
             --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
             --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --resume \
+            --isa native,im2col \
             --out "$out"
     else
         echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"

@@ -27,7 +27,8 @@ pub trait BenchBackend: jem_kernels::KernelsAutodiff {
     /// Which kernels compute: on the CPU, the instruction set of jem-kernels' direct
     /// convolution (`JEM_BENCH_ISA` caps it) and that of the matrix products (the
     /// `avx512-gemm` build feature and the CPU decide it), e.g. `avx2+gemm-avx2`; on CUDA, the
-    /// arithmetic (`f32`: jem-kernels' CUDA convolutions and products never use TF32).
+    /// arithmetic and the forward convolution (`f32+direct`, `f32+im2col`:
+    /// `JEM_BENCH_GPU_CONV`; jem-kernels' CUDA convolutions and products never use TF32).
     fn kernel_path() -> String;
 
     /// Why gradients through the SGLD defence (K > 0) cannot be trusted on this backend, if
@@ -88,7 +89,7 @@ impl BenchBackend for Autodiff<jem_kernels::Cuda> {
     }
 
     fn kernel_path() -> String {
-        "f32".into()
+        format!("f32+{}", jem_kernels::gpu_conv().name())
     }
 
     fn sgld_gradients_unverified() -> Option<&'static str> {
@@ -185,6 +186,17 @@ pub fn name() -> String {
     } else {
         "burn-flex".into()
     }
+}
+
+/// Applies `JEM_BENCH_GPU_CONV` (`direct`, the default, or `im2col`: how a GPU build computes
+/// forward convolutions, both in true f32); an error for any other value, before any work. A
+/// CPU build ignores it.
+pub fn gpu_settings_from_env() -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Some(conv) = jem_kernels::GpuConv::from_env().map_err(anyhow::Error::msg)? {
+        jem_kernels::set_gpu_conv(conv);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

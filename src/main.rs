@@ -200,9 +200,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    // A bad JEM_BENCH_ISA is an error before any work, not a silent fallback.
+    // A bad JEM_BENCH_ISA or JEM_BENCH_GPU_CONV is an error before any work, not a silent
+    // fallback.
     if let Err(e) = jem_kernels::isa_from_env() {
         eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = backend::gpu_settings_from_env() {
+        eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
     // The one place that names the backend and device; everything below is generic over both.

@@ -404,7 +404,12 @@ mod on_gpu {
     type Gpu = Autodiff<Device>;
 
     /// Fails (never skips) where no CUDA device can be opened: these tests run only when asked.
+    /// Applies `JEM_BENCH_GPU_CONV` (the forward convolution: direct unless it says im2col).
     fn require_gpu() {
+        if let Some(conv) = jem_kernels::GpuConv::from_env().unwrap() {
+            jem_kernels::set_gpu_conv(conv);
+        }
+        eprintln!("GPU forward convolution: {}", jem_kernels::gpu_conv().name());
         let opened = std::panic::catch_unwind(|| {
             Tensor::<Device, 1>::zeros([1], &Default::default()).into_data();
         });

@@ -4,6 +4,10 @@
 //! WRN-16-2 and WRN-28-10 on 3×32×32 inputs, and on geometries beyond them (padding wider than
 //! the kernel's reach, strides that leave rows unread, rectangular maps, stride 3).
 //!
+//! The forward convolution as an unfolded input times the weight (`conv2d_from_matmul`, what a
+//! GPU build computes with `JEM_BENCH_GPU_CONV=im2col`) is checked the same way, against burn's
+//! forward convolution.
+//!
 //! CI runs this on every commit, so the construction is proven here; a GPU run then has only its
 //! forward convolution and matrix product left to agree with the CPU's (`tests/gpu.rs`).
 
@@ -13,7 +17,9 @@ use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
 use burn::tensor::{Tensor, TensorPrimitive};
 use jem_attacks::noise;
 use jem_bench::model::{ConvShape, WideResNetConfig};
-use jem_kernels::{conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul};
+use jem_kernels::{
+    conv2d_from_matmul, conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul,
+};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -34,9 +40,9 @@ fn relative_difference(a: T, b: T) -> f32 {
     a.sub(b).abs().max().into_scalar() / scale
 }
 
-/// Both gradients of one convolution, ours against burn's, on standard normal data; the
-/// relative differences (input, weight).
-fn compare(shape: &ConvShape, batch: usize, rng: &mut StdRng) -> (f32, f32) {
+/// Both gradients of one convolution and its im2col forward pass, ours against burn's, on
+/// standard normal data; the relative differences (input, weight, forward).
+fn compare(shape: &ConvShape, batch: usize, rng: &mut StdRng) -> (f32, f32, f32) {
     let device = Default::default();
     let [h, w] = shape.input;
     let [oh, ow] = shape.output();
@@ -48,6 +54,14 @@ fn compare(shape: &ConvShape, batch: usize, rng: &mut StdRng) -> (f32, f32) {
     // The shapes really are one convolution's.
     let y = conv2d(x.clone(), weight.clone(), None, options.clone());
     assert_eq!(y.dims(), grad.dims(), "{shape:?}: output shape");
+    let ours_y = tensor(conv2d_from_matmul::<Flex>(
+        primitive(x.clone()),
+        primitive(weight.clone()),
+        None,
+        &options,
+    ));
+    assert_eq!(ours_y.dims(), y.dims(), "{shape:?}: im2col output shape");
+    let forward = relative_difference(ours_y, y);
 
     let (xp, wp, gp) = (
         primitive(x.clone()),
@@ -91,6 +105,7 @@ fn compare(shape: &ConvShape, batch: usize, rng: &mut StdRng) -> (f32, f32) {
     (
         relative_difference(ours_dx, burns_dx),
         relative_difference(ours_dw, burns_dw),
+        forward,
     )
 }
 
@@ -102,10 +117,11 @@ fn check_all(name: &str, shapes: &[ConvShape], batch: usize) {
     let mut rng = StdRng::seed_from_u64(7);
     let mut failures = Vec::new();
     for shape in shapes {
-        let (dx, dw) = compare(shape, batch, &mut rng);
-        eprintln!("{name} {shape:?}: input {dx:.1e}, weight {dw:.1e}");
-        if dx > TOLERANCE || dw > TOLERANCE {
-            failures.push(format!("{shape:?}: input {dx:.1e}, weight {dw:.1e}"));
+        let (dx, dw, y) = compare(shape, batch, &mut rng);
+        let line = format!("{shape:?}: input {dx:.1e}, weight {dw:.1e}, im2col forward {y:.1e}");
+        eprintln!("{name} {line}");
+        if dx > TOLERANCE || dw > TOLERANCE || y > TOLERANCE {
+            failures.push(line);
         }
     }
     assert!(

@@ -36,7 +36,8 @@ Output, one line per model × row × thread count, in results/perf/cpu.csv:
   input             CHANNELS×SIZE×SIZE of the images
   batch             images per call (chains per call for jem-iteration)
   threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
-  isa               the forced path (`--isa`: native, avx512, avx2, portable)
+  isa               the forced path (`--isa`: native, avx512, avx2, portable; on a GPU native
+                    or im2col, jem-bench's forward convolution)
   ours_isa, pytorch_isa   what each side reports it ran: jem-kernels' direct convolution
                     (avx512, avx2, portable) + gemm's products (gemm-avx512, gemm-avx2), and
                     ATen's CPU capability
@@ -89,7 +90,8 @@ p.add_argument("--isa", default="native",
                help="kernel paths, comma-separated: native (what this CPU runs), avx512, avx2, "
                     "portable; each forces jem-bench's path (JEM_BENCH_ISA) and holds PyTorch to the "
                     "same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, "
-                    "MKL_ENABLE_INSTRUCTIONS)")
+                    "MKL_ENABLE_INSTRUCTIONS); on a GPU native (burn's direct convolution) or im2col "
+                    "(JEM_BENCH_GPU_CONV=im2col)")
 a = p.parse_args()
 
 # Where cargo put the release build (CARGO_TARGET_DIR, as cargo reads it, else target/).
@@ -122,9 +124,14 @@ ISA_ENV = {
                  {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                   "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
 }
+# On a GPU the path is jem-bench's forward convolution: native (burn's direct kernel) or im2col
+# (JEM_BENCH_GPU_CONV=im2col: the unfolded input times the weight); PyTorch runs cuDNN in both.
+if on_gpu:
+    ISA_ENV = {"native": ({}, {}), "im2col": ({"JEM_BENCH_GPU_CONV": "im2col"}, {})}
 isas = a.isa.split(",")
-if not set(isas) <= set(ISA_ENV) or (on_gpu and isas != ["native"]):
-    sys.exit(f"--isa {a.isa}: expected native, avx512, avx2 or portable, comma-separated (CPU only)")
+if not set(isas) <= set(ISA_ENV):
+    sys.exit(f"--isa {a.isa}: expected, comma-separated, native, avx512, avx2 or portable on a CPU; "
+             "native or im2col on a GPU")
 
 
 def parse_op(entry):

@@ -111,25 +111,20 @@ pub fn conv2d_input_grad_from_forward<B: FastConv + FastLinear>(
     )
 }
 
-/// The gradient of `conv2d(x, weight)` with respect to its `[out, in, kh, kw]` weight, as one
-/// matrix product of the output gradient with the unfolded input.
-///
-/// # Panics
-/// If the options have groups or dilation (see [`portable_gradients_apply`]), or if the shapes do
-/// not belong to one convolution.
-pub fn conv2d_weight_grad_from_matmul<B: FastConv + FastLinear>(
-    x: FloatTensor<B>,
-    output_grad: FloatTensor<B>,
+/// `x` (`[n, in, h, w]`) unfolded for a convolution with an `[kh, kw]` kernel and `[oh, ow]`
+/// output: `[n·oh·ow, in·kh·kw]`, row (n, p, q) holding the padded input's taps
+/// x̄[n, i, s·p + a, s·q + b] in the order of a weight's last three axes. Slices and reshapes
+/// only: the strided reads are reshapes (`[…, oh, s, ow, s]`, keep index 0).
+fn unfold<B: Backend>(
+    x: Tensor<B, 4>,
     kernel: [usize; 2],
+    output: [usize; 2],
     options: &ConvOptions<2>,
-) -> FloatTensor<B> {
-    let (x, grad) = (wrap::<B>(x), wrap::<B>(output_grad));
+) -> Tensor<B, 2> {
     let [n, cin, h, w] = x.dims();
-    let [_, out, oh, ow] = grad.dims();
-    let [kh, kw] = kernel;
+    let ([kh, kw], [oh, ow]) = (kernel, output);
     let [ph, pw] = options.padding;
     let [sh, sw] = options.stride;
-    check_shapes(options, [h, w], [kh, kw], [oh, ow]);
     // Enough zeros below and to the right that every tap's window of s·oh rows fits.
     let (hp, wp) = (kh - 1 + sh * oh, kw - 1 + sw * ow);
     let padded = x.pad([(ph, hp - h - ph), (pw, wp - w - pw)], 0.0);
@@ -147,9 +142,65 @@ pub fn conv2d_weight_grad_from_matmul<B: FastConv + FastLinear>(
         }
     }
     // [n, in, taps, L] → [n·L, in·taps], in the order of the weight's last three axes.
-    let columns = Tensor::stack::<4>(taps, 2)
+    Tensor::stack::<4>(taps, 2)
         .permute([0, 3, 1, 2])
-        .reshape([n * oh * ow, cin * kh * kw]);
+        .reshape([n * oh * ow, cin * kh * kw])
+}
+
+/// `conv2d(x, weight) + bias` as one matrix product of the unfolded input `[N·L, in·kh·kw]`
+/// with the weight `[in·kh·kw, out]` ([`FastLinear::fast_matmul`]): an im2col convolution,
+/// for a backend whose matrix product is faster than its convolution.
+///
+/// # Panics
+/// If the options have groups or dilation (see [`portable_gradients_apply`]).
+pub fn conv2d_from_matmul<B: FastConv + FastLinear>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    options: &ConvOptions<2>,
+) -> FloatTensor<B> {
+    let (x, weight) = (wrap::<B>(x), wrap::<B>(weight));
+    let [n, _, h, w] = x.dims();
+    let [out, cin, kh, kw] = weight.dims();
+    let [ph, pw] = options.padding;
+    let [sh, sw] = options.stride;
+    let (oh, ow) = ((h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1);
+    check_shapes(options, [h, w], [kh, kw], [oh, ow]);
+    let columns = unfold(x, [kh, kw], [oh, ow], options).into_primitive().tensor();
+    let weights = weight.reshape([out, cin * kh * kw]).swap_dims(0, 1);
+    let product = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(
+        columns,
+        weights.into_primitive().tensor(),
+    )));
+    let y = product.reshape([n, oh, ow, out]).permute([0, 3, 1, 2]);
+    let y = match bias {
+        Some(bias) => {
+            let bias = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(bias));
+            y + bias.reshape([1, out, 1, 1])
+        }
+        None => y,
+    };
+    unwrap(y)
+}
+
+/// The gradient of `conv2d(x, weight)` with respect to its `[out, in, kh, kw]` weight, as one
+/// matrix product of the output gradient with the unfolded input.
+///
+/// # Panics
+/// If the options have groups or dilation (see [`portable_gradients_apply`]), or if the shapes do
+/// not belong to one convolution.
+pub fn conv2d_weight_grad_from_matmul<B: FastConv + FastLinear>(
+    x: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    kernel: [usize; 2],
+    options: &ConvOptions<2>,
+) -> FloatTensor<B> {
+    let (x, grad) = (wrap::<B>(x), wrap::<B>(output_grad));
+    let [n, cin, h, w] = x.dims();
+    let [_, out, oh, ow] = grad.dims();
+    let [kh, kw] = kernel;
+    check_shapes(options, [h, w], [kh, kw], [oh, ow]);
+    let columns = unfold(x, kernel, [oh, ow], options);
     let rows = grad.swap_dims(0, 1).reshape([out, n * oh * ow]);
     let [rows, columns] = [rows, columns].map(|m| m.into_primitive().tensor());
     let product = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(
