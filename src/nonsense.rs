@@ -115,7 +115,11 @@ impl NonsenseArgs {
         let mut shapes = Vec::new();
         for (path, sidecar) in self.models.iter().zip(&sidecars) {
             let shape = sidecar.image_shape()?;
-            shapes.push((path.display().to_string(), shape, sidecar.architecture.num_classes));
+            shapes.push((
+                path.display().to_string(),
+                shape,
+                sidecar.architecture.num_classes,
+            ));
         }
         if let Some((first, rest)) = shapes.split_first() {
             for other in rest {

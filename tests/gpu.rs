@@ -38,8 +38,8 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use jem_attacks::{
-    noise, Classifier, GradMode, HessianVector, LossFn, Model, Norm, PgdConfig, SgldDefence, SgldDefenceConfig,
-    SgldSampler, SgldTarget, Undefended,
+    noise, Classifier, GradMode, HessianVector, LossFn, Model, Norm, PgdConfig, SgldDefence,
+    SgldDefenceConfig, SgldSampler, SgldTarget, Undefended,
 };
 use jem_bench::model::{Checkpoint, WideResNet};
 use jem_bench::train::{adam, cross_entropy, descend, JemConfig, JemObjective, Objective, Step};
@@ -394,12 +394,12 @@ fn gpu_agreement() {
 mod on_gpu {
     use super::*;
     use burn::tensor::ops::ConvOptions;
+    use burn::tensor::{TensorData, TensorPrimitive};
+    use jem_bench::model::{ConvShape, WideResNetConfig};
     #[cfg(feature = "cuda")]
     use jem_kernels::Cuda as Device;
     #[cfg(all(feature = "wgpu", not(feature = "cuda")))]
     use jem_kernels::Wgpu as Device;
-    use burn::tensor::{TensorData, TensorPrimitive};
-    use jem_bench::model::{ConvShape, WideResNetConfig};
 
     type Gpu = Autodiff<Device>;
 
@@ -409,7 +409,10 @@ mod on_gpu {
         if let Some(conv) = jem_kernels::GpuConv::from_env().unwrap() {
             jem_kernels::set_gpu_conv(conv);
         }
-        eprintln!("GPU forward convolution: {}", jem_kernels::gpu_conv().name());
+        eprintln!(
+            "GPU forward convolution: {}",
+            jem_kernels::gpu_conv().name()
+        );
         let opened = std::panic::catch_unwind(|| {
             Tensor::<Device, 1>::zeros([1], &Default::default()).into_data();
         });
@@ -481,7 +484,10 @@ mod on_gpu {
                         "{name} conv {}→{} {k}×{k} stride {} on {h}×{w}, LeakyReLU {slope:?}",
                         shape.in_channels, shape.out_channels, shape.stride
                     );
-                    let (dx, dw) = (format!("{case}, input gradient"), format!("{case}, weight gradient"));
+                    let (dx, dw) = (
+                        format!("{case}, input gradient"),
+                        format!("{case}, weight gradient"),
+                    );
                     report.relative(&dx, &cpu_dx, &gpu_dx, tolerance);
                     report.relative(&dw, &cpu_dw, &gpu_dw, tolerance);
                 }

@@ -80,15 +80,15 @@ mod portable;
 
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
-#[cfg(feature = "cubecl")]
-pub use cube::{gpu_conv, set_gpu_conv, GpuConv, GPU_CONV_VARIABLE};
+pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
 #[cfg(feature = "cuda")]
 pub use cube::Cuda;
 #[cfg(feature = "wgpu")]
 pub use cube::Wgpu;
-pub use linear::{linear, FastLinear};
-pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
+#[cfg(feature = "cubecl")]
+pub use cube::{gpu_conv, set_gpu_conv, GpuConv, GPU_CONV_VARIABLE};
 pub use isa::{gemm_isa, isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
+pub use linear::{linear, FastLinear};
 pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
 pub use portable::{
     conv2d_from_matmul, conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul,

@@ -152,14 +152,22 @@ impl<B: FastLinear, C: CheckpointStrategy> FastLinear for Autodiff<B, C> {
         match bias {
             Some(b) => {
                 let nodes = [x.node.clone(), weight.node.clone(), b.node.clone()];
-                match LinearBackward.prepare::<C>(nodes).compute_bound().stateful() {
+                match LinearBackward
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
                     OpsKind::Tracked(prep) => prep.finish(state, out),
                     OpsKind::UnTracked(prep) => prep.finish(out),
                 }
             }
             None => {
                 let nodes = [x.node.clone(), weight.node.clone()];
-                match LinearBackward.prepare::<C>(nodes).compute_bound().stateful() {
+                match LinearBackward
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
                     OpsKind::Tracked(prep) => prep.finish(state, out),
                     OpsKind::UnTracked(prep) => prep.finish(out),
                 }

@@ -166,7 +166,9 @@ pub fn conv2d_from_matmul<B: FastConv + FastLinear>(
     let [sh, sw] = options.stride;
     let (oh, ow) = ((h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1);
     check_shapes(options, [h, w], [kh, kw], [oh, ow]);
-    let columns = unfold(x, [kh, kw], [oh, ow], options).into_primitive().tensor();
+    let columns = unfold(x, [kh, kw], [oh, ow], options)
+        .into_primitive()
+        .tensor();
     let weights = weight.reshape([out, cin * kh * kw]).swap_dims(0, 1);
     let product = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(
         columns,
@@ -203,8 +205,7 @@ pub fn conv2d_weight_grad_from_matmul<B: FastConv + FastLinear>(
     let columns = unfold(x, kernel, [oh, ow], options);
     let rows = grad.swap_dims(0, 1).reshape([out, n * oh * ow]);
     let [rows, columns] = [rows, columns].map(|m| m.into_primitive().tensor());
-    let product = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(
-        rows, columns,
-    )));
+    let product =
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(rows, columns)));
     unwrap(product.reshape([out, cin, kh, kw]))
 }

@@ -387,7 +387,11 @@ impl<B: Kernels> Pass<B> for Network<B> {
     }
 
     fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        jem_kernels::linear(x, linear.weight.val(), linear.bias.as_ref().map(|b| b.val()))
+        jem_kernels::linear(
+            x,
+            linear.weight.val(),
+            linear.bias.as_ref().map(|b| b.val()),
+        )
     }
 }
 
