@@ -24,9 +24,11 @@ use crate::fresh::par_fresh;
 use crate::matmul::{matmul, MatMut, MatRef};
 
 mod direct;
+mod direct_weight_grad;
 mod simd;
 
 use direct::Direct;
+use direct_weight_grad::DirectWeightGrad;
 
 /// Shape of one convolution: an NCHW input, an `[out, in, kh, kw]` weight, symmetric zero
 /// padding, stride, no dilation, one group.
@@ -920,13 +922,20 @@ pub fn conv2d_weight_grad(
     );
     let (co, k, pixels) = (g.out_channels, g.patch(), g.out_pixels());
     let chunk = g.images_per_chunk(WEIGHT_GRAD_CHUNK_PIXELS);
+    let direct = DirectWeightGrad::new(g);
     // One partial sum per chunk, added in chunk order below: the same bits for any thread count.
     let partials: Vec<Vec<f32>> = x
         .par_chunks(chunk * g.in_channels * g.in_pixels())
         .zip(grad.par_chunks(chunk * co * pixels))
-        .map(|(x, grad)| weight_grad_partial(x, grad, g, input_slope))
+        .map(|(x, grad)| match &direct {
+            Some(direct) => direct_weight_grad_partial(direct, x, grad, g, input_slope),
+            None => weight_grad_partial(x, grad, g, input_slope),
+        })
         .collect();
     let summed = sum_in_order(partials);
+    if let Some(direct) = direct {
+        return direct.to_weight(&summed, g);
+    }
     let mut dw = vec![0.0f32; co * k];
     if g.uses_kernel_rows() {
         // [kh][in · kw][out] → [out][in][kh][kw]
@@ -948,6 +957,26 @@ pub fn conv2d_weight_grad(
         }
     }
     dw
+}
+
+/// One chunk's partial weight gradient by the direct kernel, image by image (the layout of
+/// [`DirectWeightGrad`]).
+fn direct_weight_grad_partial(
+    direct: &DirectWeightGrad,
+    x: &[f32],
+    grad: &[f32],
+    g: &ConvGeometry,
+    slope: Option<f32>,
+) -> Vec<f32> {
+    let mut partial = vec![0.0f32; direct.partial_len(g)];
+    let (bordered, transposed) = direct.scratch_lens(g);
+    let x_images = x.chunks_exact(g.in_channels * g.in_pixels());
+    for (x, grad) in x_images.zip(grad.chunks_exact(g.out_channels * g.out_pixels())) {
+        with_scratch(bordered, transposed, |bordered, transposed| {
+            direct.add_image(x, grad, g, slope, &mut partial, (bordered, transposed));
+        });
+    }
+    partial
 }
 
 /// One chunk's `[out, patch]` partial weight gradient (kernel-row blocks `[kh][in · kw][out]`
@@ -1331,6 +1360,139 @@ pub(super) mod tests {
         let test = "the_avx2_direct_kernel_equals_the_products_with_im2col";
         if let Some(taken) = direct_equals_im2col(Isa::Avx2, test) {
             assert_eq!(taken, 11 * 4 * 11 * 2);
+        }
+    }
+
+    /// The direct weight gradient on `isa` against the sums of im2col products, on every shape
+    /// below; the number of shapes run, or `None` (and a line on stderr) where the CPU lacks
+    /// `isa`.
+    fn direct_weight_grad_equals_im2col(isa: Isa, test: &str) -> Option<usize> {
+        if !isa.is_available() {
+            not_run(test, isa);
+            return None;
+        }
+        // Integer data and a slope of 1/2: every partial sum is exact. Output channel counts
+        // that fill no whole vector (5, 13, 33), one, two and three vectors of 8 and 16 lanes
+        // (blocks of every width), odd and even input channel counts (tiles of one and two
+        // channels), maps of one pixel up to 28×28, and two images (the sums across images).
+        let mut taken = 0;
+        for (h, w) in [(28, 28), (14, 14), (7, 7), (5, 6), (1, 1), (2, 3), (3, 17)] {
+            for (ci, co) in [
+                (1, 16),
+                (3, 5),
+                (2, 13),
+                (4, 32),
+                (5, 48),
+                (2, 33),
+                (3, 1),
+                (1, 8),
+            ] {
+                let g = ConvGeometry {
+                    batch: 2,
+                    in_channels: ci,
+                    height: h,
+                    width: w,
+                    out_channels: co,
+                    kernel: [3, 3],
+                    stride: [1, 1],
+                    padding: [1, 1],
+                };
+                let (pixels, patch) = (g.in_pixels(), g.patch());
+                let x: Vec<f32> = (0..2 * ci * pixels).map(|v| (v % 7) as f32 - 3.0).collect();
+                let grad: Vec<f32> = (0..2 * co * pixels)
+                    .map(|v| ((v * 31) % 5) as f32 - 2.0)
+                    .collect();
+                for slope in [None, Some(0.5)] {
+                    let activated: Vec<f32> = match slope {
+                        Some(s) => x.iter().map(|&v| leaky(v, s)).collect(),
+                        None => x.clone(),
+                    };
+                    let mut want = vec![0.0f32; co * patch];
+                    for image in 0..2 {
+                        let mut col = vec![f32::NAN; patch * pixels];
+                        im2col_by_rows(&activated[image * ci * pixels..], 1, &g, &mut col);
+                        let grad = &grad[image * co * pixels..];
+                        for o in 0..co {
+                            for r in 0..patch {
+                                want[o * patch + r] += (0..pixels)
+                                    .map(|p| grad[o * pixels + p] * col[r * pixels + p])
+                                    .sum::<f32>();
+                            }
+                        }
+                    }
+                    let direct = DirectWeightGrad::for_isa(&g, isa).expect("3×3, stride 1, same");
+                    assert_eq!(direct.isa(), isa);
+                    let mut partial = vec![0.0f32; direct.partial_len(&g)];
+                    // Scratch full of NaN: a tap read outside what was written shows.
+                    let (a, b) = direct.scratch_lens(&g);
+                    let (mut bordered, mut transposed) = (vec![f32::NAN; a], vec![f32::NAN; b]);
+                    for image in 0..2 {
+                        direct.add_image(
+                            &x[image * ci * pixels..][..ci * pixels],
+                            &grad[image * co * pixels..][..co * pixels],
+                            &g,
+                            slope,
+                            &mut partial,
+                            (&mut bordered, &mut transposed),
+                        );
+                    }
+                    assert_eq!(
+                        direct.to_weight(&partial, &g),
+                        want,
+                        "{isa}: {h}×{w} {ci}→{co} {slope:?}"
+                    );
+                    taken += 1;
+                }
+            }
+        }
+        Some(taken)
+    }
+
+    #[test]
+    fn the_avx512_direct_weight_gradient_equals_the_products_with_im2col() {
+        let test = "the_avx512_direct_weight_gradient_equals_the_products_with_im2col";
+        if let Some(taken) = direct_weight_grad_equals_im2col(Isa::Avx512, test) {
+            assert_eq!(taken, 7 * 8 * 2);
+        }
+    }
+
+    #[test]
+    fn the_avx2_direct_weight_gradient_equals_the_products_with_im2col() {
+        let test = "the_avx2_direct_weight_gradient_equals_the_products_with_im2col";
+        if let Some(taken) = direct_weight_grad_equals_im2col(Isa::Avx2, test) {
+            assert_eq!(taken, 7 * 8 * 2);
+        }
+    }
+
+    #[test]
+    fn no_direct_weight_gradient_on_the_portable_path_or_for_other_shapes() {
+        let g = |kernel, stride, padding| ConvGeometry {
+            batch: 1,
+            in_channels: 2,
+            height: 8,
+            width: 8,
+            out_channels: 3,
+            kernel,
+            stride,
+            padding,
+        };
+        assert!(DirectWeightGrad::for_isa(&g([3, 3], [1, 1], [1, 1]), Isa::Portable).is_none());
+        for isa in Isa::ALL {
+            for (kernel, stride, padding) in [
+                ([3, 3], [2, 2], [1, 1]),
+                ([3, 3], [1, 1], [0, 0]),
+                ([5, 5], [1, 1], [2, 2]),
+                ([1, 1], [1, 1], [0, 0]),
+            ] {
+                let prepared = DirectWeightGrad::for_isa(&g(kernel, stride, padding), isa);
+                assert!(
+                    prepared.is_none(),
+                    "{isa} {kernel:?} {stride:?} {padding:?}"
+                );
+            }
+            let prepared = DirectWeightGrad::for_isa(&g([3, 3], [1, 1], [1, 1]), isa);
+            let want = (isa != Isa::Portable && isa.is_available()).then_some(isa);
+            assert_eq!(prepared.map(|p| p.isa()), want);
         }
     }
 

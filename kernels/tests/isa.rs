@@ -1,14 +1,16 @@
 //! The convolutions under each instruction-set cap (`set_isa`) against the portable path, the
-//! same bits on integer data: the direct kernel's plumbing (scratch, tiles, the choice by
+//! same bits on integer data: the direct kernels' plumbing (scratch, tiles, the choice by
 //! `isa()`) for each set this CPU has. One test in its own process, since the cap is global.
 
 use std::io::Write;
 
-use jem_kernels::{conv2d_input_grad, conv2d_slices, isa, set_isa, ConvGeometry, Isa};
+use jem_kernels::{
+    conv2d_input_grad, conv2d_slices, conv2d_weight_grad, isa, set_isa, ConvGeometry, Isa,
+};
 
-/// The forward pass and the input gradient of `g` on integer data, with a fused LeakyReLU of
-/// slope 1/2 (exact in `f32`).
-fn run(g: &ConvGeometry) -> (Vec<f32>, Vec<f32>) {
+/// The forward pass, the input gradient and the weight gradient of `g` on integer data, with a
+/// fused LeakyReLU of slope 1/2 (exact in `f32`).
+fn run(g: &ConvGeometry) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let x: Vec<f32> = (0..g.batch * g.in_channels * g.height * g.width)
         .map(|v| ((v * 7919) % 9) as f32 - 4.0)
         .collect();
@@ -22,7 +24,8 @@ fn run(g: &ConvGeometry) -> (Vec<f32>, Vec<f32>) {
         .map(|v| ((v * 31) % 7) as f32 - 3.0)
         .collect();
     let dx = conv2d_input_grad(&grad, &weight, g, Some((&x, 0.5)));
-    (out, dx)
+    let dw = conv2d_weight_grad(&x, &grad, g, Some(0.5));
+    (out, dx, dw)
 }
 
 #[test]

@@ -214,7 +214,7 @@ impl Direct {
 /// 2 where the count is not a multiple of 3 (a tile of 1 only for a single vector), since a
 /// 2-vector tile still amortises each weight broadcast over two loads; 16 channels in blocks of
 /// at most 6 as 6 + 5 + 5, each block still wide enough to hide the multiply-add's latency.
-fn tiles(n: usize, most: usize) -> Vec<(usize, usize)> {
+pub(super) fn tiles(n: usize, most: usize) -> Vec<(usize, usize)> {
     let count = n.div_ceil(most);
     let (size, larger) = (n / count.max(1), n % count.max(1));
     (0..count)

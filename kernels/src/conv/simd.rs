@@ -13,8 +13,9 @@
 use std::arch::x86_64::{
     __m256, __m256i, __m512, __mmask16, _mm256_and_si256, _mm256_cmpeq_epi32, _mm256_fmadd_ps,
     _mm256_loadu_ps, _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setr_epi32, _mm256_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
-    _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_storeu_ps,
 };
 
 use crate::isa::Isa;
@@ -47,6 +48,11 @@ pub(super) trait Simd {
     const TILE_VECTORS: usize;
     /// Output channels per tile of the direct kernel (at most 8).
     const TILE_CHANNELS: usize;
+    /// Vectors of output channels per tile of the direct weight gradient (at most 2).
+    const WEIGHT_GRAD_VECTORS: usize;
+    /// Accumulators of a tile of the direct weight gradient: 9 taps of an input channel per
+    /// vector of output channels, as many channels as fit (at most 2).
+    const WEIGHT_GRAD_ACCUMULATORS: usize;
     /// A vector of `LANES` floats.
     type Vector: Copy;
     /// Which lanes a load or store touches, in the form the set's instructions take.
@@ -81,6 +87,11 @@ pub(super) trait Simd {
     unsafe fn load(at: *const f32) -> Self::Vector;
     /// `a · b + c`, rounded once.
     unsafe fn fma(a: Self::Vector, b: Self::Vector, c: Self::Vector) -> Self::Vector;
+    /// Writes every lane `i` of `value` to `at[i]`.
+    ///
+    /// # Safety
+    /// Also: `at[i]` must be writable for every lane.
+    unsafe fn store(at: *mut f32, value: Self::Vector);
     /// Writes lane `i` of `value` to `at[i]` for each lane `i` of `mask`.
     ///
     /// # Safety
@@ -122,6 +133,10 @@ impl Simd for Avx512 {
     /// live in mask registers), and 8 divides every Wide-ResNet width.
     const TILE_VECTORS: usize = 3;
     const TILE_CHANNELS: usize = 8;
+    /// 2 vectors × 9 taps or 1 × 18 (two input channels): 18 accumulators, 2 loaded vectors,
+    /// 1 broadcast.
+    const WEIGHT_GRAD_VECTORS: usize = 2;
+    const WEIGHT_GRAD_ACCUMULATORS: usize = 18;
     type Vector = __m512;
     type Mask = __mmask16;
 
@@ -173,6 +188,12 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
+    unsafe fn store(at: *mut f32, value: __m512) {
+        // SAFETY: AVX-512F; the caller guarantees every lane writable.
+        unsafe { _mm512_storeu_ps(at, value) }
+    }
+
+    #[inline(always)]
     unsafe fn masked_store(at: *mut f32, mask: __mmask16, value: __m512) {
         // SAFETY: AVX-512F; the caller guarantees the lanes of `mask` writable.
         unsafe { _mm512_mask_storeu_ps(at, mask, value) }
@@ -192,6 +213,10 @@ impl Simd for Avx2 {
     /// 6 + 6 + 4), so on Wide-ResNet widths (16·k) no block is narrower than 5 channels.
     const TILE_VECTORS: usize = 2;
     const TILE_CHANNELS: usize = 6;
+    /// 1 vector × 9 taps: 9 accumulators (enough to cover the multiply-add's latency on two
+    /// ports), 1 loaded vector, 1 broadcast; 18 accumulators would not fit 16 registers.
+    const WEIGHT_GRAD_VECTORS: usize = 1;
+    const WEIGHT_GRAD_ACCUMULATORS: usize = 9;
     type Vector = __m256;
     type Mask = __m256i;
 
@@ -250,6 +275,12 @@ impl Simd for Avx2 {
     unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
         // SAFETY: FMA, by the trait's contract.
         unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+
+    #[inline(always)]
+    unsafe fn store(at: *mut f32, value: __m256) {
+        // SAFETY: AVX; the caller guarantees every lane writable.
+        unsafe { _mm256_storeu_ps(at, value) }
     }
 
     #[inline(always)]
