@@ -6,8 +6,10 @@
 //! gradients) are added in chunk order. So results are bit-identical whatever the thread count.
 //! Scratch matrices live in per-thread buffers that are reused across calls instead of being
 //! allocated and zeroed each time. On CPUs with AVX-512F or AVX2 + FMA (as capped by
-//! [`crate::isa()`]) the stride-1 "same" convolutions of maps of ≥ 128 pixels (forward, and so
-//! the input gradient) skip im2col for the direct kernel of [`direct`].
+//! [`crate::isa()`]) the stride-1 "same" convolutions skip im2col and matrix products: the
+//! forward pass, and so the input gradient, through the direct kernel of [`direct`] (maps of
+//! ≥ 128 pixels on AVX2, any on AVX-512), the weight gradient of 3×3 ones through
+//! [`direct_weight_grad`].
 //!
 //! A LeakyReLU in front of the convolution (a Wide-ResNet's pre-activation) can be fused:
 //! `input_slope` applies it while the kernel rows are copied, or to each chunk's input in a
@@ -725,9 +727,8 @@ fn weight_grad_by_kernel_rows(
     });
 }
 
-/// How the forward pass computes a convolution image by image, where
-/// [`ConvGeometry::uses_kernel_rows`]: the direct kernel where [`crate::isa()`] has one, else
-/// kernel rows.
+/// How the forward pass computes a convolution image by image: the direct kernel where
+/// [`Direct::new`] takes it, else kernel rows where [`ConvGeometry::uses_kernel_rows`].
 /// Either way the per-image copy of the input (padded image or kernel rows) applies a fused
 /// activation.
 enum ByImage {
@@ -738,10 +739,12 @@ enum ByImage {
 
 impl ByImage {
     fn new(weight: &[f32], g: &ConvGeometry) -> Option<ByImage> {
-        g.uses_kernel_rows().then(|| match Direct::new(weight, g) {
-            Some(direct) => ByImage::Direct(direct),
-            None => ByImage::KernelRows(weight_by_kernel_rows(weight, g)),
-        })
+        match Direct::new(weight, g) {
+            Some(direct) => Some(ByImage::Direct(direct)),
+            None => g
+                .uses_kernel_rows()
+                .then(|| ByImage::KernelRows(weight_by_kernel_rows(weight, g))),
+        }
     }
 
     /// Adds one image's convolution of `x` (LeakyReLU(`x`) with a `slope`) onto `out`.

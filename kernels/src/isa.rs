@@ -20,8 +20,9 @@ use std::sync::{Once, OnceLock};
 /// (unset or empty: no cap).
 pub const ISA_VARIABLE: &str = "JEM_BENCH_ISA";
 
-/// The instruction set of this crate's direct convolution kernel (stride-1 "same"
-/// convolutions of maps of ≥ 128 pixels, forward and input gradient), ordered from the least
+/// The instruction set of this crate's direct convolution kernels (stride-1 "same"
+/// convolutions: forward and input gradient on maps of ≥ 128 pixels, any size on AVX-512; the
+/// weight gradient of 3×3 ones), ordered from the least
 /// capable: a cap of `Avx512` is no cap.
 ///
 /// Its [`Display`](fmt::Display) and [`FromStr`] forms are the values of [`ISA_VARIABLE`]:

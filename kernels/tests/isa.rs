@@ -30,8 +30,8 @@ fn run(g: &ConvGeometry) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 
 #[test]
 fn every_cap_gives_the_portable_paths_bits() {
-    // Wide-ResNet shapes that take the direct kernel (3×3, stride 1, ≥ 128 pixels), an odd
-    // width whose pixels fill no whole vector, and one that does not take it (7×7).
+    // Wide-ResNet shapes that take the direct kernels (3×3, stride 1), an odd width whose
+    // pixels fill no whole vector, and 7×7 maps (the forward kernel on AVX-512 only).
     let shapes = [
         (2, 16, 32, 28, 28),
         (2, 32, 32, 14, 14),

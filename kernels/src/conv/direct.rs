@@ -61,10 +61,21 @@ pub(super) struct Direct {
 
 impl Direct {
     /// Prepares `weight` (`[out, in, kh, kw]`) for `g` on the instruction set [`crate::isa()`]
-    /// selects, or `None` where that is [`Isa::Portable`] or `g` is not a stride-1 convolution
-    /// whose output is as large as its input.
+    /// selects, or `None` where that is [`Isa::Portable`], `g` is not a stride-1 convolution
+    /// whose output is as large as its input, or its maps are smaller than that set's kernel
+    /// runs well on ([`Simd::DIRECT_MIN_PIXELS`]).
     pub(super) fn new(weight: &[f32], g: &ConvGeometry) -> Option<Direct> {
-        Direct::for_isa(weight, g, crate::isa::isa())
+        let isa = crate::isa::isa();
+        let min_pixels = match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Avx512::DIRECT_MIN_PIXELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Avx2::DIRECT_MIN_PIXELS,
+            _ => return None,
+        };
+        (g.in_pixels() >= min_pixels)
+            .then(|| Direct::for_isa(weight, g, isa))
+            .flatten()
     }
 
     /// [`Direct::new`] on `isa`: `None` also where the CPU lacks it.
