@@ -286,9 +286,9 @@ for depth, width, shape, op, k, grad, batch, op_flags, threads, isa in runs:
             b["rss"] = max(b["rss"], rss)
     o, q, r = best["ours"], best["pytorch"], best.get("burn")
     # Both sides must have timed the same row of the same network on the same batch.
-    for key in ("row", "model", "batch"):
-        if o["t"][key] != q["t"][key]:
-            sys.exit(f"{key}: jem-bench says {o['t'][key]}, ops.py {q['t'][key]}")
+    for field in ("row", "model", "batch"):
+        if o["t"][field] != q["t"][field]:
+            sys.exit(f"{field}: jem-bench says {o['t'][field]}, ops.py {q['t'][field]}")
     row = {
         "row": o["t"]["row"],
         "op": op,
