@@ -16,7 +16,7 @@ use super::attack_config::{configure, Configured};
 use super::cells::{AttackKind, Cell};
 use super::convergence::convergence_checks;
 use super::outputs::{self, CellResult, ExampleRow, GradColumn, TidyRow};
-use super::robustness::wilson;
+use super::robustness;
 use super::spec::SweepSpec;
 use super::subject::Subject;
 use burn::tensor::backend::AutodiffBackend;
@@ -116,7 +116,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
             r.check_broken = Some(c.broken);
         }
     }
-    Ok(CellResult {
+    robustness::with_own_rates(CellResult {
         cell: cell.clone(),
         identity: identity.to_string(),
         // Batches an earlier, interrupted run finished count with the time they took then.
@@ -192,7 +192,9 @@ struct CellFacts {
     backend: String,
 }
 
-/// The rows (per stage and ε) and per-example records of a cell's finished `stages`.
+/// The rows (per stage and ε) and per-example records of a cell's finished `stages`; the rows'
+/// counts, accuracies and intervals are left for [`robustness::with_own_rates`] to compute from
+/// the examples (NaN until then).
 fn rows_and_examples(
     spec: &SweepSpec,
     cell: &Cell,
@@ -204,9 +206,7 @@ fn rows_and_examples(
     let (probe, defence_settings) = (&facts.probe, &facts.defence);
     let (n, norm) = (loaded.indices.len(), spec.norm);
     let grad = GradColumn::of(cell.grad);
-    let row = |stage: &Stage, eps: f32, clean: usize, robust: usize| {
-        let (clean_lo, clean_hi) = wilson(clean, n);
-        let (robust_lo, robust_hi) = wilson(robust, n);
+    let row = |stage: &Stage, eps: f32| {
         TidyRow {
             model: cell.model.clone(),
             attack: stage.name.clone(),
@@ -215,12 +215,12 @@ fn rows_and_examples(
             k: cell.k,
             grad,
             n,
-            clean_accuracy: clean as f64 / n as f64,
-            clean_lo,
-            clean_hi,
-            robust_accuracy: robust as f64 / n as f64,
-            robust_lo,
-            robust_hi,
+            clean_accuracy: f64::NAN,
+            clean_lo: f64::NAN,
+            clean_hi: f64::NAN,
+            robust_accuracy: f64::NAN,
+            robust_lo: f64::NAN,
+            robust_hi: f64::NAN,
             eot: if stage.kind.uses_gradients() {
                 spec.eot_at(cell.k)
             } else {
@@ -254,18 +254,9 @@ fn rows_and_examples(
     for stage in stages {
         for (eps, outcome) in &stage.outcomes {
             let ex = &outcome.examples;
-            let clean = ex.iter().filter(|e| e.clean_correct).count();
             match eps {
-                Some(e) => {
-                    let robust = ex.iter().filter(|x| x.stands()).count();
-                    rows.push(row(stage, *e, clean, robust));
-                }
-                None => {
-                    for &e in eps_grid {
-                        let robust = ex.iter().filter(|x| x.robust_at(norm, e)).count();
-                        rows.push(row(stage, e, clean, robust));
-                    }
-                }
+                Some(e) => rows.push(row(stage, *e)),
+                None => rows.extend(eps_grid.iter().map(|&e| row(stage, e))),
             }
             examples.extend(ex.iter().zip(&loaded.indices).map(|(e, &i)| ExampleRow {
                 model: cell.model.clone(),

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use jem_attacks::{GradMode, Norm};
+use jem_attacks::{ExampleOutcome, GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
 use super::cells::Cell;
@@ -179,6 +179,22 @@ pub struct ExampleRow {
     pub linf: f32,
     pub gradient_evals: usize,
     pub forward_evals: usize,
+}
+
+impl ExampleRow {
+    /// The attack's outcome on this example, as the attack library reports it: the one
+    /// definition of "robust at ε" ([`ExampleOutcome::robust_under`]) then applies to rows too.
+    pub fn outcome(&self) -> ExampleOutcome {
+        ExampleOutcome {
+            clean_correct: self.clean_correct,
+            adversarial: self.adversarial,
+            l0: self.l0,
+            l2: self.l2,
+            linf: self.linf,
+            gradient_evals: self.gradient_evals,
+            forward_evals: self.forward_evals,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -69,20 +69,8 @@ impl AttackRun<'_> {
             }
             let map = robust.get_or_insert_with(BTreeMap::new);
             for ex in examples.iter() {
-                let broken = ex.adversarial
-                    && match cell_eps {
-                        Some(_) => true,
-                        None => {
-                            let d = match norm {
-                                Norm::Linf => ex.linf,
-                                Norm::L2 => ex.l2,
-                            };
-                            Norm::within(d, eps)
-                        }
-                    };
-                let ok = ex.clean_correct && !broken;
-                let slot = map.entry(ex.example).or_insert(true);
-                *slot &= ok;
+                let ok = ex.outcome().robust_under(*cell_eps, norm, eps);
+                *map.entry(ex.example).or_insert(true) &= ok;
             }
         }
         robust
@@ -97,6 +85,18 @@ fn rate(flags: impl Iterator<Item = bool>) -> (f64, (f64, f64), usize) {
         k += usize::from(f);
     }
     (k as f64 / n as f64, wilson(k, n), n)
+}
+
+/// Sets the counts, accuracies and intervals of a cell's own rows from its per-example
+/// outcomes, by the computation that makes `robust.csv` (breaks carried across ε): what a
+/// cell file says and what the sweep's table says come from one place.
+pub fn with_own_rates(mut result: CellResult) -> anyhow::Result<CellResult> {
+    let rows = {
+        let cell = [&result];
+        per_attack_rows(&cell, &Runs::collect(&cell)?)?
+    };
+    result.rows = rows;
+    Ok(result)
 }
 
 /// `robust.csv` of the finished cells: each cell's rows with breaks carried from its attack's
@@ -304,6 +304,124 @@ fn with_rates(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A minimum-perturbation attack answers every ε by its distances (no committed cell has
+    /// one): at ε an example stands when it was classified correctly and its closest
+    /// adversarial, if any, lies beyond ε.
+    #[test]
+    fn a_minimum_perturbation_cell_counts_by_distance() {
+        use crate::harness::cells::{AttackKind, Cell};
+        // (clean correct, adversarial, L∞ distance)
+        let outcomes = [
+            (true, true, 0.05),
+            (true, true, 0.15),
+            (true, true, 0.25),
+            (true, false, 0.0),
+            (false, false, 0.0),
+        ];
+        let examples: Vec<ExampleRow> = outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, &(clean_correct, adversarial, linf))| ExampleRow {
+                model: "m".into(),
+                attack: "boundary".into(),
+                norm: Norm::Linf,
+                eps: None,
+                k: 0,
+                grad: GradColumn::None,
+                example: i,
+                label: 0,
+                clean_correct,
+                adversarial,
+                l0: 1.0,
+                l2: linf,
+                linf,
+                gradient_evals: 0,
+                forward_evals: 1,
+            })
+            .collect();
+        let text = include_str!(
+            "../../results/reference/linf-small/cells/results_models_baseline.pgd.k0.none.json"
+        );
+        let template: CellResult = serde_json::from_str(text).expect("a cell file");
+        let rows = [0.1f32, 0.2, 0.3, 0.25]
+            .map(|eps| TidyRow {
+                model: "m".into(),
+                attack: "boundary".into(),
+                eps,
+                k: 0,
+                grad: GradColumn::None,
+                ..template.rows[0].clone()
+            })
+            .to_vec();
+        let cell = CellResult {
+            cell: Cell {
+                model: "m".into(),
+                attack: AttackKind::Boundary,
+                k: 0,
+                grad: None,
+            },
+            identity: String::new(),
+            seconds: 0.0,
+            rows,
+            examples,
+        };
+        let rated = with_own_rates(cell).expect("rates");
+        let robust: Vec<(usize, f64)> = rated
+            .rows
+            .iter()
+            .map(|r| (r.n, r.robust_accuracy))
+            .collect();
+        // ε 0.1: the 0.15, 0.25 and unbroken examples; 0.2: 0.25 and unbroken; 0.3 and 0.25
+        // (a distance equal to ε breaks): the unbroken one.
+        assert_eq!(robust, [(5, 0.6), (5, 0.4), (5, 0.2), (5, 0.2)]);
+        assert!(rated.rows.iter().all(|r| r.clean_accuracy == 0.8));
+    }
+
+    /// Every committed cell file (reference and sweeps: fixed-ε attacks, cascades, minimum-
+    /// perturbation attacks, EOT, K up to 10) was written with counts computed on their own;
+    /// recomputed from its examples by `with_own_rates`, the one computation now, they must be
+    /// the same.
+    #[test]
+    fn committed_cells_counts_are_what_their_examples_give() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+        let mut files = Vec::new();
+        for group in ["reference", "sweeps"] {
+            for sweep in std::fs::read_dir(root.join(group)).expect("results folder") {
+                let cells = sweep.expect("entry").path().join("cells");
+                if let Ok(entries) = std::fs::read_dir(&cells) {
+                    files.extend(
+                        entries
+                            .map(|e| e.expect("entry").path())
+                            .filter(|p| p.extension().is_some_and(|x| x == "json")),
+                    );
+                }
+            }
+        }
+        assert!(files.len() >= 20, "only {} cell files found", files.len());
+        let mut rows = 0;
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("readable");
+            let stored: CellResult = serde_json::from_str(&text).expect("a cell file");
+            let recomputed = with_own_rates(stored.clone()).expect("rates");
+            assert_eq!(
+                recomputed.rows.len(),
+                stored.rows.len(),
+                "{}",
+                file.display()
+            );
+            for (got, want) in recomputed.rows.iter().zip(&stored.rows) {
+                let numbers = |r: &TidyRow| {
+                    let rates = [r.clean_accuracy, r.clean_lo, r.clean_hi];
+                    let robust = [r.robust_accuracy, r.robust_lo, r.robust_hi];
+                    (r.n, rates, robust, r.attack.clone(), r.eps)
+                };
+                assert_eq!(numbers(got), numbers(want), "{}", file.display());
+                rows += 1;
+            }
+        }
+        assert!(rows >= 100, "only {rows} rows compared");
+    }
 
     /// Values from the closed form, checked against statsmodels' `proportion_confint(…,
     /// method="wilson")`.
