@@ -175,7 +175,12 @@ fn opens(device: &burn::backend::cuda::CudaDevice, spec: &str) -> anyhow::Result
 pub fn device() -> Device {
     SELECTED
         .get()
-        .map_or_else(Device::default, |(device, _)| device.clone())
+        // `clone`: the CPU device is `Copy`, the CUDA one is not.
+        .map_or_else(
+            Device::default,
+            #[allow(clippy::clone_on_copy)]
+            |(device, _)| device.clone(),
+        )
 }
 
 /// The backend and, on a GPU, the device (`burn-flex`, `burn-cuda:0`), recorded in outputs.

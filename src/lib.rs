@@ -2,6 +2,9 @@
 //! robustness. This crate holds the models, the trainers, the evaluation metrics and the CLI;
 //! the attacks live in `jem-attacks`, the data in `jem-datasets`.
 
+// burn's `slice` takes one range per dimension: `[0..n]` is a one-dimension slice, not a
+// mistaken `Vec` of a range.
+#![allow(clippy::single_range_in_vec_init)]
 pub mod backend;
 pub mod batches;
 pub mod bench;

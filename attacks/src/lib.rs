@@ -47,6 +47,9 @@
 //!   with many chains for a stochastic model), L0 / L2 / L∞ distances in pixel units, gradient
 //!   and forward evaluations.
 
+// burn's `slice` takes one range per dimension: `[0..n]` is a one-dimension slice, not a
+// mistaken `Vec` of a range.
+#![allow(clippy::single_range_in_vec_init)]
 #![warn(missing_docs)]
 
 mod apgd;

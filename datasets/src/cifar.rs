@@ -1,8 +1,8 @@
 //! CIFAR-10 and CIFAR-100 in their standard binary format.
 //!
 //! CIFAR-10: `data_batch_1.bin` … `data_batch_5.bin` and `test_batch.bin`, records of 1 label byte
-//! + 3072 pixel bytes (1024 red, 1024 green, 1024 blue, row-major 32×32).
-//! CIFAR-100: `train.bin` and `test.bin`, records of 1 coarse label byte + 1 fine label byte +
+//! and 3072 pixel bytes (1024 red, 1024 green, 1024 blue, row-major 32×32).
+//! CIFAR-100: `train.bin` and `test.bin`, records of 1 coarse label byte, 1 fine label byte and
 //! 3072 pixel bytes; the fine labels (100 classes) are used.
 //! A directory may hold the files directly or in the archive's folder
 //! (`cifar-10-batches-bin/`, `cifar-100-binary/`).
@@ -143,7 +143,7 @@ pub(crate) fn parse_records(
     labels: &mut Vec<u8>,
 ) -> Result<()> {
     let record = label_bytes + PIXELS;
-    if bytes.is_empty() || bytes.len() % record != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(record) {
         return Err(DatasetError::format(
             path,
             "length",

@@ -142,7 +142,7 @@ fn cifar_records_survive_truncation_and_flips() {
         std::fs::write(&path, &good[..cut]).unwrap();
         let loaded = load_cifar10(dir.path(), Split::Test);
         // A cut on a record boundary is a smaller valid file; anywhere else it is an error.
-        if cut > 0 && cut % RECORD == 0 {
+        if cut > 0 && cut.is_multiple_of(RECORD) {
             assert_eq!(loaded.unwrap().len(), cut / RECORD);
         } else {
             assert!(loaded.is_err(), "truncated at {cut} bytes");

@@ -130,7 +130,7 @@ impl WideResNetConfig {
     /// Blocks per stage, n = (depth − 4) / 6; an error for depths that are not 6n + 4.
     pub fn blocks_per_stage(&self) -> anyhow::Result<usize> {
         anyhow::ensure!(
-            self.depth >= 10 && (self.depth - 4) % 6 == 0,
+            self.depth >= 10 && (self.depth - 4).is_multiple_of(6),
             "Wide-ResNet depth must be 6n + 4 with n >= 1 (10, 16, 22, 28, …), got {}",
             self.depth
         );

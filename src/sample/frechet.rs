@@ -21,7 +21,7 @@ impl Moments {
     pub fn of(rows: &[f32], dim: usize) -> anyhow::Result<Self> {
         anyhow::ensure!(dim >= 1, "feature vectors of dimension 0");
         anyhow::ensure!(
-            rows.len() % dim == 0,
+            rows.len().is_multiple_of(dim),
             "{} values do not split into vectors of {dim}",
             rows.len()
         );

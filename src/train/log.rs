@@ -94,48 +94,6 @@ fn column_positions(old: &[&str], new: &[&str]) -> Option<Vec<usize>> {
     Some(positions)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_older_log_gains_the_new_columns_empty_and_an_alien_one_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("epochs.csv");
-        std::fs::write(
-            &path,
-            "epoch,acc,best\n0,0.5,true\n1,0.6,false\n2,0.7,true\n",
-        )
-        .unwrap();
-        let mut log = CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 2).unwrap();
-        log.row(&["2".into(), "0.8".into(), "0.4".into(), "true".into()])
-            .unwrap();
-        drop(log);
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "epoch,acc,robust,best\n0,0.5,,true\n1,0.6,,false\n2,0.8,0.4,true\n"
-        );
-        // Reopened with the same header: nothing changes but the dropped tail.
-        CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 3).unwrap();
-        assert!(std::fs::read_to_string(&path)
-            .unwrap()
-            .ends_with("2,0.8,0.4,true\n"));
-        // Columns reordered, renamed or dropped: refused, and the file is left as it was.
-        for header in [
-            &["epoch", "best", "acc"][..],
-            &["epoch", "accuracy", "best"],
-            &["epoch", "best"],
-            &["iteration", "epoch", "acc", "best"],
-        ] {
-            let err = CsvLog::open(&path, header, 3).err().expect("refused");
-            assert!(err.to_string().contains("use another --out"), "{err}");
-        }
-        assert!(std::fs::read_to_string(&path)
-            .unwrap()
-            .starts_with("epoch,acc,robust,best\n"));
-    }
-}
-
 /// Sums of the per-iteration statistics since the last row of `log.csv`: each row is their mean
 /// over the `--log-every` iterations it covers.
 pub(super) struct LogWindow {
@@ -192,5 +150,47 @@ impl LogWindow {
     pub(super) fn message(&self) -> String {
         let k = self.iterations as f64;
         format!("loss {:.4} acc {:.3}", self.loss / k, self.accuracy / k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_log_gains_the_new_columns_empty_and_an_alien_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("epochs.csv");
+        std::fs::write(
+            &path,
+            "epoch,acc,best\n0,0.5,true\n1,0.6,false\n2,0.7,true\n",
+        )
+        .unwrap();
+        let mut log = CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 2).unwrap();
+        log.row(&["2".into(), "0.8".into(), "0.4".into(), "true".into()])
+            .unwrap();
+        drop(log);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "epoch,acc,robust,best\n0,0.5,,true\n1,0.6,,false\n2,0.8,0.4,true\n"
+        );
+        // Reopened with the same header: nothing changes but the dropped tail.
+        CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 3).unwrap();
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .ends_with("2,0.8,0.4,true\n"));
+        // Columns reordered, renamed or dropped: refused, and the file is left as it was.
+        for header in [
+            &["epoch", "best", "acc"][..],
+            &["epoch", "accuracy", "best"],
+            &["epoch", "best"],
+            &["iteration", "epoch", "acc", "best"],
+        ] {
+            let err = CsvLog::open(&path, header, 3).err().expect("refused");
+            assert!(err.to_string().contains("use another --out"), "{err}");
+        }
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("epoch,acc,robust,best\n"));
     }
 }
