@@ -18,6 +18,7 @@ use jem_bench::train::{
 use jem_datasets::{DataSource, Split};
 
 mod cli_lists;
+mod harness_cli;
 mod robust_cli;
 
 #[derive(Parser)]
@@ -64,16 +65,16 @@ enum Command {
     Ood(jem_bench::ood::OodArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression.
     #[command(allow_negative_numbers = true)]
-    Regress(jem_bench::harness::RegressArgs),
+    Regress(harness_cli::RegressArgs),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
     #[command(allow_negative_numbers = true)]
     Sample(jem_bench::sample::SampleArgs),
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
     #[command(allow_negative_numbers = true)]
-    Report(jem_bench::harness::ReportArgs),
+    Report(harness_cli::ReportArgs),
     /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
     #[command(allow_negative_numbers = true)]
-    Merge(jem_bench::harness::MergeArgs),
+    Merge(harness_cli::MergeArgs),
     /// Time one hot operation (forward, train step, input gradient, SGLD step, JEM training
     /// iteration, PGD step through the SGLD defence) on a Wide-ResNet;
     /// benches/pytorch/compare.py runs it beside PyTorch.
@@ -220,10 +221,10 @@ fn main() -> ExitCode {
         Command::Robust(args) => run_robust(args, &device),
         Command::Nonsense(args) => jem_bench::nonsense::run::<Train>(args, &device),
         Command::Ood(args) => jem_bench::ood::run::<Train>(args, &device),
-        Command::Regress(args) => jem_bench::harness::regress::<Train>(args, &device),
+        Command::Regress(args) => args.run::<Train>(&device),
         Command::Sample(args) => jem_bench::sample::run::<Train>(args, &device),
-        Command::Report(args) => jem_bench::harness::report(args),
-        Command::Merge(args) => jem_bench::harness::merge::<Train>(args, &device),
+        Command::Report(args) => args.run(),
+        Command::Merge(args) => args.run::<Train>(&device),
         Command::Bench(args) => jem_bench::bench::run::<Train>(args, &device),
     };
     match result.map_err(robust_cli::with_flags) {

@@ -1,9 +1,8 @@
 //! `jem-bench merge`: the folders of a sharded sweep joined into one, as if it had run whole.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::Args;
 
 use super::outputs;
 use super::plan::{claim_folder, Plan};
@@ -13,49 +12,43 @@ use super::sweep::finish;
 use crate::backend::BenchBackend;
 use crate::output_folder::FolderLock;
 
-/// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
-#[derive(Debug, Clone, Args)]
-pub struct MergeArgs {
-    /// The shards' output folders.
-    #[arg(required = true)]
-    pub shards: Vec<PathBuf>,
-    /// The merged folder.
-    #[arg(long)]
-    pub out: PathBuf,
-}
-
-/// Joins the shards `m` names; their models are loaded onto `device` to check their weights.
-pub fn merge<B: BenchBackend>(m: MergeArgs, device: &B::Device) -> anyhow::Result<()> {
+/// Joins the folders `shards` of a sharded sweep into `out`, as if it had run whole; their
+/// models are loaded onto `device` to check their weights.
+pub fn merge<B: BenchBackend>(
+    shards: &[PathBuf],
+    out: &Path,
+    device: &B::Device,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!shards.is_empty(), "no shard folders to merge");
     let read = |dir: &PathBuf| -> anyhow::Result<serde_json::Value> {
         let p = dir.join("settings.json");
         let text = std::fs::read_to_string(&p)
             .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
         serde_json::from_str(&text).with_context(|| format!("{}: unreadable", p.display()))
     };
-    let settings = read(&m.shards[0])?;
-    for dir in &m.shards[1..] {
+    let settings = read(&shards[0])?;
+    for dir in &shards[1..] {
         anyhow::ensure!(
             read(dir)? == settings,
             "{} ran another sweep than {} (settings.json differ); only shards of one sweep merge",
             dir.display(),
-            m.shards[0].display()
+            shards[0].display()
         );
     }
     let spec: SweepSpec = serde_json::from_value(settings["args"].clone())
         .context("settings.json: `args` is not a robust sweep's arguments")?;
-    let plan = Plan::<B, _>::from_args(&spec, &m.out, device)?;
+    let plan = Plan::<B, _>::from_args(&spec, out, device)?;
     anyhow::ensure!(
         plan.settings(&spec) == settings,
         "the shards were made by another jem-bench or from other models; rerun them"
     );
-    crate::output_folder::claim(&m.out, "robust")?;
-    let lock = FolderLock::acquire(&m.out, "sweep.lock")?;
-    claim_folder(&m.out, &settings, &plan.identity(&spec), &[], &lock)?;
+    crate::output_folder::claim(out, "robust")?;
+    let lock = FolderLock::acquire(out, "sweep.lock")?;
+    claim_folder(out, &settings, &plan.identity(&spec), &[], &lock)?;
     let identity = plan.identity(&spec);
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
-        let found = m
-            .shards
+        let found = shards
             .iter()
             .map(|dir| outputs::load_cell(dir, cell, &identity))
             .collect::<anyhow::Result<Vec<_>>>()?
@@ -68,9 +61,9 @@ pub fn merge<B: BenchBackend>(m: MergeArgs, device: &B::Device) -> anyhow::Resul
                     cell.id()
                 )
             })?;
-        outputs::save_cell(&m.out, &found)?;
+        outputs::save_cell(out, &found)?;
         results.push(found);
     }
-    outputs::write_csvs(&m.out, &results)?;
+    outputs::write_csvs(out, &results)?;
     finish(&plan, &results, &TerminalProgress::default(), 0).map(|_| ())
 }

@@ -23,11 +23,11 @@ mod subject;
 mod sweep;
 
 pub use cells::{AttackKind, Cell};
-pub use merge::{merge, MergeArgs};
+pub use merge::merge;
 pub use outputs::{read_tidy, ExampleRow, GradColumn, TidyRow};
 pub use progress::TerminalProgress;
-pub use regress::{compare, regress, RegressArgs};
-pub use report::{report, ReportArgs};
+pub use regress::{compare, regress, RegressSpec};
+pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use spec::{InvalidSetting, Runner, Shard, Silent, SweepObserver, SweepSpec};
 pub use subject::Subject;

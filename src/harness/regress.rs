@@ -9,37 +9,33 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::Args;
 
 use super::outputs::{read_tidy, GradColumn, TidyRow};
 use super::progress::TerminalProgress;
-use super::spec::{Runner, SweepSpec};
+use super::spec::{InvalidSetting, Runner, SweepSpec};
 use super::sweep::{check, run};
 use jem_attacks::Norm;
 
 use crate::backend::BenchBackend;
 use crate::model::write_atomic;
 
-#[derive(Debug, Clone, Args)]
-pub struct RegressArgs {
+/// What [`regress`] compares: a reference sweep against a rerun of its own sweep, or against a
+/// finished sweep folder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegressSpec {
     /// The reference sweep folder (its settings.json and robust.csv).
-    #[arg(long)]
     pub reference: PathBuf,
-    /// Largest allowed drop of robust accuracy (absolute, e.g. 0.02 = 2 points).
-    #[arg(long, default_value_t = 0.02)]
+    /// Largest allowed drop of robust accuracy, absolute, in [0, 1] (0.02 = 2 points).
     pub tolerance: f64,
-    /// Compare this finished sweep folder instead of rerunning the reference's sweep.
-    #[arg(long)]
+    /// A finished sweep folder to compare instead of rerunning the reference's sweep.
     pub run: Option<PathBuf>,
-    /// Where the rerun goes (default: `runs/regress/<reference folder name>`); a previous rerun
+    /// Where the rerun goes (`None`: `runs/regress/<reference folder name>`); a previous rerun
     /// there (marked by a REGRESS-RERUN file) is cleared first; any other folder, and one that
     /// overlaps the reference, is refused.
-    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Compare a `--run` whose cells were computed with other settings than the reference's
-    /// (other examples, attack or defence settings, EOT, seed, data); the differences are
-    /// printed. Without it such a run is refused.
-    #[arg(long)]
+    /// Compare a `run` whose cells were computed with other settings than the reference's
+    /// (other examples, attack or defence settings, EOT, seed, data), printing the
+    /// differences; otherwise such a run is refused.
     pub allow_other_settings: bool,
 }
 
@@ -228,14 +224,17 @@ fn check_same_weights(
     )
 }
 
-/// `jem-bench regress`: compares a sweep (rerun on `device` unless `--run` names one) with a
-/// reference.
-pub fn regress<B: BenchBackend>(a: RegressArgs, device: &B::Device) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        a.tolerance.is_finite() && (0.0..=1.0).contains(&a.tolerance),
-        "--tolerance: expected an accuracy drop in [0, 1] (0.02 = 2 points), found {}",
-        a.tolerance
-    );
+/// `jem-bench regress`: compares a sweep (rerun on `device` unless `a.run` names one) with a
+/// reference; an error lists the cells that regressed.
+pub fn regress<B: BenchBackend>(a: &RegressSpec, device: &B::Device) -> anyhow::Result<()> {
+    if !(a.tolerance.is_finite() && (0.0..=1.0).contains(&a.tolerance)) {
+        return Err(InvalidSetting::new(
+            "tolerance",
+            a.tolerance.to_string(),
+            "expected an accuracy drop in [0, 1] (0.02 = 2 points)",
+        )
+        .into());
+    }
     let reference = read_tidy(&a.reference.join("robust.csv"))?;
     anyhow::ensure!(
         !reference.is_empty(),

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::Args;
 use jem_attacks::Norm;
 use jem_datasets::DataSource;
 use serde::Serialize;
@@ -428,21 +427,6 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
     Ok(t)
 }
 
-/// `jem-bench report`: regenerates the summary, table and plots of finished sweeps from their
-/// `robust.csv`.
-#[derive(Debug, Clone, Args)]
-pub struct ReportArgs {
-    /// Sweep folders (each holds a robust.csv).
-    #[arg(required = true)]
-    pub runs: Vec<PathBuf>,
-    /// Also draw all the runs into one figure here (e.g. the L∞ and L2 sweeps side by side):
-    /// writes OUT/curves.svg and OUT/curves.png, and, when the runs together hold at least 3
-    /// values of K (e.g. the default sweep's K = 0, 1 and a sweep at K = 2, 5, 10), robust
-    /// accuracy against K as OUT/k-curve.csv, .svg and .png.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
 /// Seconds the finished cells of a sweep folder took, when its cell files are there.
 fn cell_seconds(dir: &Path) -> Option<f64> {
     let cells = std::fs::read_dir(dir.join("cells")).ok()?;
@@ -459,15 +443,20 @@ fn cell_seconds(dir: &Path) -> Option<f64> {
     Some(total)
 }
 
-pub fn report(a: ReportArgs) -> anyhow::Result<()> {
+/// `jem-bench report`: regenerates the summary, table and plots of the finished sweeps `runs`
+/// from their `robust.csv`; with `out`, also draws all of them into one figure there
+/// (curves.svg, .png) and, where they hold at least 3 values of K, robust accuracy against K
+/// (k-curve.csv, .svg, .png).
+pub fn report(runs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+    anyhow::ensure!(!runs.is_empty(), "no sweep folders to report");
     let mut all = Vec::new();
-    for dir in &a.runs {
+    for dir in runs {
         let rows = read_tidy(&dir.join("robust.csv"))?;
         print!("{}", write(dir, &rows, cell_seconds(dir))?);
         println!("wrote {}", dir.display());
         all.extend(rows);
     }
-    if let Some(out) = &a.out {
+    if let Some(out) = out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
         let first = &all[0];
         let title = format!(

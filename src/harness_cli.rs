@@ -1,0 +1,85 @@
+//! The flags of `jem-bench regress`, `report` and `merge`, converted into the library's calls
+//! (`jem_bench::harness::{regress, report, merge}`), which know nothing of the command line.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use jem_bench::backend::BenchBackend;
+use jem_bench::harness::{self, RegressSpec};
+
+/// `jem-bench regress`: compares a sweep with a stored reference.
+#[derive(Debug, Clone, Args)]
+pub struct RegressArgs {
+    /// The reference sweep folder (its settings.json and robust.csv).
+    #[arg(long)]
+    pub reference: PathBuf,
+    /// Largest allowed drop of robust accuracy (absolute, e.g. 0.02 = 2 points).
+    #[arg(long, default_value_t = 0.02)]
+    pub tolerance: f64,
+    /// Compare this finished sweep folder instead of rerunning the reference's sweep.
+    #[arg(long)]
+    pub run: Option<PathBuf>,
+    /// Where the rerun goes (default: `runs/regress/<reference folder name>`); a previous rerun
+    /// there (marked by a REGRESS-RERUN file) is cleared first; any other folder, and one that
+    /// overlaps the reference, is refused.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Compare a `--run` whose cells were computed with other settings than the reference's
+    /// (other examples, attack or defence settings, EOT, seed, data); the differences are
+    /// printed. Without it such a run is refused.
+    #[arg(long)]
+    pub allow_other_settings: bool,
+}
+
+impl RegressArgs {
+    /// Runs `regress` on `device` (a refused setting is reported with its flag by `main`).
+    pub fn run<B: BenchBackend>(self, device: &B::Device) -> anyhow::Result<()> {
+        let spec = RegressSpec {
+            reference: self.reference,
+            tolerance: self.tolerance,
+            run: self.run,
+            out: self.out,
+            allow_other_settings: self.allow_other_settings,
+        };
+        harness::regress::<B>(&spec, device)
+    }
+}
+
+/// `jem-bench report`: regenerates the summary, table and plots of finished sweeps from their
+/// `robust.csv`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// Sweep folders (each holds a robust.csv).
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Also draw all the runs into one figure here (e.g. the L∞ and L2 sweeps side by side):
+    /// writes OUT/curves.svg and OUT/curves.png, and, when the runs together hold at least 3
+    /// values of K (e.g. the default sweep's K = 0, 1 and a sweep at K = 2, 5, 10), robust
+    /// accuracy against K as OUT/k-curve.csv, .svg and .png.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl ReportArgs {
+    pub fn run(self) -> anyhow::Result<()> {
+        harness::report(&self.runs, self.out.as_deref())
+    }
+}
+
+/// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
+#[derive(Debug, Clone, Args)]
+pub struct MergeArgs {
+    /// The shards' output folders.
+    #[arg(required = true)]
+    pub shards: Vec<PathBuf>,
+    /// The merged folder.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+impl MergeArgs {
+    /// Merges on `device`, where the shards' models are loaded to check their weights.
+    pub fn run<B: BenchBackend>(self, device: &B::Device) -> anyhow::Result<()> {
+        harness::merge::<B>(&self.shards, &self.out, device)
+    }
+}
