@@ -219,8 +219,11 @@ fn transpose(grad: &[f32], out: usize, pixels: usize, padded_out: usize, transpo
         row[out..].fill(0.0);
     }
     let (whole_out, whole_pixels) = (out / 8 * 8, pixels / 8 * 8);
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
+    // The whole 8 × 8 blocks by AVX where the CPU has it, else one by one like the edges.
+    let avx = cfg!(target_arch = "x86_64") && avx_available();
+    let whole = (0..whole_out, 0..whole_pixels);
+    if avx {
+        #[cfg(target_arch = "x86_64")]
         for o in (0..whole_out).step_by(8) {
             for p in (0..whole_pixels).step_by(8) {
                 // SAFETY: AVX, checked above; rows o … o + 7 of `grad` hold pixels p … p + 7,
@@ -236,22 +239,8 @@ fn transpose(grad: &[f32], out: usize, pixels: usize, padded_out: usize, transpo
             }
         }
     } else {
-        transpose_scalar(
-            grad,
-            (0..whole_out, 0..whole_pixels),
-            pixels,
-            padded_out,
-            transposed,
-        );
+        transpose_scalar(grad, whole, pixels, padded_out, transposed);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    transpose_scalar(
-        grad,
-        (0..whole_out, 0..whole_pixels),
-        pixels,
-        padded_out,
-        transposed,
-    );
     transpose_scalar(
         grad,
         (0..out, whole_pixels..pixels),
@@ -266,6 +255,14 @@ fn transpose(grad: &[f32], out: usize, pixels: usize, padded_out: usize, transpo
         padded_out,
         transposed,
     );
+}
+
+/// Whether the CPU has AVX (for [`transpose_8x8`]).
+fn avx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// [`transpose`] of the rows and pixels in `ranges`, one element at a time.
