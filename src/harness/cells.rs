@@ -10,47 +10,48 @@
 use jem_attacks::GradMode;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+/// An attack of the sweep, or a preset of several run as a cascade. Its name ([`AttackKind::name`],
+/// parsed back by [`FromStr`](std::str::FromStr)) is how the command line, `settings.json` and
+/// the CSV files call it; [`AttackKind::description`] says what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AttackKind {
-    /// PGD (Madry et al. 2018): random start, `--pgd-steps` steps, `--restarts`.
     Pgd,
-    /// PGD with 4× the steps (each 4× shorter) and 2× the restarts: the convergence check
-    /// (more steps and restarts should not help much; Carlini et al. 2019).
     PgdLong,
-    /// One step of size ε (FGSM under L∞, FGM under L2).
     Fgsm,
-    /// APGD with cross-entropy (Croce & Hein 2020).
     ApgdCe,
-    /// APGD with the difference-of-logits-ratio loss.
     ApgdDlr,
-    /// APGD with the targeted DLR loss against each of the 9 most likely other classes.
     ApgdT,
-    /// The Square attack (Andriushchenko et al. 2020): score-based black box.
     Square,
-    /// FAB-T (Croce & Hein 2020): minimum-norm, toward each of the 9 most likely other classes.
     FabT,
-    /// Decision-based boundary attack (Brendel et al. 2018): a minimum perturbation per image.
     Boundary,
-    /// Pointwise attack (Schott et al. 2019): a minimum L0 / L2 perturbation per image.
     Pointwise,
-    /// Preset: AutoAttack's standard version: APGD-CE, APGD-T, FAB-T and Square, each on the
-    /// examples the ones before it left standing.
-    #[value(name = "autoattack")]
     #[serde(rename = "autoattack")]
     AutoAttack,
-    /// Preset: AutoAttack's version for randomised defences: APGD-CE, then APGD-DLR on what it
-    /// left standing, each gradient averaged over EOT draws (see --eot).
-    #[value(name = "autoattack-rand")]
     #[serde(rename = "autoattack-rand")]
     AutoAttackRand,
-    /// Preset, the default: an adaptive evaluation (Tramer et al. 2020; Croce et al. 2022).
-    /// `autoattack` at K = 0; at K > 0, where the SGLD steps make the model stochastic,
-    /// `autoattack-rand` with gradients through the steps (--grad full) and EOT.
     Adaptive,
 }
 
 impl AttackKind {
+    /// Every attack and preset, in the order the command line lists them.
+    pub const ALL: [AttackKind; 13] = [
+        AttackKind::Pgd,
+        AttackKind::PgdLong,
+        AttackKind::Fgsm,
+        AttackKind::ApgdCe,
+        AttackKind::ApgdDlr,
+        AttackKind::ApgdT,
+        AttackKind::Square,
+        AttackKind::FabT,
+        AttackKind::Boundary,
+        AttackKind::Pointwise,
+        AttackKind::AutoAttack,
+        AttackKind::AutoAttackRand,
+        AttackKind::Adaptive,
+    ];
+
+    /// The attack's name: `pgd`, `apgd-ce`, `autoattack-rand`, ….
     pub fn name(self) -> &'static str {
         match self {
             AttackKind::Pgd => "pgd",
@@ -66,6 +67,53 @@ impl AttackKind {
             AttackKind::AutoAttack => "autoattack",
             AttackKind::AutoAttackRand => "autoattack-rand",
             AttackKind::Adaptive => "adaptive",
+        }
+    }
+
+    /// What the attack is, in one sentence (the command line's help shows it).
+    pub fn description(self) -> &'static str {
+        match self {
+            AttackKind::Pgd => {
+                "PGD (Madry et al. 2018): random start, --pgd-steps steps, --restarts"
+            }
+            AttackKind::PgdLong => {
+                "PGD with 4× the steps (each 4× shorter) and 2× the restarts: the convergence \
+                 check (more steps and restarts should not help much; Carlini et al. 2019)"
+            }
+            AttackKind::Fgsm => "One step of size ε (FGSM under L∞, FGM under L2)",
+            AttackKind::ApgdCe => "APGD with cross-entropy (Croce & Hein 2020)",
+            AttackKind::ApgdDlr => "APGD with the difference-of-logits-ratio loss",
+            AttackKind::ApgdT => {
+                "APGD with the targeted DLR loss against each of the 9 most likely other classes"
+            }
+            AttackKind::Square => {
+                "The Square attack (Andriushchenko et al. 2020): score-based black box"
+            }
+            AttackKind::FabT => {
+                "FAB-T (Croce & Hein 2020): minimum-norm, toward each of the 9 most likely \
+                 other classes"
+            }
+            AttackKind::Boundary => {
+                "Decision-based boundary attack (Brendel et al. 2018): a minimum perturbation \
+                 per image"
+            }
+            AttackKind::Pointwise => {
+                "Pointwise attack (Schott et al. 2019): a minimum L0 / L2 perturbation per image"
+            }
+            AttackKind::AutoAttack => {
+                "Preset: AutoAttack's standard version: APGD-CE, APGD-T, FAB-T and Square, each \
+                 on the examples the ones before it left standing"
+            }
+            AttackKind::AutoAttackRand => {
+                "Preset: AutoAttack's version for randomised defences: APGD-CE, then APGD-DLR on \
+                 what it left standing, each gradient averaged over EOT draws (see --eot)"
+            }
+            AttackKind::Adaptive => {
+                "Preset, the default: an adaptive evaluation (Tramer et al. 2020; Croce et al. \
+                 2022). `autoattack` at K = 0; at K > 0, where the SGLD steps make the model \
+                 stochastic, `autoattack-rand` with gradients through the steps (--grad full) \
+                 and EOT"
+            }
         }
     }
 
@@ -123,6 +171,21 @@ impl AttackKind {
                 self.stages().into_iter().any(AttackKind::uses_gradients)
             }
         }
+    }
+}
+
+impl std::str::FromStr for AttackKind {
+    type Err = String;
+
+    /// An attack's [`name`](AttackKind::name), in any case.
+    fn from_str(s: &str) -> Result<AttackKind, String> {
+        AttackKind::ALL
+            .into_iter()
+            .find(|kind| s.eq_ignore_ascii_case(kind.name()))
+            .ok_or_else(|| {
+                let names: Vec<&str> = AttackKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown attack {s:?}: expected one of {}", names.join(", "))
+            })
     }
 }
 
@@ -192,4 +255,28 @@ pub fn list(
         }
     }
     cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back_and_are_the_serialised_names() {
+        for kind in AttackKind::ALL {
+            assert_eq!(kind.name().parse::<AttackKind>(), Ok(kind));
+            assert_eq!(kind.name().to_uppercase().parse::<AttackKind>(), Ok(kind));
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+            assert!(!kind.description().is_empty());
+        }
+        let names: std::collections::BTreeSet<&str> =
+            AttackKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), AttackKind::ALL.len(), "names are unique");
+        let error = "apgd".parse::<AttackKind>().unwrap_err();
+        assert!(
+            error.contains("apgd-ce") && error.contains("\"apgd\""),
+            "{error}"
+        );
+    }
 }

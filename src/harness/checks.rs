@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use clap::ValueEnum;
-
 use super::cells::AttackKind;
 use super::outputs::{GradColumn, TidyRow};
 use super::robustness::WORST_CASE;
@@ -37,7 +35,8 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
 /// scores or decisions (`Some(false)`), or is no single attack (`worst-case`): what each
 /// attack declares ([`AttackKind::uses_gradients`]).
 fn white_box(attack: &str) -> Option<bool> {
-    AttackKind::from_str(base(attack), false)
+    base(attack)
+        .parse::<AttackKind>()
         .ok()
         .filter(|kind| !kind.is_preset())
         .map(AttackKind::uses_gradients)
