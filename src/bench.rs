@@ -24,10 +24,10 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::backend::BenchBackend;
-use crate::defended::{DefenceArgs, Defended};
+use crate::defended::{DefenceSpec, Defended};
 use crate::energy::lse_input_gradient;
 use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
-use crate::train::{adam, clap_defaults, cross_entropy, descend, JemConfig, JemObjective};
+use crate::train::{adam, cross_entropy, descend, JemConfig, JemObjective};
 use crate::train::{Objective, Step};
 
 /// The operations timed.
@@ -369,9 +369,9 @@ fn time_op<B: BenchBackend>(
             let sgld = JemConfig::default()
                 .sampler(&cfg.input_normalization)
                 .config;
-            let defence = DefenceArgs {
+            let defence = DefenceSpec {
                 chains: args.chains.max(1),
-                ..clap_defaults()
+                ..DefenceSpec::default()
             };
             let defended = Defended::new(model, Some(&sgld), args.k, args.grad, &defence)?;
             let y = random_labels();

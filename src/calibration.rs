@@ -17,7 +17,8 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::backend::BenchBackend;
-use crate::defended::{DefenceArgs, Defended};
+use crate::defence_flags::DefenceFlags;
+use crate::defended::Defended;
 use crate::metrics::{self, Calibration};
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
@@ -42,7 +43,7 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 100)]
     pub batch_size: usize,
     #[command(flatten)]
-    pub defence: DefenceArgs,
+    pub defence: DefenceFlags,
     /// Seed of the SGLD noise (K > 0); K = 0 draws nothing.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -108,13 +109,15 @@ impl CalibrateArgs {
             anyhow::bail!("--steps: K = {k} named twice");
         }
         if self.steps.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
+            self.defence.spec().validate()?;
         }
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
             &self.steps,
             device,
-            |sidecar, k| crate::defended::forward_settings(sidecar, k, &self.defence).map(drop),
+            |sidecar, k| {
+                crate::defended::forward_settings(sidecar, k, &self.defence.spec()).map(drop)
+            },
         )?;
         let mut prepared = Vec::new();
         for (path, sidecar) in self.models.iter().zip(sidecars) {
@@ -144,7 +147,7 @@ fn calibrate_one<B: BenchBackend>(
         Some(&crate::defended::sgld_of(&p.sidecar)?),
         k,
         GradMode::Bpda,
-        &args.defence,
+        &args.defence.spec(),
     )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(crate::train::stream_seed(
         args.seed,
@@ -211,7 +214,7 @@ pub fn run<B: BenchBackend>(mut args: CalibrateArgs, device: &B::Device) -> anyh
                 ece: m.ece,
                 seed: args.seed,
                 data: p.data.spec.clone(),
-                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence)?
+                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence.spec())?
                     .to_string(),
             });
             for (b, bin) in c.bins.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! A network as the attacks see it: the plain classifier for K = 0, or JEM's test-time
 //! defence (K SGLD steps in n chains) in front of it, with the SGLD step size and noise
 //! taken from the model's own settings (a checkpoint's JEM training settings; the paper's
-//! values for other models), each overridable by a flag.
+//! values for other models), each overridable in [`DefenceSpec`].
 
 use anyhow::Context;
 use burn::module::Module;
@@ -14,60 +14,70 @@ use jem_attacks::{
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use crate::harness::InvalidSetting;
 use crate::model::{Checkpoint, Sidecar};
 use crate::tables::first_repeat;
 use crate::train::JemConfig;
 
-/// How the defence runs, recorded with every result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
-pub struct DefenceArgs {
+/// How the defence runs, recorded with every result: chains, confirmation chains, initial
+/// noise, and overrides of the model's own SGLD settings. The command line's flags for it are
+/// [`DefenceFlags`](crate::defence_flags::DefenceFlags).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefenceSpec {
     /// SGLD chains per input whose logits are averaged (official attack code: 5).
-    #[arg(long, default_value_t = 5)]
     pub chains: usize,
     /// Chains that confirm a break of a stochastic defence (Hill et al. 2021 used 150).
-    #[arg(long, default_value_t = 20)]
     pub recheck_chains: usize,
     /// Gaussian noise added to the input before the chains start, on the network scale.
-    #[arg(long, default_value_t = 0.0)]
     pub init_noise: f32,
-    /// SGLD step size α on the network's scale (default: the model's own JEM training setting;
+    /// SGLD step size α on the network's scale (`None`: the model's own JEM training setting;
     /// the paper's 1.0 for models trained otherwise).
-    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sgld_step_size: Option<f32>,
-    /// SGLD noise σ on the network's scale (default: the model's setting; the paper's 0.01).
-    #[arg(long)]
+    /// SGLD noise σ on the network's scale (`None`: the model's setting; the paper's 0.01).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sgld_noise: Option<f32>,
-    /// Clamp the defence's chains to [0, 1] pixels after every step: true or false (default:
-    /// the model's training setting; the official defence does not clamp).
-    #[arg(long)]
+    /// Clamp the defence's chains to [0, 1] pixels after every step (`None`: the model's
+    /// training setting; the official defence does not clamp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sgld_clamp: Option<bool>,
 }
 
-impl DefenceArgs {
-    /// Checks the flags (counts at least 1, finite non-negative step sizes).
-    pub fn validate(&self) -> anyhow::Result<()> {
-        for (flag, value) in [
-            ("--chains", self.chains),
-            ("--recheck-chains", self.recheck_chains),
-        ] {
-            anyhow::ensure!(
-                value >= 1,
-                "{flag}: expected at least 1 chain for K > 0, found {value}"
-            );
+impl Default for DefenceSpec {
+    /// 5 chains, 20 to confirm a break, no initial noise, the model's own SGLD settings.
+    fn default() -> Self {
+        DefenceSpec {
+            chains: 5,
+            recheck_chains: 20,
+            init_noise: 0.0,
+            sgld_step_size: None,
+            sgld_noise: None,
+            sgld_clamp: None,
         }
-        for (flag, value) in [
-            ("--init-noise", Some(self.init_noise)),
-            ("--sgld-step-size", self.sgld_step_size),
-            ("--sgld-noise", self.sgld_noise),
+    }
+}
+
+impl DefenceSpec {
+    /// Checks the settings (counts at least 1, finite non-negative step sizes); an error is an
+    /// [`InvalidSetting`] naming the field.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (field, value) in [
+            ("chains", self.chains),
+            ("recheck_chains", self.recheck_chains),
         ] {
-            if let Some(v) = value {
-                anyhow::ensure!(
-                    v.is_finite() && v >= 0.0,
-                    "{flag}: expected a finite number >= 0, found {v}"
-                );
+            if value < 1 {
+                let problem = format!("expected at least 1 chain for K > 0, found {value}");
+                return Err(InvalidSetting::bare(field, &problem).into());
+            }
+        }
+        for (field, value) in [
+            ("init_noise", Some(self.init_noise)),
+            ("sgld_step_size", self.sgld_step_size),
+            ("sgld_noise", self.sgld_noise),
+        ] {
+            if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                let problem = format!("expected a finite number >= 0, found {v}");
+                return Err(InvalidSetting::bare(field, &problem).into());
             }
         }
         Ok(())
@@ -89,7 +99,7 @@ fn configs(
     base: Option<&SgldConfig>,
     steps: usize,
     grad: GradMode,
-    args: &DefenceArgs,
+    args: &DefenceSpec,
 ) -> anyhow::Result<Option<(SgldConfig, SgldDefenceConfig)>> {
     if steps == 0 {
         return Ok(None);
@@ -117,7 +127,7 @@ pub fn settings(
     base: Option<&SgldConfig>,
     steps: usize,
     grad: GradMode,
-    args: &DefenceArgs,
+    args: &DefenceSpec,
 ) -> anyhow::Result<serde_json::Value> {
     Ok(match configs(base, steps, grad, args)? {
         None => serde_json::json!({}),
@@ -130,7 +140,7 @@ pub fn settings(
 pub fn forward_settings(
     sidecar: &Sidecar,
     steps: usize,
-    args: &DefenceArgs,
+    args: &DefenceSpec,
 ) -> anyhow::Result<serde_json::Value> {
     let base = if steps > 0 {
         Some(sgld_of(sidecar)?)
@@ -183,7 +193,7 @@ impl<N> Defended<N> {
         base: Option<&SgldConfig>,
         steps: usize,
         grad: GradMode,
-        args: &DefenceArgs,
+        args: &DefenceSpec,
     ) -> anyhow::Result<Self>
     where
         B: AutodiffBackend,

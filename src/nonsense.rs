@@ -11,7 +11,8 @@ use jem_attacks::{GradMode, NonsenseConfig};
 use serde::Serialize;
 
 use crate::backend::BenchBackend;
-use crate::defended::{DefenceArgs, Defended};
+use crate::defence_flags::DefenceFlags;
+use crate::defended::Defended;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{write_atomic, Checkpoint, SOFTWARE};
 
@@ -43,7 +44,7 @@ pub struct NonsenseArgs {
     #[arg(long, default_value = "full")]
     pub grad: GradMode,
     #[command(flatten)]
-    pub defence: DefenceArgs,
+    pub defence: DefenceFlags,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[arg(long, default_value = "runs/nonsense")]
@@ -101,7 +102,7 @@ impl NonsenseArgs {
             self.momentum
         );
         if self.steps.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
+            self.defence.spec().validate()?;
         }
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
@@ -182,7 +183,7 @@ pub fn run<B: BenchBackend>(mut args: NonsenseArgs, device: &B::Device) -> anyho
                 Some(&crate::defended::sgld_of(&sidecar)?),
                 k,
                 args.grad,
-                &args.defence,
+                &args.defence.spec(),
             )?;
             let started = std::time::Instant::now();
             let out = cfg.run::<B, _>(&defended, shape, &targets, device);

@@ -26,7 +26,8 @@ pub use scores::{scores, Score};
 pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
 
 use crate::backend::BenchBackend;
-use crate::defended::{DefenceArgs, Defended};
+use crate::defence_flags::DefenceFlags;
+use crate::defended::Defended;
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
@@ -72,7 +73,7 @@ pub struct OodArgs {
     #[arg(long, default_value_t = 100)]
     pub batch_size: usize,
     #[command(flatten)]
-    pub defence: DefenceArgs,
+    pub defence: DefenceFlags,
     /// Seed of the noise sets and of the SGLD noise (K > 0).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -147,9 +148,9 @@ impl OodArgs {
                 Some(&crate::defended::sgld_of(sidecar)?).filter(|_| k > 0),
                 k,
                 grad,
-                &self.defence,
+                &self.defence.spec(),
             )?,
-            None => crate::defended::forward_settings(sidecar, k, &self.defence)?,
+            None => crate::defended::forward_settings(sidecar, k, &self.defence.spec())?,
         }
         .to_string())
     }
@@ -180,7 +181,7 @@ impl OodArgs {
             .map(|name| OodSet::parse(name))
             .collect::<anyhow::Result<Vec<_>>>()?;
         if self.steps.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
+            self.defence.spec().validate()?;
         }
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
@@ -230,7 +231,7 @@ fn score_cell<B: BenchBackend>(
         Some(&crate::defended::sgld_of(&p.sidecar)?),
         k,
         grad,
-        &args.defence,
+        &args.defence.spec(),
     )?;
     let model_name = p.path.display().to_string();
     let mut sets = Vec::new();

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
-use jem_bench::defended::DefenceArgs;
+use jem_bench::defence_flags::DefenceFlags;
 use jem_bench::harness::{AttackKind, InvalidSetting, Shard, SweepSpec};
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
@@ -90,7 +90,7 @@ pub struct RobustArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[command(flatten)]
-    pub defence: DefenceArgs,
+    pub defence: DefenceFlags,
     /// Keep each cell's returned inputs: `OUT/adversarials/CELL.safetensors` (`inputs`
     /// [N, C, H, W] in [0, 1], `clean`, `labels`, `examples` (test-set indices), `adversarial`
     /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
@@ -142,7 +142,7 @@ impl RobustArgs {
             batch_size: self.batch_size,
             data: self.data,
             seed: self.seed,
-            defence: self.defence,
+            defence: self.defence.spec(),
             save_adversarials: self.save_adversarials,
         };
         Ok((spec, out, self.shard, jobs))

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cells::AttackKind;
 use super::outputs::CellResult;
-use crate::defended::DefenceArgs;
+use crate::defended::DefenceSpec;
 
 /// What a sweep computes: models, data, attacks with their budgets, ε, K, gradient modes,
 /// examples and seed. Stored in every sweep's `settings.json` (fields missing there, settings of
@@ -78,7 +78,7 @@ pub struct SweepSpec {
     /// Data set (default: the one each model was trained on).
     pub data: Option<String>,
     pub seed: u64,
-    pub defence: DefenceArgs,
+    pub defence: DefenceSpec,
     /// Keep each cell's returned inputs: `OUT/adversarials/CELL.safetensors` (`inputs`
     /// [N, C, H, W] in [0, 1], `clean`, `labels`, `examples` (test-set indices), `adversarial`
     /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
@@ -203,7 +203,7 @@ impl Default for SweepSpec {
             batch_size: None,
             data: None,
             seed: 0,
-            defence: crate::train::clap_defaults(),
+            defence: DefenceSpec::default(),
             save_adversarials: false,
         }
     }

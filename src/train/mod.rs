@@ -19,7 +19,6 @@ mod trainer;
 pub use adversarial::{AdvConfig, AdversarialObjective};
 pub use augment::Augmentation;
 pub use chain_start::{ChainStart, ChainStartKind, ClassGaussians};
-pub(crate) use config::clap_defaults;
 pub use config::{TrainConfig, TrainKind};
 pub use guard::GuardConfig;
 pub use jem::{chain_init, JemConfig, JemObjective};
