@@ -11,46 +11,53 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
-use clap::Args;
 use jem_attacks::GradMode;
 use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::backend::BenchBackend;
-use crate::defence_flags::DefenceFlags;
-use crate::defended::Defended;
+use crate::defended::{DefenceSpec, Defended};
+use crate::harness::InvalidSetting;
 use crate::metrics::{self, Calibration};
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
 
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct CalibrateArgs {
-    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
-    /// trained models).
-    #[arg(long, value_delimiter = ',')]
+/// What `calibrate` computes: models × K, on how many test images, with which defence and
+/// seed, written where. Recorded in its `settings.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CalibrateSpec {
+    /// Checkpoints (empty: the embedded baseline, JEM and adversarially trained models).
     pub models: Vec<PathBuf>,
-    /// Test data (default: each model's own data set): mnist, fashion-mnist, cifar10:DIR, …
-    #[arg(long)]
+    /// Test data (`None`: each model's own data set): mnist, fashion-mnist, cifar10:DIR, …
     pub data: Option<String>,
-    /// SGLD sampling steps K before classifying, comma-separated; 0 is the plain classifier.
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    /// SGLD sampling steps K before classifying; 0 is the plain classifier.
     pub steps: Vec<usize>,
-    /// Evaluate the first N test images.
-    #[arg(long, default_value_t = 1000)]
+    /// Evaluate the first `n` test images.
     pub n: usize,
-    /// Images per forward pass (K > 0 runs --chains times as many).
-    #[arg(long, default_value_t = 100)]
+    /// Images per forward pass (K > 0 runs `defence.chains` times as many).
     pub batch_size: usize,
-    #[command(flatten)]
-    pub defence: DefenceFlags,
+    pub defence: DefenceSpec,
     /// Seed of the SGLD noise (K > 0); K = 0 draws nothing.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Output folder: calibration.csv, calibration-bins.csv, reliability.{png,svg},
     /// settings.json.
-    #[arg(long, default_value = "runs/calibrate")]
     pub out: PathBuf,
+}
+
+impl Default for CalibrateSpec {
+    fn default() -> Self {
+        CalibrateSpec {
+            models: Vec::new(),
+            data: None,
+            steps: vec![0],
+            n: 1000,
+            batch_size: 100,
+            defence: DefenceSpec::default(),
+            seed: 1,
+            out: PathBuf::from("runs/calibrate"),
+        }
+    }
 }
 
 /// One model with its test images, checked before anything is computed or written.
@@ -93,31 +100,33 @@ struct BinRow {
 /// model's numbers do not depend on which other models ran with it).
 const SGLD_STREAM: u64 = 0xCA11_B8A7;
 
-impl CalibrateArgs {
+impl CalibrateSpec {
     /// Checks every flag, model and data set before anything is written: at least one K,
     /// counts ≥ 1, the defence's settings when some K > 0, models that exist and can run the
     /// defence, data they can take, n within the test split.
     fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared>> {
-        anyhow::ensure!(
-            !self.steps.is_empty(),
-            "--steps: name at least one K (0 = the plain classifier)"
-        );
-        for (flag, value) in [("--n", self.n), ("--batch-size", self.batch_size)] {
-            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        if self.steps.is_empty() {
+            let problem = "name at least one K (0 = the plain classifier)";
+            return Err(InvalidSetting::bare("steps", problem).into());
+        }
+        for (field, value) in [("n", self.n), ("batch_size", self.batch_size)] {
+            if value < 1 {
+                let problem = format!("expected at least 1, found {value}");
+                return Err(InvalidSetting::bare(field, &problem).into());
+            }
         }
         if let Some(k) = first_repeat(&self.steps) {
-            anyhow::bail!("--steps: K = {k} named twice");
+            let problem = format!("K = {k} named twice");
+            return Err(InvalidSetting::bare("steps", &problem).into());
         }
         if self.steps.iter().any(|&k| k > 0) {
-            self.defence.spec().validate()?;
+            self.defence.validate()?;
         }
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
             &self.steps,
             device,
-            |sidecar, k| {
-                crate::defended::forward_settings(sidecar, k, &self.defence.spec()).map(drop)
-            },
+            |sidecar, k| crate::defended::forward_settings(sidecar, k, &self.defence).map(drop),
         )?;
         let mut prepared = Vec::new();
         for (path, sidecar) in self.models.iter().zip(sidecars) {
@@ -136,7 +145,7 @@ impl CalibrateArgs {
 /// Predictions of one model at K on its test images, summarised; an error when they are not
 /// finite (a number made of NaN is no result).
 fn calibrate_one<B: BenchBackend>(
-    args: &CalibrateArgs,
+    args: &CalibrateSpec,
     p: &Prepared,
     k: usize,
     device: &B::Device,
@@ -147,7 +156,7 @@ fn calibrate_one<B: BenchBackend>(
         Some(&crate::defended::sgld_of(&p.sidecar)?),
         k,
         GradMode::Bpda,
-        &args.defence.spec(),
+        &args.defence,
     )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(crate::train::stream_seed(
         args.seed,
@@ -179,7 +188,7 @@ fn calibrate_one<B: BenchBackend>(
     Ok(c)
 }
 
-pub fn run<B: BenchBackend>(mut args: CalibrateArgs, device: &B::Device) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
@@ -214,7 +223,7 @@ pub fn run<B: BenchBackend>(mut args: CalibrateArgs, device: &B::Device) -> anyh
                 ece: m.ece,
                 seed: args.seed,
                 data: p.data.spec.clone(),
-                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence.spec())?
+                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence)?
                     .to_string(),
             });
             for (b, bin) in c.bins.iter().enumerate() {

@@ -17,6 +17,7 @@ use jem_bench::train::{
 };
 use jem_datasets::{DataSource, Split};
 
+mod calibrate_cli;
 mod cli_lists;
 mod harness_cli;
 mod robust_cli;
@@ -49,7 +50,7 @@ enum Command {
     /// Calibration per model and K: accuracy, NLL, Brier score, ECE (15 bins), reliability
     /// diagram.
     #[command(allow_negative_numbers = true)]
-    Calibrate(jem_bench::calibration::CalibrateArgs),
+    Calibrate(calibrate_cli::CalibrateArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
     #[command(allow_negative_numbers = true)]
     Import(ImportArgs),
@@ -216,7 +217,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(cfg) => run_train(cfg),
         Command::Eval(args) => run_eval(args),
-        Command::Calibrate(args) => jem_bench::calibration::run::<Train>(args, &device),
+        Command::Calibrate(args) => args.run::<Train>(&device),
         Command::Import(args) => run_import(args),
         Command::Robust(args) => run_robust(args, &device),
         Command::Nonsense(args) => jem_bench::nonsense::run::<Train>(args, &device),
