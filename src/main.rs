@@ -20,6 +20,7 @@ use jem_datasets::{DataSource, Split};
 mod calibrate_cli;
 mod cli_lists;
 mod harness_cli;
+mod nonsense_cli;
 mod robust_cli;
 
 #[derive(Parser)]
@@ -59,7 +60,7 @@ enum Command {
     Robust(robust_cli::RobustArgs),
     /// Nonsense-input (distal adversarial) search per model, K and class.
     #[command(allow_negative_numbers = true)]
-    Nonsense(jem_bench::nonsense::NonsenseArgs),
+    Nonsense(nonsense_cli::NonsenseArgs),
     /// Out-of-distribution detection per model, K and score (log p(x), max p(y|x), gradient
     /// norm): AUROC, AUPR, FPR at 95 % TPR against other data and noise; score histograms.
     #[command(allow_negative_numbers = true)]
@@ -220,7 +221,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => args.run::<Train>(&device),
         Command::Import(args) => run_import(args),
         Command::Robust(args) => run_robust(args, &device),
-        Command::Nonsense(args) => jem_bench::nonsense::run::<Train>(args, &device),
+        Command::Nonsense(args) => args.run::<Train>(&device),
         Command::Ood(args) => jem_bench::ood::run::<Train>(args, &device),
         Command::Regress(args) => args.run::<Train>(&device),
         Command::Sample(args) => jem_bench::sample::run::<Train>(args, &device),

@@ -6,49 +6,59 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
 use jem_attacks::{GradMode, NonsenseConfig};
 use serde::Serialize;
 
 use crate::backend::BenchBackend;
-use crate::defence_flags::DefenceFlags;
-use crate::defended::Defended;
+use crate::defended::{DefenceSpec, Defended};
+use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{write_atomic, Checkpoint, SOFTWARE};
 
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct NonsenseArgs {
-    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
-    /// trained models that exist under results/models/).
-    #[arg(long, value_delimiter = ',')]
+/// What `nonsense` computes: per model, K and class, searches from noise for an input the
+/// model classifies as that class with at least `threshold` confidence (after Schott et al.
+/// 2019's distal adversarials). Recorded in its `nonsense.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NonsenseSpec {
+    /// Checkpoints (empty: the embedded baseline, JEM and adversarially trained models).
     pub models: Vec<PathBuf>,
-    /// SGLD sampling steps K before classifying, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    /// SGLD sampling steps K before classifying.
     pub steps: Vec<usize>,
     /// Searches per class.
-    #[arg(long, default_value_t = 3)]
     pub per_class: usize,
     /// Iterations per search at most (the ABS code used 10 000; lowered so that a run on a CPU
     /// ends in minutes — searches that reach the threshold stop early anyway).
-    #[arg(long, default_value_t = 1000)]
     pub max_iters: usize,
-    #[arg(long, default_value_t = 0.9)]
+    /// The confidence a search stops at, in (0, 1].
     pub threshold: f32,
-    /// SGD learning rate and momentum of the search (ABS: 1 and 0.95).
-    #[arg(long, default_value_t = 1.0)]
+    /// SGD learning rate of the search (ABS: 1).
     pub lr: f32,
-    #[arg(long, default_value_t = 0.95)]
+    /// SGD momentum of the search, in [0, 1) (ABS: 0.95).
     pub momentum: f32,
     /// Gradient through the SGLD steps (K > 0): full (exact, through every step) or bpda (the
     /// steps taken as the identity on the backward pass: cheaper, and weaker as a search).
-    #[arg(long, default_value = "full")]
     pub grad: GradMode,
-    #[command(flatten)]
-    pub defence: DefenceFlags,
-    #[arg(long, default_value_t = 1)]
+    pub defence: DefenceSpec,
     pub seed: u64,
-    #[arg(long, default_value = "runs/nonsense")]
     pub out: PathBuf,
+}
+
+impl Default for NonsenseSpec {
+    fn default() -> Self {
+        NonsenseSpec {
+            models: Vec::new(),
+            steps: vec![0],
+            per_class: 3,
+            max_iters: 1000,
+            threshold: 0.9,
+            lr: 1.0,
+            momentum: 0.95,
+            grad: GradMode::Full,
+            defence: DefenceSpec::default(),
+            seed: 1,
+            out: PathBuf::from("runs/nonsense"),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -75,34 +85,39 @@ fn median<T: Copy + PartialOrd>(v: &[T]) -> anyhow::Result<T> {
     Ok(s[s.len() / 2])
 }
 
-impl NonsenseArgs {
+impl NonsenseSpec {
     /// Checks the flags, and every model with the image shape its data set has, before
     /// anything is written.
     fn validate<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<()> {
-        anyhow::ensure!(!self.steps.is_empty(), "--steps: name at least one K");
-        for (flag, value) in [
-            ("--per-class", self.per_class),
-            ("--max-iters", self.max_iters),
-        ] {
-            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        let refuse = |field, problem: String| Err(InvalidSetting::bare(field, &problem).into());
+        if self.steps.is_empty() {
+            return refuse("steps", "name at least one K".into());
         }
-        anyhow::ensure!(
-            self.threshold.is_finite() && self.threshold > 0.0 && self.threshold <= 1.0,
-            "--threshold: expected a confidence in (0, 1], found {}",
-            self.threshold
-        );
-        anyhow::ensure!(
-            self.lr.is_finite() && self.lr > 0.0,
-            "--lr: expected a finite number > 0, found {}",
-            self.lr
-        );
-        anyhow::ensure!(
-            (0.0..1.0).contains(&self.momentum),
-            "--momentum: expected a number in [0, 1), found {}",
-            self.momentum
-        );
+        for (field, value) in [("per_class", self.per_class), ("max_iters", self.max_iters)] {
+            if value < 1 {
+                return refuse(field, format!("expected at least 1, found {value}"));
+            }
+        }
+        let t = self.threshold;
+        if !(t.is_finite() && t > 0.0 && t <= 1.0) {
+            return refuse(
+                "threshold",
+                format!("expected a confidence in (0, 1], found {t}"),
+            );
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            let lr = self.lr;
+            return refuse("lr", format!("expected a finite number > 0, found {lr}"));
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            let m = self.momentum;
+            return refuse(
+                "momentum",
+                format!("expected a number in [0, 1), found {m}"),
+            );
+        }
         if self.steps.iter().any(|&k| k > 0) {
-            self.defence.spec().validate()?;
+            self.defence.validate()?;
         }
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
@@ -141,7 +156,7 @@ impl NonsenseArgs {
     }
 }
 
-pub fn run<B: BenchBackend>(mut args: NonsenseArgs, device: &B::Device) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
@@ -183,7 +198,7 @@ pub fn run<B: BenchBackend>(mut args: NonsenseArgs, device: &B::Device) -> anyho
                 Some(&crate::defended::sgld_of(&sidecar)?),
                 k,
                 args.grad,
-                &args.defence.spec(),
+                &args.defence,
             )?;
             let started = std::time::Instant::now();
             let out = cfg.run::<B, _>(&defended, shape, &targets, device);
