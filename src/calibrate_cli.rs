@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
+use crate::defence_flags::DefenceFlags;
 use clap::Args;
 use jem_bench::backend::BenchBackend;
 use jem_bench::calibration::{self, CalibrateSpec};
-use jem_bench::defence_flags::DefenceFlags;
 
 #[derive(Debug, Clone, Args)]
 pub struct CalibrateArgs {

@@ -1,15 +1,12 @@
 //! The command line's flags of the SGLD defence (`--chains`, `--recheck-chains`,
 //! `--init-noise`, `--sgld-step-size`, `--sgld-noise`, `--sgld-clamp`), shared by every command
 //! that runs it; [`DefenceFlags::spec`] turns them into the library's
-//! [`DefenceSpec`](crate::defended::DefenceSpec). (Kept in the library while the `calibrate`,
-//! `nonsense` and `ood` flag structs that flatten it are; the sweep itself takes only the spec.)
+//! [`DefenceSpec`](jem_bench::defended::DefenceSpec).
 
-use serde::Serialize;
-
-use crate::defended::DefenceSpec;
+use jem_bench::defended::DefenceSpec;
 
 /// The defence's flags; their defaults are [`DefenceSpec::default`]'s.
-#[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct DefenceFlags {
     /// SGLD chains per input whose logits are averaged (official attack code: 5).
     #[arg(long, default_value_t = DefenceSpec::default().chains)]
@@ -23,16 +20,13 @@ pub struct DefenceFlags {
     /// SGLD step size α on the network's scale (default: the model's own JEM training setting;
     /// the paper's 1.0 for models trained otherwise).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub sgld_step_size: Option<f32>,
     /// SGLD noise σ on the network's scale (default: the model's setting; the paper's 0.01).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub sgld_noise: Option<f32>,
     /// Clamp the defence's chains to [0, 1] pixels after every step: true or false (default:
     /// the model's training setting; the official defence does not clamp).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub sgld_clamp: Option<bool>,
 }
 
@@ -92,18 +86,5 @@ mod tests {
             sgld_clamp: Some(true),
         };
         assert_eq!(spec, want);
-        // Recorded alike: the flags serialise as the spec they give.
-        let flags = DefenceFlags {
-            chains: 3,
-            recheck_chains: 150,
-            init_noise: 0.1,
-            sgld_step_size: None,
-            sgld_noise: Some(0.05),
-            sgld_clamp: None,
-        };
-        assert_eq!(
-            serde_json::to_value(&flags).unwrap(),
-            serde_json::to_value(flags.spec()).unwrap()
-        );
     }
 }

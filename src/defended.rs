@@ -20,8 +20,8 @@ use crate::tables::first_repeat;
 use crate::train::JemConfig;
 
 /// How the defence runs, recorded with every result: chains, confirmation chains, initial
-/// noise, and overrides of the model's own SGLD settings. The command line's flags for it are
-/// [`DefenceFlags`](crate::defence_flags::DefenceFlags).
+/// noise, and overrides of the model's own SGLD settings (the command line's `--chains`,
+/// `--recheck-chains`, … set them).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DefenceSpec {
     /// SGLD chains per input whose logits are averaged (official attack code: 5).

@@ -9,7 +9,6 @@ pub mod backend;
 pub mod batches;
 pub mod bench;
 pub mod calibration;
-pub mod defence_flags;
 pub mod defended;
 pub mod digest;
 pub mod energy;

@@ -19,8 +19,10 @@ use jem_datasets::{DataSource, Split};
 
 mod calibrate_cli;
 mod cli_lists;
+mod defence_flags;
 mod harness_cli;
 mod nonsense_cli;
+mod ood_cli;
 mod robust_cli;
 
 #[derive(Parser)]
@@ -64,7 +66,7 @@ enum Command {
     /// Out-of-distribution detection per model, K and score (log p(x), max p(y|x), gradient
     /// norm): AUROC, AUPR, FPR at 95 % TPR against other data and noise; score histograms.
     #[command(allow_negative_numbers = true)]
-    Ood(jem_bench::ood::OodArgs),
+    Ood(ood_cli::OodArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression.
     #[command(allow_negative_numbers = true)]
     Regress(harness_cli::RegressArgs),
@@ -222,7 +224,7 @@ fn main() -> ExitCode {
         Command::Import(args) => run_import(args),
         Command::Robust(args) => run_robust(args, &device),
         Command::Nonsense(args) => args.run::<Train>(&device),
-        Command::Ood(args) => jem_bench::ood::run::<Train>(args, &device),
+        Command::Ood(args) => args.run::<Train>(&device),
         Command::Regress(args) => args.run::<Train>(&device),
         Command::Sample(args) => jem_bench::sample::run::<Train>(args, &device),
         Command::Report(args) => args.run(),

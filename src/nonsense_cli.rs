@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
+use crate::defence_flags::DefenceFlags;
 use clap::Args;
 use jem_attacks::GradMode;
 use jem_bench::backend::BenchBackend;
-use jem_bench::defence_flags::DefenceFlags;
 use jem_bench::nonsense::{self, NonsenseSpec};
 
 #[derive(Debug, Clone, Args)]

@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Args;
 use jem_attacks::GradMode;
 use jem_datasets::{DataSource, ImageSet, Split};
 use rand::SeedableRng;
@@ -26,60 +25,55 @@ pub use scores::{scores, Score};
 pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
 
 use crate::backend::BenchBackend;
-use crate::defence_flags::DefenceFlags;
-use crate::defended::Defended;
+use crate::defended::{DefenceSpec, Defended};
+use crate::harness::InvalidSetting;
 use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
 
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct OodArgs {
-    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
-    /// trained models).
-    #[arg(long, value_delimiter = ',')]
+/// What `ood` computes: per model and K, how well each score separates the in-distribution
+/// test images from each OOD set. Recorded in its `settings.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OodSpec {
+    /// Checkpoints (empty: the embedded baseline, JEM and adversarially trained models).
     pub models: Vec<PathBuf>,
-    /// In-distribution test data (default: each model's own data set).
-    #[arg(long = "in", value_name = "DATA")]
+    /// In-distribution test data (`None`: each model's own data set).
     pub in_data: Option<String>,
-    /// OOD sets, comma-separated: a data set's test split (fashion-mnist, mnist, cifar10:DIR,
-    /// …) or seeded noise: uniform (pixels U(0, 1)), gaussian (N(0.5, 0.25²) clipped to
-    /// [0, 1]), interp (mean of two in-distribution test images of different classes), constant
-    /// (one random grey level per image). Named --ood because --out is the output folder in
-    /// every command.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "fashion-mnist,uniform,gaussian,interp,constant"
-    )]
+    /// OOD sets: a data set's test split (fashion-mnist, mnist, cifar10:DIR, …) or seeded
+    /// noise: uniform, gaussian, interp, constant ([`OodSet`]).
     pub ood: Vec<String>,
-    /// SGLD sampling steps K before scoring, comma-separated; 0 is the plain classifier. For
-    /// K > 0 every score comes from the chain-averaged logits, and grad-norm differentiates
-    /// through the K steps (full mode: slow).
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    /// SGLD sampling steps K before scoring; 0 is the plain classifier.
     pub steps: Vec<usize>,
-    /// Scores, comma-separated: lse (the LogSumExp of the logits, log p(x) up to a constant),
-    /// max-softmax (max_y p(y|x)), grad-norm (−‖∂ log p(x)/∂x‖₂).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "lse,max-softmax,grad-norm"
-    )]
+    /// Scores to compute.
     pub scores: Vec<Score>,
-    /// Images per set: the first N in-distribution test images, and N of each OOD set.
-    #[arg(long, default_value_t = 1000)]
+    /// Images per set: the first `n` in-distribution test images, and `n` of each OOD set.
     pub n: usize,
-    /// Images per forward pass (K > 0 runs --chains times as many).
-    #[arg(long, default_value_t = 100)]
+    /// Images per forward pass (K > 0 runs `defence.chains` times as many).
     pub batch_size: usize,
-    #[command(flatten)]
-    pub defence: DefenceFlags,
+    pub defence: DefenceSpec,
     /// Seed of the noise sets and of the SGLD noise (K > 0).
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Output folder: ood.csv, histograms.{png,svg}, settings.json.
-    #[arg(long, default_value = "runs/ood")]
     pub out: PathBuf,
+}
+
+impl Default for OodSpec {
+    fn default() -> Self {
+        OodSpec {
+            models: Vec::new(),
+            in_data: None,
+            ood: ["fashion-mnist", "uniform", "gaussian", "interp", "constant"]
+                .map(String::from)
+                .to_vec(),
+            steps: vec![0],
+            scores: Score::ALL.to_vec(),
+            n: 1000,
+            batch_size: 100,
+            defence: DefenceSpec::default(),
+            seed: 1,
+            out: PathBuf::from("runs/ood"),
+        }
+    }
 }
 
 /// One model with its in-distribution images and every OOD set, built and checked before
@@ -133,7 +127,7 @@ fn name_hash(name: &str) -> u64 {
     })
 }
 
-impl OodArgs {
+impl OodSpec {
     fn grad_mode(&self) -> Option<GradMode> {
         self.scores
             .contains(&Score::GradNorm)
@@ -148,32 +142,41 @@ impl OodArgs {
                 Some(&crate::defended::sgld_of(sidecar)?).filter(|_| k > 0),
                 k,
                 grad,
-                &self.defence.spec(),
+                &self.defence,
             )?,
-            None => crate::defended::forward_settings(sidecar, k, &self.defence.spec())?,
+            None => crate::defended::forward_settings(sidecar, k, &self.defence)?,
         }
         .to_string())
     }
 
     /// Checks every flag, model and set before anything is written, and builds the sets.
     fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared>> {
-        anyhow::ensure!(
-            !self.steps.is_empty(),
-            "--steps: name at least one K (0 = the plain classifier)"
-        );
-        anyhow::ensure!(!self.scores.is_empty(), "--scores: name at least one score");
-        anyhow::ensure!(!self.ood.is_empty(), "--ood: name at least one OOD set");
-        for (flag, value) in [("--n", self.n), ("--batch-size", self.batch_size)] {
-            anyhow::ensure!(value >= 1, "{flag}: expected at least 1, found {value}");
+        let refuse = |field, problem: String| Err(InvalidSetting::bare(field, &problem).into());
+        if self.steps.is_empty() {
+            return refuse(
+                "steps",
+                "name at least one K (0 = the plain classifier)".into(),
+            );
+        }
+        if self.scores.is_empty() {
+            return refuse("scores", "name at least one score".into());
+        }
+        if self.ood.is_empty() {
+            return refuse("ood", "name at least one OOD set".into());
+        }
+        for (field, value) in [("n", self.n), ("batch_size", self.batch_size)] {
+            if value < 1 {
+                return refuse(field, format!("expected at least 1, found {value}"));
+            }
         }
         if let Some(k) = first_repeat(&self.steps) {
-            anyhow::bail!("--steps: K = {k} named twice");
+            return refuse("steps", format!("K = {k} named twice"));
         }
         if let Some(s) = first_repeat(&self.scores) {
-            anyhow::bail!("--scores: {} named twice", s.name());
+            return refuse("scores", format!("{} named twice", s.name()));
         }
         if let Some(s) = first_repeat(&self.ood) {
-            anyhow::bail!("--ood: {s} named twice");
+            return refuse("ood", format!("{s} named twice"));
         }
         let sets = self
             .ood
@@ -181,7 +184,7 @@ impl OodArgs {
             .map(|name| OodSet::parse(name))
             .collect::<anyhow::Result<Vec<_>>>()?;
         if self.steps.iter().any(|&k| k > 0) {
-            self.defence.spec().validate()?;
+            self.defence.validate()?;
         }
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
@@ -219,7 +222,7 @@ impl OodArgs {
 
 /// Every score of one model at K on its in-distribution set and each OOD set.
 fn score_cell<B: BenchBackend>(
-    args: &OodArgs,
+    args: &OodSpec,
     p: &Prepared,
     k: usize,
     device: &B::Device,
@@ -231,7 +234,7 @@ fn score_cell<B: BenchBackend>(
         Some(&crate::defended::sgld_of(&p.sidecar)?),
         k,
         grad,
-        &args.defence.spec(),
+        &args.defence,
     )?;
     let model_name = p.path.display().to_string();
     let mut sets = Vec::new();
@@ -274,7 +277,7 @@ fn score_cell<B: BenchBackend>(
     })
 }
 
-pub fn run<B: BenchBackend>(mut args: OodArgs, device: &B::Device) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }

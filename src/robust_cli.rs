@@ -5,10 +5,10 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
+use crate::defence_flags::DefenceFlags;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
-use jem_bench::defence_flags::DefenceFlags;
 use jem_bench::harness::{AttackKind, InvalidSetting, Shard, SweepSpec};
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it

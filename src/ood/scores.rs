@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::batches;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Score {
     Lse,
@@ -32,6 +32,10 @@ pub enum Score {
 }
 
 impl Score {
+    /// Every score, in the order the command line lists them.
+    pub const ALL: [Score; 3] = [Score::Lse, Score::MaxSoftmax, Score::GradNorm];
+
+    /// The score's name: `lse`, `max-softmax`, `grad-norm`.
     pub fn name(self) -> &'static str {
         match self {
             Score::Lse => "lse",
@@ -48,6 +52,18 @@ impl Score {
                 "−‖∂ LogSumExp_y f(x)[y] / ∂x‖₂ = −‖∂ log p(x)/∂x‖₂, x in [0, 1] pixels"
             }
         }
+    }
+}
+
+impl std::str::FromStr for Score {
+    type Err = String;
+
+    /// A score's [`name`](Score::name).
+    fn from_str(s: &str) -> Result<Score, String> {
+        Score::ALL
+            .into_iter()
+            .find(|score| score.name() == s)
+            .ok_or_else(|| format!("unknown score {s:?}: expected lse, max-softmax or grad-norm"))
     }
 }
 
