@@ -24,6 +24,7 @@ mod harness_cli;
 mod nonsense_cli;
 mod ood_cli;
 mod robust_cli;
+mod sample_cli;
 
 #[derive(Parser)]
 #[command(
@@ -72,7 +73,7 @@ enum Command {
     Regress(harness_cli::RegressArgs),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
     #[command(allow_negative_numbers = true)]
-    Sample(jem_bench::sample::SampleArgs),
+    Sample(sample_cli::SampleArgs),
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
     #[command(allow_negative_numbers = true)]
     Report(harness_cli::ReportArgs),
@@ -226,7 +227,7 @@ fn main() -> ExitCode {
         Command::Nonsense(args) => args.run::<Train>(&device),
         Command::Ood(args) => args.run::<Train>(&device),
         Command::Regress(args) => args.run::<Train>(&device),
-        Command::Sample(args) => jem_bench::sample::run::<Train>(args, &device),
+        Command::Sample(args) => args.run::<Train>(&device),
         Command::Report(args) => args.run(),
         Command::Merge(args) => args.run::<Train>(&device),
         Command::Bench(args) => jem_bench::bench::run::<Train>(args, &device),

@@ -13,7 +13,6 @@ use anyhow::Context;
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData};
-use clap::Args;
 use jem_attacks::{SgldConfig, SgldSampler, SgldTarget};
 use jem_datasets::{DataSource, Split};
 use rand::rngs::StdRng;
@@ -21,53 +20,42 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::backend::BenchBackend;
+use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{Checkpoint, InputNormalization, Sidecar, SOFTWARE};
 use crate::train::{chain_init, ChainStart, ClassGaussians, JemConfig, ReplayBuffer};
 
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct SampleArgs {
+/// What `sample` draws and where it writes: recorded in the JSON beside the grid.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SampleSpec {
     /// The checkpoint to sample from (NAME, NAME.safetensors or NAME.json).
-    #[arg(long)]
     pub model: PathBuf,
-    /// Classes to sample, comma-separated (default: every class, one grid row each).
-    #[arg(long, value_delimiter = ',')]
+    /// Classes to sample (empty: every class, one grid row each).
     pub class: Vec<usize>,
     /// Samples per class (grid columns).
-    #[arg(long, default_value_t = 10)]
     pub per_class: usize,
     /// SGLD steps.
-    #[arg(long, default_value_t = 200)]
     pub steps: usize,
-    /// SGLD step size α on the network scale (default: the model's training setting).
-    #[arg(long)]
+    /// SGLD step size α on the network scale (`None`: the model's training setting).
     pub sgld_lr: Option<f32>,
-    /// SGLD noise σ on the network scale (default: the model's training setting).
-    #[arg(long)]
+    /// SGLD noise σ on the network scale (`None`: the model's training setting).
     pub sgld_std: Option<f32>,
     /// Start from the replay buffer of this training run folder (its `state/`) instead of
     /// uniform noise.
-    #[arg(long)]
     pub from_buffer: Option<PathBuf>,
     /// Start each row from its class's Gaussian fitted to the model's training images (the
-    /// whole training split; JEM++'s informative initialisation) instead of uniform noise.
-    #[arg(long, conflicts_with = "from_buffer")]
+    /// whole training split; JEM++'s informative initialisation) instead of uniform noise;
+    /// not with `from_buffer`.
     pub from_class_gaussian: bool,
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// The PNG to write; a JSON record goes next to it.
-    #[arg(long, default_value = "samples.png")]
     pub out: PathBuf,
     /// The classifier that judges the samples (its probability of each sample's class, and its
     /// penultimate features for the Fréchet distance to the test images); `none` skips both.
-    /// The default is the embedded baseline, trained without any generative term.
-    #[arg(long, default_value = "results/models/baseline")]
     pub judge: String,
     /// The judge's probability of the intended class that counts a sample as that class.
-    #[arg(long, default_value_t = 0.9)]
     pub judge_threshold: f64,
     /// Test images (the first N) that the samples' Fréchet distance is measured against.
-    #[arg(long, default_value_t = 10_000)]
     pub reference_images: usize,
 }
 
@@ -88,7 +76,7 @@ struct ClassReport {
 struct SampleRecord<'a> {
     software: &'a str,
     backend: String,
-    settings: &'a SampleArgs,
+    settings: &'a SampleSpec,
     sgld: SgldConfig,
     start: String,
     classes: Vec<ClassReport>,
@@ -98,7 +86,7 @@ struct SampleRecord<'a> {
 }
 
 /// Draws the samples `args` asks for, judges them and writes the grid and its JSON record.
-pub fn run<B: BenchBackend>(args: SampleArgs, device: &B::Device) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Result<()> {
     validate(&args)?;
     let ckpt = Checkpoint::at(&args.model);
     let (model, sidecar) = ckpt.load::<B>(device)?;
@@ -196,18 +184,19 @@ pub fn run<B: BenchBackend>(args: SampleArgs, device: &B::Device) -> anyhow::Res
 }
 
 /// Refuses settings no sampling can use, before anything is loaded.
-fn validate(args: &SampleArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.per_class >= 1,
-        "--per-class: expected at least 1, found 0"
-    );
-    for (flag, v) in [("--sgld-lr", args.sgld_lr), ("--sgld-std", args.sgld_std)] {
-        if let Some(v) = v {
-            anyhow::ensure!(
-                v.is_finite() && v >= 0.0,
-                "{flag}: expected a finite number >= 0, found {v}"
-            );
+fn validate(args: &SampleSpec) -> anyhow::Result<()> {
+    let refuse = |field, problem: String| Err(InvalidSetting::bare(field, &problem).into());
+    if args.per_class < 1 {
+        return refuse("per_class", "expected at least 1, found 0".into());
+    }
+    for (field, v) in [("sgld_lr", args.sgld_lr), ("sgld_std", args.sgld_std)] {
+        if let Some(v) = v.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+            return refuse(field, format!("expected a finite number >= 0, found {v}"));
         }
+    }
+    if args.from_class_gaussian && args.from_buffer.is_some() {
+        let problem = "a sample starts either from a replay buffer or from the class Gaussians";
+        return refuse("from_class_gaussian", problem.into());
     }
     Ok(())
 }
@@ -215,7 +204,7 @@ fn validate(args: &SampleArgs) -> anyhow::Result<()> {
 /// The judge of the samples' quality (`None` with `--judge none`), its settings checked
 /// against the model's data.
 fn load_judge<B: BenchBackend>(
-    args: &SampleArgs,
+    args: &SampleSpec,
     sidecar: &Sidecar,
     classes: &[usize],
     [c, h, w]: [usize; 3],
@@ -258,7 +247,7 @@ fn load_judge<B: BenchBackend>(
 /// The chains' first images, one per sample (rows of `per_class` for each class), and how they
 /// were drawn.
 fn chain_starts(
-    args: &SampleArgs,
+    args: &SampleSpec,
     classes: &[usize],
     norm: &InputNormalization,
     [c, h, w]: [usize; 3],

@@ -441,10 +441,10 @@ fn sharded_sgld_matches_one_thread() {
 /// for every row.
 #[test]
 fn class_gaussian_starts_are_read_as_their_class() {
-    use jem_bench::sample::{run, SampleArgs};
+    use jem_bench::sample::{run, SampleSpec};
 
     let dir = tempfile::tempdir().unwrap();
-    let args = |gaussian: bool, name: &str| SampleArgs {
+    let args = |gaussian: bool, name: &str| SampleSpec {
         model: Path::new(env!("CARGO_MANIFEST_DIR")).join("results/models/baseline"),
         class: vec![],
         per_class: 6,
