@@ -16,7 +16,6 @@ use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use clap::{Args, ValueEnum};
 use jem_attacks::{noise, AttackLoss, GradMode, Model, SgldConfig, SgldSampler, SgldTarget};
 use jem_datasets::ImageSet;
 use jem_kernels::Implementation;
@@ -31,7 +30,7 @@ use crate::train::{adam, cross_entropy, descend, JemConfig, JemObjective};
 use crate::train::{Objective, Step};
 
 /// The operations timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BenchOp {
     /// Logits of a batch (no autodiff).
@@ -55,12 +54,54 @@ pub enum BenchOp {
 }
 
 impl BenchOp {
-    /// The name on the command line (`train-step`, …).
-    fn name(self) -> String {
-        self.to_possible_value()
-            .expect("no operation is skipped")
-            .get_name()
-            .to_string()
+    /// Every operation, in the order the command line lists them.
+    pub const ALL: [BenchOp; 6] = [
+        BenchOp::Forward,
+        BenchOp::TrainStep,
+        BenchOp::InputGradient,
+        BenchOp::SgldStep,
+        BenchOp::JemIteration,
+        BenchOp::PgdStep,
+    ];
+
+    /// The operation's name (`train-step`, …), as the command line and the timings call it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::Forward => "forward",
+            BenchOp::TrainStep => "train-step",
+            BenchOp::InputGradient => "input-gradient",
+            BenchOp::SgldStep => "sgld-step",
+            BenchOp::JemIteration => "jem-iteration",
+            BenchOp::PgdStep => "pgd-step",
+        }
+    }
+
+    /// What the operation computes, in a sentence (the command line's help).
+    pub fn description(self) -> &'static str {
+        match self {
+            BenchOp::Forward => "Logits of a batch (no autodiff)",
+            BenchOp::TrainStep => {
+                "Cross-entropy forward, backward to every parameter, one Adam step"
+            }
+            BenchOp::InputGradient => {
+                "d(Σ_i LogSumExp f(x_i))/dx, parameters frozen: the SGLD and attack gradient"
+            }
+            BenchOp::SgldStep => {
+                "One SGLD step on the LogSumExp (the input gradient, then the noisy update)"
+            }
+            BenchOp::JemIteration => {
+                "One JEM training iteration (Algorithm 1 of Grathwohl et al. 2020) as `train \
+                 --kind jem` runs it with the official settings: `--batch` chains drawn from the \
+                 replay buffer (10 000 chains, 5 % restarted from noise), 20 SGLD steps on them \
+                 (α = 1, σ = 0.01), then CE(f(x), y) − (mean LSE f(x) − mean LSE f(x̂)) on data \
+                 and samples in one forward pass, backward to every parameter, one Adam step"
+            }
+            BenchOp::PgdStep => {
+                "One PGD gradient: d Σ CE / dx through the test-time SGLD defence, as the \
+                 attacks take it (`--k` steps in `--chains` chains, logits averaged, `--grad \
+                 bpda|full`; K = 0: the plain classifier)"
+            }
+        }
     }
 }
 
@@ -79,7 +120,7 @@ impl BenchOp {
 ///     on the vector (F) and back to its input (F), so n·(4K + 2)F — the count of PyTorch's
 ///     exact double backward too (a backward of the step's forward and backward passes, about
 ///     2F per step back), which ops.py reports for its side.
-fn flops(args: &BenchArgs, forward: u64) -> u64 {
+fn flops(args: &BenchSpec, forward: u64) -> u64 {
     let n = args.chains as u64;
     let k = args.k as u64;
     match args.op {
@@ -97,61 +138,49 @@ fn flops(args: &BenchArgs, forward: u64) -> u64 {
 
 /// The row's name in the comparison table: the operation, and for a PGD step its K and
 /// gradient mode (`pgd-step k10 full`; `pgd-step k0` has no mode).
-fn row(args: &BenchArgs) -> String {
+fn row(args: &BenchSpec) -> String {
     match args.op {
         BenchOp::PgdStep if args.k == 0 => "pgd-step k0".into(),
         BenchOp::PgdStep => format!("pgd-step k{} {}", args.k, args.grad),
-        op => op.name(),
+        op => op.name().into(),
     }
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
+/// What `bench` times: one operation on a seeded Wide-ResNet, its shape and batch, how many
+/// calls, on whose kernels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchSpec {
     /// What to time.
-    #[arg(long, value_enum)]
     pub op: BenchOp,
-    /// Images per call (MNIST-shaped unless --channels/--size say otherwise).
-    #[arg(long, default_value_t = 64)]
+    /// Images per call.
     pub batch: usize,
-    #[arg(long, default_value_t = 10)]
     pub depth: usize,
-    #[arg(long, default_value_t = 1)]
     pub width: usize,
-    #[arg(long, default_value_t = 1)]
     pub channels: usize,
     /// Image height and width.
-    #[arg(long, default_value_t = 28)]
     pub size: usize,
     /// Timed calls (after the warm-up); the median is reported.
-    #[arg(long, default_value_t = 20)]
     pub reps: usize,
     /// Untimed calls first (allocation pools, caches).
-    #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Whose convolutions and LeakyReLU the CPU backend runs: jem-kernels' (`own`, what every
-    /// other command uses), burn's (`burn`), or burn's forward operations with the convolution
+    /// Whose convolutions and LeakyReLU the CPU backend runs: jem-kernels' (`Own`, what every
+    /// other command uses), burn's (`Burn`), or burn's forward operations with the convolution
     /// gradients composed from a forward convolution and a matrix product as on a GPU
-    /// (`portable`), to measure one against another.
-    #[arg(long, value_enum, default_value_t = KernelsArg::Own)]
+    /// (`Portable`), to measure one against another.
     pub kernels: KernelsArg,
     /// Cut the warm-up (after at least 1 call) and the timed calls (after at least 3, or
-    /// `--reps` if fewer) short once this many seconds have passed in each: the slow rows then
-    /// take a bounded time. No limit by default.
-    #[arg(long)]
+    /// `reps` if fewer) short once this many seconds have passed in each.
     pub max_seconds: Option<f64>,
     /// pgd-step: SGLD steps K of the defence in front of the classifier (0: none).
-    #[arg(long, default_value_t = 0)]
     pub k: usize,
-    /// pgd-step: how the gradient passes the K steps, `bpda` or `full` (ignored at K = 0).
-    #[arg(long, default_value = "bpda")]
+    /// pgd-step: how the gradient passes the K steps (ignored at K = 0).
     pub grad: GradMode,
     /// pgd-step: chains per image whose logits the defence averages (ignored at K = 0).
-    #[arg(long, default_value_t = 5)]
     pub chains: usize,
 }
 
-/// `--kernels`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+/// Whose convolutions and LeakyReLU the CPU backend runs (see [`BenchSpec::kernels`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum KernelsArg {
     Own,
@@ -231,7 +260,7 @@ impl Repeats {
 }
 
 /// Refuses settings no benchmark can run, naming the flag.
-fn validate(args: &BenchArgs) -> anyhow::Result<()> {
+fn validate(args: &BenchSpec) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch >= 1, "--batch: expected at least 1, found 0");
     anyhow::ensure!(args.reps >= 1, "--reps: expected at least 1, found 0");
     if let Some(s) = args.max_seconds {
@@ -255,7 +284,7 @@ fn validate(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Times the operation `args` names on `device` and prints one JSON line.
-pub fn run<B: BenchBackend>(args: BenchArgs, device: &B::Device) -> anyhow::Result<()> {
+pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Result<()> {
     validate(&args)?;
     jem_kernels::set_implementation(match args.kernels {
         KernelsArg::Own => Implementation::Own,
@@ -304,7 +333,7 @@ pub fn run<B: BenchBackend>(args: BenchArgs, device: &B::Device) -> anyhow::Resu
 /// The wall times (ms) of the timed calls of `args.op` on a seeded network of `cfg` and a
 /// batch of uniform images.
 fn time_op<B: BenchBackend>(
-    args: &BenchArgs,
+    args: &BenchSpec,
     cfg: &WideResNetConfig,
     device: &B::Device,
 ) -> anyhow::Result<Vec<f64>> {
@@ -392,7 +421,7 @@ fn time_op<B: BenchBackend>(
 /// official settings and the SGLD shards on as many threads as the rest of the row
 /// (training's default, one per core, would ignore `RAYON_NUM_THREADS`).
 fn time_jem_iteration<B: BenchBackend>(
-    args: &BenchArgs,
+    args: &BenchSpec,
     cfg: &WideResNetConfig,
     model: WideResNet<B>,
     x: Tensor<B, 4>,

@@ -17,6 +17,7 @@ use jem_bench::train::{
 };
 use jem_datasets::{DataSource, Split};
 
+mod bench_cli;
 mod calibrate_cli;
 mod cli_lists;
 mod defence_flags;
@@ -83,7 +84,7 @@ enum Command {
     /// Time one hot operation (forward, train step, input gradient, SGLD step, JEM training
     /// iteration, PGD step through the SGLD defence) on a Wide-ResNet;
     /// benches/pytorch/compare.py runs it beside PyTorch.
-    Bench(jem_bench::bench::BenchArgs),
+    Bench(bench_cli::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -230,7 +231,7 @@ fn main() -> ExitCode {
         Command::Sample(args) => args.run::<Train>(&device),
         Command::Report(args) => args.run(),
         Command::Merge(args) => args.run::<Train>(&device),
-        Command::Bench(args) => jem_bench::bench::run::<Train>(args, &device),
+        Command::Bench(args) => args.run::<Train>(&device),
     };
     match result.map_err(robust_cli::with_flags) {
         Ok(()) => ExitCode::SUCCESS,

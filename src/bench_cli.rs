@@ -1,0 +1,97 @@
+//! The flags of `jem-bench bench`, converted into the library's
+//! [`BenchSpec`](jem_bench::bench::BenchSpec).
+
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::Args;
+use jem_attacks::GradMode;
+use jem_bench::backend::BenchBackend;
+use jem_bench::bench::{self, BenchOp, BenchSpec, KernelsArg};
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// What to time.
+    #[arg(long, value_parser = ops())]
+    pub op: BenchOp,
+    /// Images per call (MNIST-shaped unless --channels/--size say otherwise).
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 10)]
+    pub depth: usize,
+    #[arg(long, default_value_t = 1)]
+    pub width: usize,
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// Image height and width.
+    #[arg(long, default_value_t = 28)]
+    pub size: usize,
+    /// Timed calls (after the warm-up); the median is reported.
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Untimed calls first (allocation pools, caches).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Whose convolutions and LeakyReLU the CPU backend runs: jem-kernels' (`own`, what every
+    /// other command uses), burn's (`burn`), or burn's forward operations with the convolution
+    /// gradients composed from a forward convolution and a matrix product as on a GPU
+    /// (`portable`), to measure one against another.
+    #[arg(long, default_value = "own", value_parser = kernels())]
+    pub kernels: KernelsArg,
+    /// Cut the warm-up (after at least 1 call) and the timed calls (after at least 3, or
+    /// `--reps` if fewer) short once this many seconds have passed in each: the slow rows then
+    /// take a bounded time. No limit by default.
+    #[arg(long)]
+    pub max_seconds: Option<f64>,
+    /// pgd-step: SGLD steps K of the defence in front of the classifier (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub k: usize,
+    /// pgd-step: how the gradient passes the K steps, `bpda` or `full` (ignored at K = 0).
+    #[arg(long, default_value = "bpda")]
+    pub grad: GradMode,
+    /// pgd-step: chains per image whose logits the defence averages (ignored at K = 0).
+    #[arg(long, default_value_t = 5)]
+    pub chains: usize,
+}
+
+impl BenchArgs {
+    /// Runs `bench` on `device`.
+    pub fn run<B: BenchBackend>(self, device: &B::Device) -> anyhow::Result<()> {
+        let spec = BenchSpec {
+            op: self.op,
+            batch: self.batch,
+            depth: self.depth,
+            width: self.width,
+            channels: self.channels,
+            size: self.size,
+            reps: self.reps,
+            warmup: self.warmup,
+            kernels: self.kernels,
+            max_seconds: self.max_seconds,
+            k: self.k,
+            grad: self.grad,
+            chains: self.chains,
+        };
+        bench::run::<B>(spec, device)
+    }
+}
+
+/// `--op`'s values: every operation's name, with what it computes as its help.
+fn ops() -> impl TypedValueParser<Value = BenchOp> {
+    let values = BenchOp::ALL.map(|op| PossibleValue::new(op.name()).help(op.description()));
+    PossibleValuesParser::new(values).map(|name| {
+        let op = BenchOp::ALL.into_iter().find(|op| op.name() == name);
+        op.expect("one of the listed names")
+    })
+}
+
+/// `--kernels`' values.
+fn kernels() -> impl TypedValueParser<Value = KernelsArg> {
+    let all = [
+        (KernelsArg::Own, "own"),
+        (KernelsArg::Burn, "burn"),
+        (KernelsArg::Portable, "portable"),
+    ];
+    PossibleValuesParser::new(all.map(|(_, name)| name)).map(move |name| {
+        let kernels = all.iter().find(|(_, n)| *n == name);
+        kernels.expect("one of the listed names").0
+    })
+}
