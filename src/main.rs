@@ -17,15 +17,7 @@ use jem_bench::train::{
 };
 use jem_datasets::{DataSource, Split};
 
-mod bench_cli;
-mod calibrate_cli;
-mod cli_lists;
-mod defence_flags;
-mod harness_cli;
-mod nonsense_cli;
-mod ood_cli;
-mod robust_cli;
-mod sample_cli;
+mod cli;
 
 #[derive(Parser)]
 #[command(
@@ -55,36 +47,36 @@ enum Command {
     /// Calibration per model and K: accuracy, NLL, Brier score, ECE (15 bins), reliability
     /// diagram.
     #[command(allow_negative_numbers = true)]
-    Calibrate(calibrate_cli::CalibrateArgs),
+    Calibrate(cli::calibrate::CalibrateArgs),
     /// Turn a PyTorch checkpoint (.safetensors / .pt) into a jem-bench checkpoint.
     #[command(allow_negative_numbers = true)]
     Import(ImportArgs),
     /// Sweep models × attacks × ε × sampling steps K × gradient modes; CSV, summary, table.
     #[command(allow_negative_numbers = true)]
-    Robust(robust_cli::RobustArgs),
+    Robust(cli::robust::RobustArgs),
     /// Nonsense-input (distal adversarial) search per model, K and class.
     #[command(allow_negative_numbers = true)]
-    Nonsense(nonsense_cli::NonsenseArgs),
+    Nonsense(cli::nonsense::NonsenseArgs),
     /// Out-of-distribution detection per model, K and score (log p(x), max p(y|x), gradient
     /// norm): AUROC, AUPR, FPR at 95 % TPR against other data and noise; score histograms.
     #[command(allow_negative_numbers = true)]
-    Ood(ood_cli::OodArgs),
+    Ood(cli::ood::OodArgs),
     /// Compare a sweep against a stored reference; non-zero exit on regression.
     #[command(allow_negative_numbers = true)]
-    Regress(harness_cli::RegressArgs),
+    Regress(cli::harness::RegressArgs),
     /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
     #[command(allow_negative_numbers = true)]
-    Sample(sample_cli::SampleArgs),
+    Sample(cli::sample::SampleArgs),
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
     #[command(allow_negative_numbers = true)]
-    Report(harness_cli::ReportArgs),
+    Report(cli::harness::ReportArgs),
     /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
     #[command(allow_negative_numbers = true)]
-    Merge(harness_cli::MergeArgs),
+    Merge(cli::harness::MergeArgs),
     /// Time one hot operation (forward, train step, input gradient, SGLD step, JEM training
     /// iteration, PGD step through the SGLD defence) on a Wide-ResNet;
     /// benches/pytorch/compare.py runs it beside PyTorch.
-    Bench(bench_cli::BenchArgs),
+    Bench(cli::bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -191,7 +183,7 @@ fn main() -> ExitCode {
     quiet_on_closed_stdout();
     let command = Cli::command();
     let matches = command.clone().get_matches();
-    if let Err(e) = cli_lists::refuse_repeated_values(&command, &matches) {
+    if let Err(e) = cli::lists::refuse_repeated_values(&command, &matches) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
@@ -233,7 +225,7 @@ fn main() -> ExitCode {
         Command::Merge(args) => args.run::<Train>(&device),
         Command::Bench(args) => args.run::<Train>(&device),
     };
-    match result.map_err(robust_cli::with_flags) {
+    match result.map_err(cli::robust::with_flags) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -242,7 +234,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_robust(args: robust_cli::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
+fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
     let (spec, out, shard, jobs) = args.into_parts()?;
     let progress = jem_bench::harness::TerminalProgress::default();
     let runner = jem_bench::harness::Runner {

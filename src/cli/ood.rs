@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::defence_flags::DefenceFlags;
+use super::defence::DefenceFlags;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use jem_bench::backend::BenchBackend;

@@ -5,7 +5,7 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use crate::defence_flags::DefenceFlags;
+use super::defence::DefenceFlags;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};

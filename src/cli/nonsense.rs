@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::defence_flags::DefenceFlags;
+use super::defence::DefenceFlags;
 use clap::Args;
 use jem_attacks::GradMode;
 use jem_bench::backend::BenchBackend;
