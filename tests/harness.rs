@@ -941,3 +941,87 @@ fn report_draws_robust_accuracy_against_k() {
         joined.path().join("k-curve.svg").exists() && joined.path().join("k-curve.png").exists()
     );
 }
+
+/// A convergence check interrupted mid-way resumes from the re-attacks it kept: a part found in
+/// the cell's batch folder is read back, not computed again. (The part here is doctored to say
+/// every sampled survivor broke, which no rerun would compute, so the cell's record shows
+/// whether it was read.)
+#[test]
+fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = || {
+        let mut c = cli();
+        c.args([
+            "robust",
+            "--models",
+            "results/models/baseline",
+            "--attacks",
+            "pgd",
+        ])
+        .args([
+            "--steps",
+            "1",
+            "--grad",
+            "bpda",
+            "--eps",
+            "0,0.1",
+            "--n-examples",
+            "6",
+        ])
+        .args(["--pgd-steps", "2", "--chains", "2", "--recheck-chains", "3"])
+        .args(["--batch-size", "4", "--out"])
+        .arg(dir.path());
+        c
+    };
+    run(&mut sweep());
+    let cells = dir.path().join("cells");
+    let file = std::fs::read_dir(&cells)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .expect("the cell's file");
+    let cell: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let checked = |cell: &serde_json::Value| {
+        let row = cell["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| (r["eps"].as_f64().unwrap() - 0.1).abs() < 1e-6)
+            .unwrap()
+            .clone();
+        (
+            row["check_sampled"].as_u64(),
+            row["check_broken_eot"].as_u64(),
+        )
+    };
+    let (sampled, broken_eot) = checked(&cell);
+    let sampled = sampled.expect("a stochastic cell is checked") as usize;
+    assert!(sampled > 0 && broken_eot < Some(sampled as u64), "{cell}");
+
+    // As if killed during the check: the cell's file gone, its batch folder holding the first
+    // re-attack (4× EOT at ε 0.1), doctored.
+    std::fs::remove_file(&file).unwrap();
+    let kept = cells.join(format!(
+        "{}.batches",
+        file.file_stem().unwrap().to_str().unwrap()
+    ));
+    std::fs::create_dir_all(kept.join("convergence")).unwrap();
+    let identity = cell["identity"].as_str().unwrap();
+    for folder in [kept.clone(), kept.join("convergence")] {
+        std::fs::write(folder.join("identity"), identity).unwrap();
+    }
+    let all_broken = serde_json::to_string(&vec![true; sampled]).unwrap();
+    std::fs::write(kept.join("convergence/0.json"), all_broken).unwrap();
+    run(&mut sweep());
+    let resumed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(
+        checked(&resumed),
+        (Some(sampled as u64), Some(sampled as u64))
+    );
+    assert!(
+        !kept.exists(),
+        "the batch folder is removed once the cell is written"
+    );
+}

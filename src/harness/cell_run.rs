@@ -97,7 +97,17 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let last = stages.last().expect("every cell runs an attack");
     let convergence = if probe.stochastic && spec.convergence_sample > 0 {
-        convergence_checks(spec, cell, &defended, last, &grid, &batch)?
+        let keep = kept_batches(out, spec, cell, n);
+        convergence_checks(
+            spec,
+            cell,
+            &defended,
+            last,
+            &grid,
+            &batch,
+            keep.as_deref(),
+            identity,
+        )?
     } else {
         Vec::new()
     };
@@ -126,6 +136,24 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
     })
 }
 
+/// Examples per batch of a cell of `n` examples.
+fn batch_len(spec: &SweepSpec, n: usize) -> usize {
+    spec.batch_size.unwrap_or(n).max(1)
+}
+
+/// Where a cell of `n` examples keeps its finished parts: in several batches, each batch (and
+/// each re-attack of its convergence check) is kept as it finishes, so a killed sweep resumes
+/// mid-cell (an AutoAttack cascade on 1 000 images runs for hours on two cores); in one batch,
+/// nowhere.
+fn kept_batches(
+    out: &std::path::Path,
+    spec: &SweepSpec,
+    cell: &Cell,
+    n: usize,
+) -> Option<std::path::PathBuf> {
+    (n.div_ceil(batch_len(spec, n)) > 1).then(|| outputs::batches_dir(out, cell))
+}
+
 /// Per attack (several for a preset's cascade), per ε of `grid` (ascending; or once, for a
 /// minimum-perturbation attack): every one of the cell's `n` examples' outcome, batch after
 /// batch. Returns the stages joined over the batches, the seconds all batches took (those an
@@ -144,10 +172,8 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
-    let chunks: Vec<&[usize]> = all.chunks(spec.batch_size.unwrap_or(n).max(1)).collect();
-    // Several batches: each is kept as it finishes, so a killed sweep resumes mid-cell (an
-    // AutoAttack cascade on 1 000 images runs for hours on two cores).
-    let keep = (chunks.len() > 1).then(|| outputs::batches_dir(out, cell));
+    let chunks: Vec<&[usize]> = all.chunks(batch_len(spec, n)).collect();
+    let keep = kept_batches(out, spec, cell, n);
     let mut seconds_now = 0.0;
     let parts = outputs::resumable_batches(keep.as_deref(), identity, chunks.len(), |j| {
         let batch_started = Instant::now();

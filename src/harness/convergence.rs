@@ -1,11 +1,17 @@
 //! The convergence check of a stochastic cell: a seeded sample of the examples its attack left
 //! standing, attacked again with 4× the EOT draws and with 2× the iterations. An attack that
-//! had converged breaks (almost) none of them.
+//! had converged breaks (almost) none of them. Each re-attack (one ε, one of the two
+//! strengths) is kept as it finishes where the cell keeps its batches, so an interrupted sweep
+//! resumes the check instead of starting it again (at K = 10 a check runs for hours on two
+//! cores).
+
+use std::path::Path;
 
 use jem_attacks::{AttackOutcome, Model, Norm};
 
 use super::cell_run::{attack_batch, batch_seed, Examples, Stage};
 use super::cells::Cell;
+use super::outputs;
 use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 
@@ -36,7 +42,10 @@ pub(super) fn standing(
 /// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
 /// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
-/// attack that had converged breaks (almost) none of them.
+/// attack that had converged breaks (almost) none of them. With `keep` (the cell's batch
+/// folder of the sweep `identity`), each re-attack is kept there as it finishes and read back
+/// by a rerun.
+#[allow(clippy::too_many_arguments)] // the cell's context, as `run_cell` holds it
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
     cell: &Cell,
@@ -44,6 +53,8 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     last: &Stage,
     grid: &[f32],
     batch: &dyn Fn(&[usize]) -> Examples<B>,
+    keep: Option<&Path>,
+    identity: &str,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
@@ -61,7 +72,9 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         seed: crate::seeds::splitmix64(spec.seed ^ 0x17E7),
         ..spec.clone()
     };
-    let mut checks = Vec::new();
+    // Each ε's sample of survivors, then the re-attacks in order: ε by ε, more EOT then more
+    // iterations (the order and seeds of a check run in one go, so kept parts change nothing).
+    let mut samples: Vec<(f32, Vec<usize>)> = Vec::new();
     for (i, &eps) in grid.iter().enumerate().filter(|(_, &e)| e > 0.0) {
         let (at, outcome) = last
             .outcomes
@@ -80,29 +93,40 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         survivors.shuffle(&mut rng);
         survivors.truncate(spec.convergence_sample);
         survivors.sort_unstable();
-        let broken_by = |strong: &SweepSpec| -> anyhow::Result<Vec<bool>> {
-            let (x, y) = batch(&survivors);
-            let stages = attack_batch(strong, cell, defended, x, y, &[eps])?;
+        samples.push((eps, survivors));
+    }
+    let strengths = [&more_eot, &more_iterations];
+    let dir = keep.map(|k| k.join("convergence"));
+    let broken: Vec<Vec<bool>> =
+        outputs::resumable_batches(dir.as_deref(), identity, 2 * samples.len(), |j| {
+            let (eps, survivors) = &samples[j / 2];
+            let (x, y) = batch(survivors);
+            let stages = attack_batch(strengths[j % 2], cell, defended, x, y, &[*eps])?;
             let last = stages.last().expect("every cell runs an attack");
             let (at, outcome) = &last.outcomes[0];
-            Ok(standing(outcome, *at, spec.norm, eps)
+            Ok(standing(outcome, *at, spec.norm, *eps)
                 .into_iter()
                 .map(|ok| !ok)
                 .collect())
-        };
-        let (eot, iterations) = (broken_by(&more_eot)?, broken_by(&more_iterations)?);
-        let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
-        checks.push(ConvergenceCheck {
-            eps,
-            sampled: survivors.len(),
-            broken_eot: count(&eot),
-            broken_iterations: count(&iterations),
-            broken: eot
-                .iter()
-                .zip(&iterations)
-                .filter(|(a, b)| **a || **b)
-                .count(),
-        });
-    }
+        })?;
+    let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
+    let checks = samples
+        .iter()
+        .zip(broken.chunks_exact(2))
+        .map(|((eps, survivors), pair)| {
+            let (eot, iterations) = (&pair[0], &pair[1]);
+            ConvergenceCheck {
+                eps: *eps,
+                sampled: survivors.len(),
+                broken_eot: count(eot),
+                broken_iterations: count(iterations),
+                broken: eot
+                    .iter()
+                    .zip(iterations)
+                    .filter(|(a, b)| **a || **b)
+                    .count(),
+            }
+        })
+        .collect();
     Ok(checks)
 }
