@@ -107,7 +107,7 @@ struct ImportArgs {
     /// Replace an existing checkpoint at --out (refused without it).
     #[arg(long)]
     overwrite: bool,
-    #[arg(long, value_enum, default_value = "wide-resnet")]
+    #[arg(long, default_value = "wide-resnet", value_parser = namings())]
     naming: PytorchNaming,
     /// Key of the state_dict inside a .pt file (JEM checkpoints: model_state_dict).
     #[arg(long)]
@@ -343,6 +343,16 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--naming`'s values: every naming, with whose checkpoints it reads as its help.
+fn namings() -> impl clap::builder::TypedValueParser<Value = PytorchNaming> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = PytorchNaming::ALL.map(|n| PossibleValue::new(n.name()).help(n.description()));
+    PossibleValuesParser::new(values).map(|name| {
+        let naming = PytorchNaming::ALL.into_iter().find(|n| n.name() == name);
+        naming.expect("one of the listed names")
+    })
 }
 
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {

@@ -21,7 +21,7 @@ use super::{InputNormalization, WideResNet, WideResNetConfig, WrnVariant};
 const NORMALIZATION_BUFFERS: [(&str, &str); 2] = [("mu", "sigma"), ("mean", "std")];
 
 /// How the tensors of a PyTorch checkpoint are named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PytorchNaming {
     /// `Wide_ResNet.state_dict()` of the official JEM `wideresnet.py`: `conv1.weight`,
     /// `layer1.0.conv1.weight`, `layer2.0.shortcut.0.weight`, `linear.weight`, …
@@ -36,6 +36,40 @@ pub enum PytorchNaming {
 }
 
 impl PytorchNaming {
+    /// Every naming, in the order the command line lists them.
+    pub const ALL: [PytorchNaming; 3] = [
+        PytorchNaming::WideResnet,
+        PytorchNaming::Jem,
+        PytorchNaming::Robustbench,
+    ];
+
+    /// The naming's name on the command line: `wide-resnet`, `jem`, `robustbench`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PytorchNaming::WideResnet => "wide-resnet",
+            PytorchNaming::Jem => "jem",
+            PytorchNaming::Robustbench => "robustbench",
+        }
+    }
+
+    /// Whose checkpoints are named this way (the command line's help).
+    pub fn description(self) -> &'static str {
+        match self {
+            PytorchNaming::WideResnet => {
+                "Wide_ResNet.state_dict() of the official JEM wideresnet.py: conv1.weight, \
+                 layer1.0.conv1.weight, layer2.0.shortcut.0.weight, linear.weight, …"
+            }
+            PytorchNaming::Jem => {
+                "The JEM wrapper F of train_wrn_ebm.py: the network under f., the classifier \
+                 head class_output (the unused f.linear and energy_output heads are ignored)"
+            }
+            PytorchNaming::Robustbench => {
+                "RobustBench's WideResNet (also TRADES' and MART's): block1.layer.0.bn1, \
+                 convShortcut, final bn1, head fc; a module. prefix (DataParallel) is dropped"
+            }
+        }
+    }
+
     /// The architecture a checkpoint in this naming has.
     pub fn variant(self) -> WrnVariant {
         match self {
