@@ -12,6 +12,8 @@
 //! Threads: the CPU backend computes on rayon's global pool, sized by `RAYON_NUM_THREADS`; the
 //! JEM iteration's SGLD shards (`--sgld-threads` of training) are given the same count.
 
+use crate::settings;
+use crate::Choice;
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
@@ -53,9 +55,10 @@ pub enum BenchOp {
     PgdStep,
 }
 
-impl BenchOp {
-    /// Every operation, in the order the command line lists them.
-    pub const ALL: [BenchOp; 6] = [
+impl Choice for BenchOp {
+    const WHAT: &'static str = "operation";
+
+    const ALL: &'static [Self] = &[
         BenchOp::Forward,
         BenchOp::TrainStep,
         BenchOp::InputGradient,
@@ -65,7 +68,7 @@ impl BenchOp {
     ];
 
     /// The operation's name (`train-step`, …), as the command line and the timings call it.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             BenchOp::Forward => "forward",
             BenchOp::TrainStep => "train-step",
@@ -77,7 +80,7 @@ impl BenchOp {
     }
 
     /// What the operation computes, in a sentence (the command line's help).
-    pub fn description(self) -> &'static str {
+    fn description(self) -> &'static str {
         match self {
             BenchOp::Forward => "Logits of a batch (no autodiff)",
             BenchOp::TrainStep => {
@@ -189,6 +192,33 @@ pub enum KernelsArg {
     Portable,
 }
 
+impl Choice for KernelsArg {
+    const WHAT: &'static str = "kernel set";
+
+    const ALL: &'static [Self] = &[KernelsArg::Own, KernelsArg::Burn, KernelsArg::Portable];
+
+    fn name(self) -> &'static str {
+        match self {
+            KernelsArg::Own => "own",
+            KernelsArg::Burn => "burn",
+            KernelsArg::Portable => "portable",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            KernelsArg::Own => {
+                "jem-kernels' convolutions and LeakyReLU (what every other command uses)"
+            }
+            KernelsArg::Burn => "burn's own convolutions and LeakyReLU",
+            KernelsArg::Portable => {
+                "burn's forward operations, the convolution gradients composed from a forward \
+                 convolution and a matrix product as on a GPU"
+            }
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Timing {
     op: BenchOp,
@@ -259,27 +289,23 @@ impl Repeats {
     }
 }
 
-/// Refuses settings no benchmark can run, naming the flag.
+/// Refuses settings no benchmark can run, naming the field.
 fn validate(args: &BenchSpec) -> anyhow::Result<()> {
-    anyhow::ensure!(args.batch >= 1, "--batch: expected at least 1, found 0");
-    anyhow::ensure!(args.reps >= 1, "--reps: expected at least 1, found 0");
-    if let Some(s) = args.max_seconds {
-        anyhow::ensure!(
-            s.is_finite() && s >= 0.0,
-            "--max-seconds: expected a finite number >= 0, found {s}"
-        );
+    for (field, value) in [
+        ("batch", args.batch),
+        ("reps", args.reps),
+        ("width", args.width),
+        ("channels", args.channels),
+        ("size", args.size),
+    ] {
+        settings::at_least_one(field, value)?;
     }
-    anyhow::ensure!(args.width >= 1, "--width: expected at least 1, found 0");
-    anyhow::ensure!(
-        args.channels >= 1,
-        "--channels: expected at least 1, found 0"
-    );
-    anyhow::ensure!(args.size >= 1, "--size: expected at least 1, found 0");
-    anyhow::ensure!(
-        args.op != BenchOp::PgdStep || args.k == 0 || args.chains >= 1,
-        "--chains: expected at least 1 for --k {}, found 0",
-        args.k
-    );
+    if let Some(s) = args.max_seconds {
+        settings::finite_non_negative("max_seconds", s)?;
+    }
+    if args.op == BenchOp::PgdStep && args.k > 0 {
+        settings::at_least_one("chains", args.chains)?;
+    }
     Ok(())
 }
 

@@ -19,7 +19,8 @@ use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
 use crate::metrics::{self, Calibration};
-use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
+use crate::model::{write_atomic, Sidecar, SOFTWARE};
+use crate::settings;
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
 
@@ -109,12 +110,8 @@ impl CalibrateSpec {
             let problem = "name at least one K (0 = the plain classifier)";
             return Err(InvalidSetting::bare("steps", problem).into());
         }
-        for (field, value) in [("n", self.n), ("batch_size", self.batch_size)] {
-            if value < 1 {
-                let problem = format!("expected at least 1, found {value}");
-                return Err(InvalidSetting::bare(field, &problem).into());
-            }
-        }
+        settings::at_least_one("n", self.n)?;
+        settings::at_least_one("batch_size", self.batch_size)?;
         if let Some(k) = first_repeat(&self.steps) {
             let problem = format!("K = {k} named twice");
             return Err(InvalidSetting::bare("steps", &problem).into());
@@ -150,14 +147,7 @@ fn calibrate_one<B: BenchBackend>(
     k: usize,
     device: &B::Device,
 ) -> anyhow::Result<Calibration> {
-    let (model, _) = Checkpoint::at(&p.path).load::<B>(device)?;
-    let defended = Defended::new(
-        model,
-        Some(&crate::defended::sgld_of(&p.sidecar)?),
-        k,
-        GradMode::Bpda,
-        &args.defence,
-    )?;
+    let defended = Defended::load(&p.path, k, GradMode::Bpda, &args.defence, device)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(crate::train::stream_seed(
         args.seed,
         SGLD_STREAM,

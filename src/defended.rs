@@ -14,8 +14,10 @@ use jem_attacks::{
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::harness::InvalidSetting;
-use crate::model::{Checkpoint, Sidecar};
+use std::path::Path;
+
+use crate::model::{Checkpoint, Sidecar, WideResNet};
+use crate::settings;
 use crate::tables::first_repeat;
 use crate::train::JemConfig;
 
@@ -65,20 +67,14 @@ impl DefenceSpec {
             ("chains", self.chains),
             ("recheck_chains", self.recheck_chains),
         ] {
-            if value < 1 {
-                let problem = format!("expected at least 1 chain for K > 0, found {value}");
-                return Err(InvalidSetting::bare(field, &problem).into());
-            }
+            settings::at_least_one(field, value)?;
         }
         for (field, value) in [
             ("init_noise", Some(self.init_noise)),
             ("sgld_step_size", self.sgld_step_size),
             ("sgld_noise", self.sgld_noise),
         ] {
-            if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
-                let problem = format!("expected a finite number >= 0, found {v}");
-                return Err(InvalidSetting::bare(field, &problem).into());
-            }
+            value.map_or(Ok(()), |v| settings::finite_non_negative(field, v))?;
         }
         Ok(())
     }
@@ -184,6 +180,21 @@ pub fn checked_sidecars<B: burn::tensor::backend::Backend>(
 pub enum Defended<N> {
     Plain(Undefended<N>),
     Sgld(SgldDefence<N>),
+}
+
+impl<B: crate::backend::BenchBackend> Defended<WideResNet<B>> {
+    /// The checkpoint at `path` behind the defence at K = `steps`, run with the checkpoint's
+    /// own SGLD settings (read from its sidecar, loaded with it) and `spec`'s overrides.
+    pub fn load(
+        path: &Path,
+        steps: usize,
+        grad: GradMode,
+        spec: &DefenceSpec,
+        device: &B::Device,
+    ) -> anyhow::Result<Self> {
+        let (model, sidecar) = Checkpoint::at(path).load::<B>(device)?;
+        Defended::new(model, Some(&sgld_of(&sidecar)?), steps, grad, spec)
+    }
 }
 
 impl<N> Defended<N> {

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod batches;
 pub mod bench;
 pub mod calibration;
+pub mod choice;
 pub mod defended;
 pub mod digest;
 pub mod energy;
@@ -22,6 +23,9 @@ pub mod output_folder;
 pub mod plot;
 pub mod sample;
 pub mod seeds;
+pub mod settings;
 pub mod tables;
 pub mod test_set;
 pub mod train;
+
+pub use choice::Choice;

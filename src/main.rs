@@ -13,11 +13,12 @@ use jem_bench::model::{
     TrainingRecord, WideResNetConfig, WrnVariant,
 };
 use jem_bench::train::{
-    self, AdversarialObjective, ClassifierObjective, JemObjective, TrainConfig, TrainKind,
+    self, AdversarialObjective, ClassifierObjective, JemObjective, TrainKind, TrainSpec,
 };
 use jem_datasets::{DataSource, Split};
 
 mod cli;
+use cli::choices::choices;
 
 #[derive(Parser)]
 #[command(
@@ -40,7 +41,7 @@ struct Cli {
 enum Command {
     /// Train a Wide-ResNet as a classifier (baseline), a JEM, or adversarially.
     #[command(allow_negative_numbers = true)]
-    Train(TrainConfig),
+    Train(cli::train::TrainFlags),
     /// Clean accuracy, NLL, Brier score and ECE (15 bins) of a checkpoint on a test set.
     #[command(allow_negative_numbers = true)]
     Eval(EvalArgs),
@@ -107,7 +108,7 @@ struct ImportArgs {
     /// Replace an existing checkpoint at --out (refused without it).
     #[arg(long)]
     overwrite: bool,
-    #[arg(long, default_value = "wide-resnet", value_parser = namings())]
+    #[arg(long, default_value = "wide-resnet", value_parser = choices::<PytorchNaming>())]
     naming: PytorchNaming,
     /// Key of the state_dict inside a .pt file (JEM checkpoints: model_state_dict).
     #[arg(long)]
@@ -212,7 +213,7 @@ fn main() -> ExitCode {
     // The one place that names the backend and device; everything below is generic over both.
     let device = backend::device();
     let result = match cli.command {
-        Command::Train(cfg) => run_train(cfg),
+        Command::Train(flags) => run_train(flags.spec(), &device),
         Command::Eval(args) => run_eval(args),
         Command::Calibrate(args) => args.run::<Train>(&device),
         Command::Import(args) => run_import(args),
@@ -246,18 +247,16 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
     jem_bench::harness::run::<Train>(&spec, &runner, device).map(|_| ())
 }
 
-fn run_train(cfg: TrainConfig) -> anyhow::Result<()> {
-    let device = backend::device();
+fn run_train(cfg: TrainSpec, device: &backend::Device) -> anyhow::Result<()> {
     let outcome = match cfg.kind {
-        TrainKind::Baseline => train::train::<Train, _>(&cfg, &mut ClassifierObjective, &device)?,
+        TrainKind::Baseline => train::train::<Train, _>(&cfg, &mut ClassifierObjective, device)?,
         TrainKind::Jem => {
             let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap);
-            train::train::<Train, _>(&cfg, &mut jem, &device)?
+            train::train::<Train, _>(&cfg, &mut jem, device)?
         }
         TrainKind::Adv => {
-            cfg.adv.validate()?;
             let mut adv = AdversarialObjective::new(cfg.adv.clone());
-            train::train::<Train, _>(&cfg, &mut adv, &device)?
+            train::train::<Train, _>(&cfg, &mut adv, device)?
         }
     };
     println!(
@@ -343,16 +342,6 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// `--naming`'s values: every naming, with whose checkpoints it reads as its help.
-fn namings() -> impl clap::builder::TypedValueParser<Value = PytorchNaming> {
-    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-    let values = PytorchNaming::ALL.map(|n| PossibleValue::new(n.name()).help(n.description()));
-    PossibleValuesParser::new(values).map(|name| {
-        let naming = PytorchNaming::ALL.into_iter().find(|n| n.name() == name);
-        naming.expect("one of the listed names")
-    })
 }
 
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {

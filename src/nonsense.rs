@@ -14,6 +14,7 @@ use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{write_atomic, Checkpoint, SOFTWARE};
+use crate::settings;
 
 /// What `nonsense` computes: per model, K and class, searches from noise for an input the
 /// model classifies as that class with at least `threshold` confidence (after Schott et al.
@@ -93,11 +94,8 @@ impl NonsenseSpec {
         if self.steps.is_empty() {
             return refuse("steps", "name at least one K".into());
         }
-        for (field, value) in [("per_class", self.per_class), ("max_iters", self.max_iters)] {
-            if value < 1 {
-                return refuse(field, format!("expected at least 1, found {value}"));
-            }
-        }
+        settings::at_least_one("per_class", self.per_class)?;
+        settings::at_least_one("max_iters", self.max_iters)?;
         let t = self.threshold;
         if !(t.is_finite() && t > 0.0 && t <= 1.0) {
             return refuse(
@@ -105,10 +103,7 @@ impl NonsenseSpec {
                 format!("expected a confidence in (0, 1], found {t}"),
             );
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            let lr = self.lr;
-            return refuse("lr", format!("expected a finite number > 0, found {lr}"));
-        }
+        settings::finite_positive("lr", self.lr)?;
         if !(0.0..1.0).contains(&self.momentum) {
             let m = self.momentum;
             return refuse(

@@ -11,6 +11,8 @@ mod histograms;
 mod scores;
 mod sets;
 
+use crate::settings;
+use crate::Choice;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -27,7 +29,7 @@ pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
 use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
-use crate::model::{write_atomic, Checkpoint, Sidecar, SOFTWARE};
+use crate::model::{write_atomic, Sidecar, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
 
@@ -164,11 +166,8 @@ impl OodSpec {
         if self.ood.is_empty() {
             return refuse("ood", "name at least one OOD set".into());
         }
-        for (field, value) in [("n", self.n), ("batch_size", self.batch_size)] {
-            if value < 1 {
-                return refuse(field, format!("expected at least 1, found {value}"));
-            }
-        }
+        settings::at_least_one("n", self.n)?;
+        settings::at_least_one("batch_size", self.batch_size)?;
         if let Some(k) = first_repeat(&self.steps) {
             return refuse("steps", format!("K = {k} named twice"));
         }
@@ -227,15 +226,8 @@ fn score_cell<B: BenchBackend>(
     k: usize,
     device: &B::Device,
 ) -> anyhow::Result<ScoredCell> {
-    let (model, _) = Checkpoint::at(&p.path).load::<B>(device)?;
     let grad = args.grad_mode().unwrap_or(GradMode::Bpda);
-    let defended = Defended::new(
-        model,
-        Some(&crate::defended::sgld_of(&p.sidecar)?),
-        k,
-        grad,
-        &args.defence,
-    )?;
+    let defended = Defended::load(&p.path, k, grad, &args.defence, device)?;
     let model_name = p.path.display().to_string();
     let mut sets = Vec::new();
     for set in std::iter::once(&p.data.set).chain(&p.ood) {
@@ -346,7 +338,7 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
     let score_defs: serde_json::Map<String, serde_json::Value> = args
         .scores
         .iter()
-        .map(|s| (s.name().to_string(), s.describe().into()))
+        .map(|s| (s.name().to_string(), s.description().into()))
         .collect();
     let record = serde_json::json!({
         "software": SOFTWARE,

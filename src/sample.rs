@@ -23,6 +23,7 @@ use crate::backend::BenchBackend;
 use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{Checkpoint, InputNormalization, Sidecar, SOFTWARE};
+use crate::settings;
 use crate::train::{chain_init, ChainStart, ClassGaussians, JemConfig, ReplayBuffer};
 
 /// What `sample` draws and where it writes: recorded in the JSON beside the grid.
@@ -186,13 +187,9 @@ pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Res
 /// Refuses settings no sampling can use, before anything is loaded.
 fn validate(args: &SampleSpec) -> anyhow::Result<()> {
     let refuse = |field, problem: String| Err(InvalidSetting::bare(field, &problem).into());
-    if args.per_class < 1 {
-        return refuse("per_class", "expected at least 1, found 0".into());
-    }
+    settings::at_least_one("per_class", args.per_class)?;
     for (field, v) in [("sgld_lr", args.sgld_lr), ("sgld_std", args.sgld_std)] {
-        if let Some(v) = v.filter(|v| !(v.is_finite() && *v >= 0.0)) {
-            return refuse(field, format!("expected a finite number >= 0, found {v}"));
-        }
+        v.map_or(Ok(()), |v| settings::finite_non_negative(field, v))?;
     }
     if args.from_class_gaussian && args.from_buffer.is_some() {
         let problem = "a sample starts either from a replay buffer or from the class Gaussians";
@@ -215,11 +212,7 @@ fn load_judge<B: BenchBackend>(
     Ok(if args.judge == "none" {
         None
     } else {
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&args.judge_threshold),
-            "--judge-threshold: expected a probability in [0, 1], found {}",
-            args.judge_threshold
-        );
+        settings::probability("judge_threshold", args.judge_threshold)?;
         // The reference images are the test split's first ones: a count beyond the split
         // would silently shrink to it.
         let test_images = source.load(Split::Test)?.len();

@@ -6,10 +6,10 @@ mod common;
 use std::path::Path;
 
 use jem_bench::backend::{self, Train};
-use jem_bench::train::{train, JemObjective, ReplayBuffer, TrainConfig, TrainKind};
+use jem_bench::train::{train, JemObjective, ReplayBuffer, TrainKind, TrainSpec};
 
-fn small_jem(out: &Path) -> TrainConfig {
-    let mut cfg = TrainConfig {
+fn small_jem(out: &Path) -> TrainSpec {
+    let mut cfg = TrainSpec {
         kind: TrainKind::Jem,
         data: "mnist".into(),
         val_size: 100,
@@ -40,7 +40,7 @@ fn small_jem(out: &Path) -> TrainConfig {
     cfg
 }
 
-fn run(cfg: &TrainConfig) -> anyhow::Result<jem_bench::train::TrainOutcome> {
+fn run(cfg: &TrainSpec) -> anyhow::Result<jem_bench::train::TrainOutcome> {
     let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap);
     train::<Train, _>(cfg, &mut jem, &backend::device())
 }
@@ -237,7 +237,7 @@ fn a_resumed_run_may_reweigh_its_two_terms() {
 /// two; the gap threshold (10, against gaps below 0.2 in the sound epoch) is low enough to see
 /// it at once — and to see a slower drift at a lowered rate before the epoch ends, since the
 /// guard does not roll back across an epoch's end.
-fn unstable(out: &Path) -> TrainConfig {
+fn unstable(out: &Path) -> TrainSpec {
     let mut cfg = small_jem(out);
     cfg.epochs = 3;
     cfg.decay_epochs = vec![1];

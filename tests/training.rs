@@ -15,7 +15,7 @@ use jem_bench::model::Checkpoint;
 use jem_bench::model::WideResNetConfig;
 use jem_bench::train::{
     cross_entropy, train, AdvConfig, AdversarialObjective, ClassifierObjective, GuardConfig,
-    JemConfig, Objective, Step, TrainConfig, TrainKind,
+    JemConfig, Objective, Step, TrainKind, TrainSpec,
 };
 
 #[test]
@@ -47,8 +47,8 @@ fn adam_steps_on_real_digits_lower_the_loss() {
     assert!(after < 0.85 * before, "loss {before} -> {after}");
 }
 
-fn small_run(out: &Path) -> TrainConfig {
-    TrainConfig {
+fn small_run(out: &Path) -> TrainSpec {
+    TrainSpec {
         kind: TrainKind::Baseline,
         data: "mnist".into(),
         val_size: 200,
@@ -149,7 +149,7 @@ fn interrupted_run_resumes_to_the_same_result() {
 
     // A resume with other settings is refused, naming the folder; so is a change of the past
     // learning-rate schedule (a decay moved to an epoch already trained).
-    let refused = |cfg: &TrainConfig| {
+    let refused = |cfg: &TrainSpec| {
         let err = train::<Train, _>(cfg, &mut ClassifierObjective, &device)
             .unwrap_err()
             .to_string();
@@ -313,8 +313,8 @@ fn adversarial_training_steps_lower_the_adversarial_loss() {
 }
 
 /// A short PGD fine-tune of the embedded baseline at ε = 0.1, validated under its own attack.
-fn small_adversarial_run(out: &Path, epochs: usize) -> TrainConfig {
-    TrainConfig {
+fn small_adversarial_run(out: &Path, epochs: usize) -> TrainSpec {
+    TrainSpec {
         kind: TrainKind::Adv,
         train_subset: Some(128),
         epochs,
@@ -335,7 +335,7 @@ fn small_adversarial_run(out: &Path, epochs: usize) -> TrainConfig {
 #[test]
 fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored() {
     let device = backend::device();
-    let objective = |cfg: &TrainConfig| AdversarialObjective::new(cfg.adv.clone());
+    let objective = |cfg: &TrainSpec| AdversarialObjective::new(cfg.adv.clone());
     let whole = tempfile::tempdir().unwrap();
     let cfg = small_adversarial_run(whole.path(), 3);
     let done = train::<Train, _>(&cfg, &mut objective(&cfg), &device).unwrap();

@@ -1,7 +1,7 @@
 //! The flags of `jem-bench bench`, converted into the library's
 //! [`BenchSpec`](jem_bench::bench::BenchSpec).
 
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use super::choices::choices;
 use clap::Args;
 use jem_attacks::GradMode;
 use jem_bench::backend::BenchBackend;
@@ -10,7 +10,7 @@ use jem_bench::bench::{self, BenchOp, BenchSpec, KernelsArg};
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// What to time.
-    #[arg(long, value_parser = ops())]
+    #[arg(long, value_parser = choices::<BenchOp>())]
     pub op: BenchOp,
     /// Images per call (MNIST-shaped unless --channels/--size say otherwise).
     #[arg(long, default_value_t = 64)]
@@ -30,11 +30,8 @@ pub struct BenchArgs {
     /// Untimed calls first (allocation pools, caches).
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Whose convolutions and LeakyReLU the CPU backend runs: jem-kernels' (`own`, what every
-    /// other command uses), burn's (`burn`), or burn's forward operations with the convolution
-    /// gradients composed from a forward convolution and a matrix product as on a GPU
-    /// (`portable`), to measure one against another.
-    #[arg(long, default_value = "own", value_parser = kernels())]
+    /// Whose convolutions and LeakyReLU the CPU backend runs, to measure one against another.
+    #[arg(long, default_value = "own", value_parser = choices::<KernelsArg>())]
     pub kernels: KernelsArg,
     /// Cut the warm-up (after at least 1 call) and the timed calls (after at least 3, or
     /// `--reps` if fewer) short once this many seconds have passed in each: the slow rows then
@@ -72,26 +69,4 @@ impl BenchArgs {
         };
         bench::run::<B>(spec, device)
     }
-}
-
-/// `--op`'s values: every operation's name, with what it computes as its help.
-fn ops() -> impl TypedValueParser<Value = BenchOp> {
-    let values = BenchOp::ALL.map(|op| PossibleValue::new(op.name()).help(op.description()));
-    PossibleValuesParser::new(values).map(|name| {
-        let op = BenchOp::ALL.into_iter().find(|op| op.name() == name);
-        op.expect("one of the listed names")
-    })
-}
-
-/// `--kernels`' values.
-fn kernels() -> impl TypedValueParser<Value = KernelsArg> {
-    let all = [
-        (KernelsArg::Own, "own"),
-        (KernelsArg::Burn, "burn"),
-        (KernelsArg::Portable, "portable"),
-    ];
-    PossibleValuesParser::new(all.map(|(_, name)| name)).map(move |name| {
-        let kernels = all.iter().find(|(_, n)| *n == name);
-        kernels.expect("one of the listed names").0
-    })
 }

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod choices;
 pub mod defence;
 pub mod harness;
 pub mod lists;
@@ -12,3 +13,4 @@ pub mod nonsense;
 pub mod ood;
 pub mod robust;
 pub mod sample;
+pub mod train;

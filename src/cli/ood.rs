@@ -1,9 +1,9 @@
 //! The flags of `jem-bench ood`, converted into the library's [`OodSpec`](jem_bench::ood::OodSpec).
 
+use super::choices::choices;
 use std::path::PathBuf;
 
 use super::defence::DefenceFlags;
-use clap::builder::TypedValueParser;
 use clap::Args;
 use jem_bench::backend::BenchBackend;
 use jem_bench::ood::{self, OodSpec, Score};
@@ -39,7 +39,7 @@ pub struct OodArgs {
         long,
         value_delimiter = ',',
         default_value = "lse,max-softmax,grad-norm",
-        value_parser = scores()
+        value_parser = choices::<Score>()
     )]
     pub scores: Vec<Score>,
     /// Images per set: the first N in-distribution test images, and N of each OOD set.
@@ -75,12 +75,4 @@ impl OodArgs {
         };
         ood::run::<B>(spec, device)
     }
-}
-
-/// `--scores`' values: every score's name, with what it computes as its help.
-fn scores() -> impl TypedValueParser<Value = Score> {
-    let values = Score::ALL
-        .map(|score| clap::builder::PossibleValue::new(score.name()).help(score.describe()));
-    clap::builder::PossibleValuesParser::new(values)
-        .map(|name| name.parse::<Score>().expect("one of the listed names"))
 }

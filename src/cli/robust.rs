@@ -2,11 +2,11 @@
 //! (what the sweep computes) and [`Runner`](jem_bench::harness::Runner) (where and how); the library's errors name the
 //! spec's fields, shown here as the flags that set them.
 
+use super::choices::choices;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use super::defence::DefenceFlags;
-use clap::builder::TypedValueParser;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
 use jem_bench::harness::{AttackKind, InvalidSetting, Shard, SweepSpec};
@@ -27,7 +27,7 @@ pub struct RobustArgs {
     /// what the ones before left standing. The default, `adaptive`, is `autoattack` at K = 0
     /// and `autoattack-rand` at K > 0 with gradients through the SGLD steps (--grad full)
     /// averaged over EOT draws: the evaluation a stochastic test-time defence has to survive.
-    #[arg(long, value_delimiter = ',', default_value = "adaptive", value_parser = attack_kinds())]
+    #[arg(long, value_delimiter = ',', default_value = "adaptive", value_parser = choices::<AttackKind>())]
     pub attacks: Vec<AttackKind>,
     /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
     #[arg(long, value_delimiter = ',')]
@@ -147,14 +147,6 @@ impl RobustArgs {
         };
         Ok((spec, out, self.shard, jobs))
     }
-}
-
-/// `--attacks`' values: every attack's name, with its description as the help of that value.
-fn attack_kinds() -> impl TypedValueParser<Value = AttackKind> {
-    let values = AttackKind::ALL
-        .map(|kind| clap::builder::PossibleValue::new(kind.name()).help(kind.description()));
-    clap::builder::PossibleValuesParser::new(values)
-        .map(|name| name.parse::<AttackKind>().expect("one of the listed names"))
 }
 
 /// The flag of a [`SweepSpec`] field, for errors that name the field.

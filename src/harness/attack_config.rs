@@ -9,6 +9,7 @@ use jem_attacks::{
 use super::cells::AttackKind;
 use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
+use crate::Choice;
 
 /// The attack a cell runs, configured from the sweep's flags.
 pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {

@@ -3,6 +3,7 @@
 //! gradients, the convergence check where the model is stochastic, and the rows and
 //! per-example records it adds to the outputs.
 
+use crate::Choice;
 use std::time::Instant;
 
 use anyhow::Context;

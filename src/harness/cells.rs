@@ -7,6 +7,7 @@
 //! stands for one of them per K: `autoattack` on the plain classifier (K = 0), `autoattack-rand`
 //! through the stochastic SGLD defence (K > 0).
 
+use crate::Choice;
 use jem_attacks::GradMode;
 use serde::{Deserialize, Serialize};
 
@@ -33,9 +34,10 @@ pub enum AttackKind {
     Adaptive,
 }
 
-impl AttackKind {
-    /// Every attack and preset, in the order the command line lists them.
-    pub const ALL: [AttackKind; 13] = [
+impl Choice for AttackKind {
+    const WHAT: &'static str = "attack";
+
+    const ALL: &'static [Self] = &[
         AttackKind::Pgd,
         AttackKind::PgdLong,
         AttackKind::Fgsm,
@@ -52,7 +54,7 @@ impl AttackKind {
     ];
 
     /// The attack's name: `pgd`, `apgd-ce`, `autoattack-rand`, ….
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             AttackKind::Pgd => "pgd",
             AttackKind::PgdLong => "pgd-long",
@@ -71,7 +73,7 @@ impl AttackKind {
     }
 
     /// What the attack is, in one sentence (the command line's help shows it).
-    pub fn description(self) -> &'static str {
+    fn description(self) -> &'static str {
         match self {
             AttackKind::Pgd => {
                 "PGD (Madry et al. 2018): random start, --pgd-steps steps, --restarts"
@@ -116,7 +118,9 @@ impl AttackKind {
             }
         }
     }
+}
 
+impl AttackKind {
     /// The attack a cell at K runs: `adaptive` resolved (`autoattack` at K = 0,
     /// `autoattack-rand` at K > 0), any other attack itself.
     pub fn at(self, k: usize) -> AttackKind {
@@ -171,21 +175,6 @@ impl AttackKind {
                 self.stages().into_iter().any(AttackKind::uses_gradients)
             }
         }
-    }
-}
-
-impl std::str::FromStr for AttackKind {
-    type Err = String;
-
-    /// An attack's [`name`](AttackKind::name), in any case.
-    fn from_str(s: &str) -> Result<AttackKind, String> {
-        AttackKind::ALL
-            .into_iter()
-            .find(|kind| s.eq_ignore_ascii_case(kind.name()))
-            .ok_or_else(|| {
-                let names: Vec<&str> = AttackKind::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown attack {s:?}: expected one of {}", names.join(", "))
-            })
     }
 }
 
@@ -263,9 +252,9 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_are_the_serialised_names() {
-        for kind in AttackKind::ALL {
-            assert_eq!(kind.name().parse::<AttackKind>(), Ok(kind));
-            assert_eq!(kind.name().to_uppercase().parse::<AttackKind>(), Ok(kind));
+        for &kind in AttackKind::ALL {
+            assert_eq!(AttackKind::parse(kind.name()), Ok(kind));
+            assert_eq!(AttackKind::parse(&kind.name().to_uppercase()), Ok(kind));
             let json = serde_json::to_string(&kind).unwrap();
             assert_eq!(json, format!("\"{}\"", kind.name()));
             assert!(!kind.description().is_empty());
@@ -273,7 +262,7 @@ mod tests {
         let names: std::collections::BTreeSet<&str> =
             AttackKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(names.len(), AttackKind::ALL.len(), "names are unique");
-        let error = "apgd".parse::<AttackKind>().unwrap_err();
+        let error = AttackKind::parse("apgd").unwrap_err();
         assert!(
             error.contains("apgd-ce") && error.contains("\"apgd\""),
             "{error}"

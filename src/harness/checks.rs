@@ -2,6 +2,7 @@
 //! Robustness"), computed from its rows. A
 //! check that the sweep has no data for says `not run`; none is passed by default.
 
+use crate::Choice;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -35,8 +36,7 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
 /// scores or decisions (`Some(false)`), or is no single attack (`worst-case`): what each
 /// attack declares ([`AttackKind::uses_gradients`]).
 fn white_box(attack: &str) -> Option<bool> {
-    base(attack)
-        .parse::<AttackKind>()
+    AttackKind::parse(base(attack))
         .ok()
         .filter(|kind| !kind.is_preset())
         .map(AttackKind::uses_gradients)

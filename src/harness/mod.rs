@@ -22,6 +22,7 @@ mod spec;
 mod subject;
 mod sweep;
 
+pub use crate::settings::InvalidSetting;
 pub use cells::{AttackKind, Cell};
 pub use merge::merge;
 pub use outputs::{read_tidy, ExampleRow, GradColumn, TidyRow};
@@ -29,6 +30,6 @@ pub use progress::TerminalProgress;
 pub use regress::{compare, regress, RegressSpec};
 pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
-pub use spec::{InvalidSetting, Runner, Shard, Silent, SweepObserver, SweepSpec};
+pub use spec::{Runner, Shard, Silent, SweepObserver, SweepSpec};
 pub use subject::Subject;
 pub use sweep::{run, sweep};

@@ -2,6 +2,7 @@
 //! their data), ε grid and cells ([`Plan`]); the settings and identity recorded in its folder,
 //! and the claim on that folder that refuses another sweep's.
 
+use crate::Choice;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -10,11 +11,12 @@ use jem_attacks::{Classifier, Norm};
 
 use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult};
-use super::spec::{InvalidSetting, SweepSpec};
+use super::spec::SweepSpec;
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::model::{write_atomic, WideResNet, SOFTWARE};
 use crate::output_folder::FolderLock;
+use crate::settings::InvalidSetting;
 
 /// What the sweep's settings need of one model, checked before anything is written: enough
 /// test images, ε within reach under L2, enough classes for the DLR losses, SGLD settings for

@@ -12,8 +12,9 @@ use anyhow::Context;
 
 use super::outputs::{read_tidy, GradColumn, TidyRow};
 use super::progress::TerminalProgress;
-use super::spec::{InvalidSetting, Runner, SweepSpec};
+use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
+use crate::settings::InvalidSetting;
 use jem_attacks::Norm;
 
 use crate::backend::BenchBackend;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::cells::AttackKind;
 use super::outputs::CellResult;
 use crate::defended::DefenceSpec;
+use crate::settings::{self, InvalidSetting};
 
 /// What a sweep computes: models, data, attacks with their budgets, ε, K, gradient modes,
 /// examples and seed. Stored in every sweep's `settings.json` (fields missing there, settings of
@@ -85,51 +86,6 @@ pub struct SweepSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub save_adversarials: bool,
 }
-
-/// A setting refused, named as [`SweepSpec`] (or [`Runner`]) names it: `n_examples`, `ks`, ….
-/// The command line shows the flag instead (`--n-examples`, `--steps`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct InvalidSetting {
-    /// The field of the spec.
-    pub field: &'static str,
-    /// The refused value where the problem quotes it (`10001` of "n_examples 10001: …"),
-    /// else empty.
-    pub value: String,
-    /// What is wrong, and what was expected.
-    pub problem: String,
-}
-
-impl InvalidSetting {
-    /// `field value: problem`.
-    pub fn new(field: &'static str, value: String, problem: &str) -> Self {
-        InvalidSetting {
-            field,
-            value,
-            problem: problem.to_string(),
-        }
-    }
-
-    /// `field: problem`.
-    pub fn bare(field: &'static str, problem: &str) -> Self {
-        Self::new(field, String::new(), problem)
-    }
-
-    /// The message with the field called `name` (a flag on the command line).
-    pub fn message_naming(&self, name: &str) -> String {
-        match self.value.as_str() {
-            "" => format!("{name}: {}", self.problem),
-            value => format!("{name} {value}: {}", self.problem),
-        }
-    }
-}
-
-impl std::fmt::Display for InvalidSetting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message_naming(self.field))
-    }
-}
-
-impl std::error::Error for InvalidSetting {}
 
 /// Where and how a sweep runs: none of it changes what the sweep computes, so none of it is
 /// part of the sweep's identity.
@@ -315,25 +271,13 @@ impl SweepSpec {
             ("pgd_steps", self.pgd_steps),
             ("boundary_steps", self.boundary_steps),
         ] {
-            if value < 1 {
-                return Err(InvalidSetting::bare(
-                    field,
-                    &format!("expected at least 1, found {value}"),
-                )
-                .into());
-            }
+            settings::at_least_one(field, value)?;
         }
         if self.ks.iter().any(|&k| k > 0) {
             self.defence.validate()?;
         }
         if let Some(r) = self.pgd_rel_stepsize {
-            if !(r.is_finite() && r > 0.0) {
-                return Err(InvalidSetting::bare(
-                    "pgd_rel_stepsize",
-                    &format!("expected a finite number > 0, found {r}"),
-                )
-                .into());
-            }
+            settings::finite_positive("pgd_rel_stepsize", r)?;
         }
         for &e in &self.eps_grid() {
             if !(e.is_finite() && e >= 0.0) {

@@ -15,12 +15,13 @@ use super::estimate;
 use super::outputs::{self, CellResult, TidyRow};
 use super::plan::{claim_folder, Plan};
 use super::report;
-use super::spec::{InvalidSetting, Runner, SweepObserver, SweepSpec};
+use super::spec::{Runner, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
 use crate::output_folder::FolderLock;
+use crate::settings::InvalidSetting;
 
 /// `jem-bench robust`: the sweep of `spec.models` (default: the embedded models), loaded onto
 /// `device`, run by `runner`.

@@ -119,7 +119,11 @@ impl Sidecar {
         if jem.is_some() {
             crate::train::JemConfig::of(self)
                 .with_context(|| at("training.settings.jem"))?
-                .validate(|field| at(&format!("training.settings.jem.{field}")))?;
+                .validate()
+                .map_err(|e| {
+                    let field = at(&format!("training.settings.jem.{}", e.field));
+                    anyhow::anyhow!(e.message_naming(&field))
+                })?;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 //! burn-store's `PyTorchToBurnAdapter` transposes linear weights; the key remapping below turns
 //! the naming of a checkpoint into the field names of [`WideResNet`].
 
+use crate::Choice;
 use std::path::Path;
 
 use anyhow::bail;
@@ -35,16 +36,17 @@ pub enum PytorchNaming {
     Robustbench,
 }
 
-impl PytorchNaming {
-    /// Every naming, in the order the command line lists them.
-    pub const ALL: [PytorchNaming; 3] = [
+impl Choice for PytorchNaming {
+    const WHAT: &'static str = "naming";
+
+    const ALL: &'static [Self] = &[
         PytorchNaming::WideResnet,
         PytorchNaming::Jem,
         PytorchNaming::Robustbench,
     ];
 
     /// The naming's name on the command line: `wide-resnet`, `jem`, `robustbench`.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             PytorchNaming::WideResnet => "wide-resnet",
             PytorchNaming::Jem => "jem",
@@ -53,7 +55,7 @@ impl PytorchNaming {
     }
 
     /// Whose checkpoints are named this way (the command line's help).
-    pub fn description(self) -> &'static str {
+    fn description(self) -> &'static str {
         match self {
             PytorchNaming::WideResnet => {
                 "Wide_ResNet.state_dict() of the official JEM wideresnet.py: conv1.weight, \
@@ -69,7 +71,9 @@ impl PytorchNaming {
             }
         }
     }
+}
 
+impl PytorchNaming {
     /// The architecture a checkpoint in this naming has.
     pub fn variant(self) -> WrnVariant {
         match self {

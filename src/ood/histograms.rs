@@ -4,6 +4,7 @@
 //! sit apart from the grey bars, the score separates that set.
 
 use crate::plot::{model_labels, BarRect, Bars, Figure, Panel, PALETTE};
+use crate::Choice;
 
 use super::scores::{histogram_label, histogram_value, Score};
 use super::ScoredCell;

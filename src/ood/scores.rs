@@ -13,6 +13,7 @@
 //! chain-averaged logits, and the gradient through the K SGLD steps (`Model::loss_gradient` in
 //! `full` mode).
 
+use crate::Choice;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Device;
@@ -31,12 +32,13 @@ pub enum Score {
     GradNorm,
 }
 
-impl Score {
-    /// Every score, in the order the command line lists them.
-    pub const ALL: [Score; 3] = [Score::Lse, Score::MaxSoftmax, Score::GradNorm];
+impl Choice for Score {
+    const WHAT: &'static str = "score";
+
+    const ALL: &'static [Self] = &[Score::Lse, Score::MaxSoftmax, Score::GradNorm];
 
     /// The score's name: `lse`, `max-softmax`, `grad-norm`.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Score::Lse => "lse",
             Score::MaxSoftmax => "max-softmax",
@@ -44,7 +46,7 @@ impl Score {
         }
     }
 
-    pub fn describe(self) -> &'static str {
+    fn description(self) -> &'static str {
         match self {
             Score::Lse => "LogSumExp_y f(x)[y] = log p(x) up to a constant",
             Score::MaxSoftmax => "max_y p(y|x)",
@@ -52,18 +54,6 @@ impl Score {
                 "−‖∂ LogSumExp_y f(x)[y] / ∂x‖₂ = −‖∂ log p(x)/∂x‖₂, x in [0, 1] pixels"
             }
         }
-    }
-}
-
-impl std::str::FromStr for Score {
-    type Err = String;
-
-    /// A score's [`name`](Score::name).
-    fn from_str(s: &str) -> Result<Score, String> {
-        Score::ALL
-            .into_iter()
-            .find(|score| score.name() == s)
-            .ok_or_else(|| format!("unknown score {s:?}: expected lse, max-softmax or grad-norm"))
     }
 }
 

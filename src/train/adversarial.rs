@@ -13,46 +13,38 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{ElementConversion, Int, Tensor};
-use clap::Args;
 use jem_attacks::{kl_divergence, AttackLoss, Norm, PgdConfig, Undefended};
 use serde::{Deserialize, Serialize};
 
 use super::objective::{accuracy, cross_entropy, Objective, Step, StepStats};
 use crate::batches;
 use crate::model::WideResNet;
+use crate::settings::{self, InvalidSetting};
 use jem_datasets::ImageSet;
 
 /// The training attack. Defaults are Madry et al.'s MNIST L∞ ones (ε = 0.3, 40 steps of 0.01,
 /// random start); fewer steps trade strength for time (1 step of 1.25 ε from a random start
 /// is Wong et al. 2020's "fast" FGSM training).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdvConfig {
     /// Threat model of the training attack: linf or l2.
-    #[arg(long, default_value = "linf")]
     pub norm: Norm,
     /// Radius ε of the training attack in [0, 1] pixel units.
-    #[arg(long, default_value_t = 0.3)]
     pub eps: f32,
     /// PGD steps per batch.
-    #[arg(long, default_value_t = 40)]
     pub adv_steps: usize,
     /// PGD step size as a fraction of ε (0.01 / 0.3: Madry's 0.01 at ε = 0.3).
-    #[arg(long, default_value_t = 0.01 / 0.3)]
     pub adv_rel_stepsize: f32,
     /// Start PGD at the clean input instead of a uniform random point of the ε-ball.
-    #[arg(long)]
     pub adv_zero_start: bool,
     /// Weight of the clean cross-entropy; the adversarial one gets 1 − weight (0: PGD only).
-    #[arg(long, default_value_t = 0.0)]
     pub adv_clean_weight: f64,
     /// Grow ε linearly from 0 over the first N iterations (small networks trained at the full ε
     /// from the start can collapse to a constant prediction).
-    #[arg(long, default_value_t = 0)]
     pub adv_eps_ramp_iters: usize,
     /// Validation images (the first N of the held-out set) attacked at the end of each epoch
     /// with the training attack at the full ε; the most robust epoch is kept as the best
     /// checkpoint.
-    #[arg(long, default_value_t = DEFAULT_ADV_VAL_SIZE)]
     // Left out of the settings while it keeps the default, so that runs started before it
     // existed still resume with the same command.
     #[serde(
@@ -64,13 +56,29 @@ pub struct AdvConfig {
     /// KL(clean ‖ perturbed), the perturbation maximising the KL term (the TRADES paper reports
     /// MNIST and CIFAR-10 at β = 6; smaller β favours clean accuracy). Needs the random start
     /// (the divergence has no gradient at the clean input) and no `--adv-clean-weight`.
-    #[arg(long, value_name = "BETA")]
     // Absent from the settings of Madry runs, so that runs started before it resume unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trades_beta: Option<f64>,
 }
 
 const DEFAULT_ADV_VAL_SIZE: usize = 1000;
+
+impl Default for AdvConfig {
+    /// Madry et al.'s MNIST L∞ training attack.
+    fn default() -> Self {
+        AdvConfig {
+            norm: Norm::Linf,
+            eps: 0.3,
+            adv_steps: 40,
+            adv_rel_stepsize: 0.01 / 0.3,
+            adv_zero_start: false,
+            adv_clean_weight: 0.0,
+            adv_eps_ramp_iters: 0,
+            adv_val_size: DEFAULT_ADV_VAL_SIZE,
+            trades_beta: None,
+        }
+    }
+}
 
 fn default_adv_val_size() -> usize {
     DEFAULT_ADV_VAL_SIZE
@@ -110,40 +118,36 @@ impl AdvConfig {
         }
     }
 
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.eps > 0.0 && self.eps.is_finite(),
-            "--eps must be a positive radius in [0, 1] pixel units, not {}",
-            self.eps
-        );
-        anyhow::ensure!(self.adv_steps > 0, "--adv-steps must be at least 1");
-        anyhow::ensure!(
-            self.adv_val_size > 0,
-            "--adv-val-size must be at least 1: the best epoch is chosen by robust validation \
-             accuracy"
-        );
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&self.adv_clean_weight),
-            "--adv-clean-weight must lie in [0, 1], not {}",
-            self.adv_clean_weight
-        );
+    /// Checks the settings: ε a positive radius, steps and validation images at least 1, the
+    /// clean weight in [0, 1], TRADES' β positive and without a clean weight or zero start. An
+    /// error names the field.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        settings::finite_positive("eps", self.eps)?;
+        settings::at_least_one("adv_steps", self.adv_steps)?;
+        // The best epoch is chosen by robust validation accuracy.
+        settings::at_least_one("adv_val_size", self.adv_val_size)?;
+        settings::probability("adv_clean_weight", self.adv_clean_weight)?;
         if let Some(beta) = self.trades_beta {
-            anyhow::ensure!(
-                beta > 0.0 && beta.is_finite(),
-                "--trades-beta must be a positive weight of the KL term (TRADES uses 6), not \
-                 {beta}"
-            );
-            anyhow::ensure!(
-                self.adv_clean_weight == 0.0,
-                "--trades-beta and --adv-clean-weight both weigh a clean term: TRADES' loss \
-                 already holds CE(clean); leave --adv-clean-weight at 0"
-            );
-            anyhow::ensure!(
-                !self.adv_zero_start,
-                "--trades-beta needs the random start: the KL divergence from the clean \
-                 prediction has zero gradient at the clean input, so PGD from there never \
-                 moves; drop --adv-zero-start"
-            );
+            let refuse = |field, problem: &str| Err(InvalidSetting::bare(field, problem));
+            if !(beta > 0.0 && beta.is_finite()) {
+                let problem = format!(
+                    "expected a positive weight of the KL term (TRADES uses 6), found {beta}"
+                );
+                return refuse("trades_beta", &problem);
+            }
+            if self.adv_clean_weight != 0.0 {
+                return refuse(
+                    "adv_clean_weight",
+                    "TRADES' loss already holds CE(clean); leave it at 0 with trades_beta",
+                );
+            }
+            if self.adv_zero_start {
+                return refuse(
+                    "adv_zero_start",
+                    "TRADES needs the random start: the KL divergence from the clean prediction \
+                     has zero gradient at the clean input, so PGD from there never moves",
+                );
+            }
         }
         Ok(())
     }

@@ -4,7 +4,6 @@
 //! having to find it from noise — the part a small model on a CPU cannot afford.
 
 use anyhow::Context;
-use clap::ValueEnum;
 use jem_attacks::UniformInit;
 use jem_datasets::ImageSet;
 use rand::Rng;
@@ -12,14 +11,34 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 /// Which distribution starts (and re-starts) the chains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ChainStartKind {
-    /// U(−1, 1) on the network's scale (the paper).
     #[default]
     Uniform,
-    /// A Gaussian per class fitted to the training images (JEM++).
     ClassGaussian,
+}
+
+impl crate::Choice for ChainStartKind {
+    const WHAT: &'static str = "chain start";
+
+    const ALL: &'static [Self] = &[ChainStartKind::Uniform, ChainStartKind::ClassGaussian];
+
+    fn name(self) -> &'static str {
+        match self {
+            ChainStartKind::Uniform => "uniform",
+            ChainStartKind::ClassGaussian => "class-gaussian",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            ChainStartKind::Uniform => "U(−1, 1) on the network's scale (the paper)",
+            ChainStartKind::ClassGaussian => {
+                "A Gaussian per class fitted to the training images (JEM++)"
+            }
+        }
+    }
 }
 
 /// A chain-start distribution, ready to draw from.

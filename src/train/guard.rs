@@ -2,25 +2,31 @@
 //! official code does, the trainer rolls back to the last saved state, lowers the learning rate
 //! and continues, and gives up with a clear message after a bounded number of rollbacks.
 
-use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::objective::StepStats;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GuardConfig {
     /// Roll back when |loss| exceeds this (the official JEM code aborts at 1e8).
-    #[arg(long, default_value_t = 1e8)]
     pub guard_max_loss: f64,
     /// Roll back when the energy gap |E(data) − E(samples)| exceeds this (JEM).
-    #[arg(long, default_value_t = 1e4)]
     pub guard_max_energy_gap: f64,
     /// Multiply the learning rate by this at each rollback.
-    #[arg(long, default_value_t = 0.5)]
     pub guard_lr_factor: f64,
     /// Give up after this many rollbacks.
-    #[arg(long, default_value_t = 5)]
     pub guard_max_rollbacks: usize,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            guard_max_loss: 1e8,
+            guard_max_energy_gap: 1e4,
+            guard_lr_factor: 0.5,
+            guard_max_rollbacks: 5,
+        }
+    }
 }
 
 impl GuardConfig {

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use clap::Args;
 use jem_attacks::{log_sum_exp, SgldConfig, SgldSampler, SgldTarget, UniformInit};
 use jem_datasets::ImageSet;
 use rand::SeedableRng;
@@ -16,54 +15,63 @@ use super::chain_start::{ChainStart, ChainStartKind};
 use super::objective::{accuracy, cross_entropy, Objective, Step, StepStats};
 use super::replay_buffer::ReplayBuffer;
 use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
+use crate::settings::{self, InvalidSetting};
 
 /// JEM's settings; defaults are the official ones (`train_wrn_ebm.py`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JemConfig {
     /// Weight of the p(x) (generative) term. A resumed run may change it (recorded in the run
-    /// folder's changes.csv), as it may --pyx-weight.
-    #[arg(long, default_value_t = 1.0)]
+    /// folder's changes.csv), as it may `pyx_weight`.
     pub px_weight: f64,
     /// Weight of the p(y|x) (cross-entropy) term; a resumed run may change it.
-    #[arg(long, default_value_t = 1.0)]
     pub pyx_weight: f64,
     /// SGLD steps η per iteration.
-    #[arg(long, default_value_t = 20)]
     pub sgld_steps: usize,
     /// SGLD step size α, on the network's [−1, 1] scale.
-    #[arg(long, default_value_t = 1.0)]
     pub sgld_lr: f32,
     /// SGLD noise σ, on the network's [−1, 1] scale.
-    #[arg(long, default_value_t = 0.01)]
     pub sgld_std: f32,
     /// Clamp SGLD samples to [0, 1] pixels after each step (the official code does not).
-    #[arg(long)]
     pub sgld_clamp: bool,
     /// Persistent chains in the replay buffer.
-    #[arg(long, default_value_t = 10_000)]
     pub buffer_size: usize,
     /// Probability ρ that a chain restarts from U(−1, 1).
-    #[arg(long, default_value_t = 0.05)]
     pub reinit_freq: f64,
     /// Weight λ of an energy penalty λ·(E(x)² + E(x̂)²) (Du & Mordatch 2019), which keeps the
     /// energies of data and samples near zero; 0 (the official JEM) turns it off. Meant for a
     /// JEM started from a trained classifier, whose first samples have LogSumExp near 165
     /// against 17 for data: the official loss then wipes out its accuracy.
-    #[arg(long, default_value_t = 0.0)]
     #[serde(default)]
     pub energy_reg: f64,
     /// Threads that share the SGLD chains of a step (0: one per core). Every chain gets the
     /// same noise whatever the count, but a shard's batch size moves the last bit of some
     /// results, so runs with different counts drift apart: the count is a setting of the run.
-    #[arg(long, default_value_t = 0)]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub sgld_threads: usize,
     /// Where chains start and restart: `uniform`, U(−1, 1) (the paper), or `class-gaussian`, a
     /// Gaussian per class fitted to the training images (JEM++'s informative initialisation),
     /// which puts short chains near the data from the first step.
-    #[arg(long, value_enum, default_value_t = ChainStartKind::Uniform)]
     #[serde(default, skip_serializing_if = "is_uniform")]
     pub chain_start: ChainStartKind,
+}
+
+impl Default for JemConfig {
+    /// The official settings.
+    fn default() -> Self {
+        JemConfig {
+            px_weight: 1.0,
+            pyx_weight: 1.0,
+            sgld_steps: 20,
+            sgld_lr: 1.0,
+            sgld_std: 0.01,
+            sgld_clamp: false,
+            buffer_size: 10_000,
+            reinit_freq: 0.05,
+            energy_reg: 0.0,
+            sgld_threads: 0,
+            chain_start: ChainStartKind::Uniform,
+        }
+    }
 }
 
 /// The paper's chain start is left out of sidecars, which then read as before.
@@ -91,19 +99,10 @@ impl JemConfig {
     }
 
     /// Checks every setting's range: counts at least 1, weights, rates and noise finite and
-    /// ≥ 0, the restart frequency a probability. `name` says how the user wrote a field (a flag
-    /// on the command line, a field of a sidecar), for the error.
-    pub fn validate(&self, name: impl Fn(&str) -> String) -> anyhow::Result<()> {
-        for (field, value) in [
-            ("sgld_steps", self.sgld_steps),
-            ("buffer_size", self.buffer_size),
-        ] {
-            anyhow::ensure!(
-                value >= 1,
-                "{}: expected at least 1, found {value}",
-                name(field)
-            );
-        }
+    /// ≥ 0, the restart frequency a probability. An error names the field.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        settings::at_least_one("sgld_steps", self.sgld_steps)?;
+        settings::at_least_one("buffer_size", self.buffer_size)?;
         for (field, value) in [
             ("px_weight", self.px_weight),
             ("pyx_weight", self.pyx_weight),
@@ -111,19 +110,9 @@ impl JemConfig {
             ("sgld_std", self.sgld_std as f64),
             ("energy_reg", self.energy_reg),
         ] {
-            anyhow::ensure!(
-                value.is_finite() && value >= 0.0,
-                "{}: expected a finite number >= 0, found {value}",
-                name(field)
-            );
+            settings::finite_non_negative(field, value)?;
         }
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&self.reinit_freq),
-            "{}: expected a probability in [0, 1], found {}",
-            name("reinit_freq"),
-            self.reinit_freq
-        );
-        Ok(())
+        settings::probability("reinit_freq", self.reinit_freq)
     }
 
     pub fn sampler(&self, norm: &InputNormalization) -> SgldSampler {

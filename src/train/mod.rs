@@ -19,7 +19,7 @@ mod trainer;
 pub use adversarial::{AdvConfig, AdversarialObjective};
 pub use augment::Augmentation;
 pub use chain_start::{ChainStart, ChainStartKind, ClassGaussians};
-pub use config::{TrainConfig, TrainKind};
+pub use config::{TrainKind, TrainSpec};
 pub use guard::GuardConfig;
 pub use jem::{chain_init, JemConfig, JemObjective};
 pub use log::CsvLog;

@@ -5,7 +5,7 @@
 use anyhow::Context;
 
 use super::state::{Progress, StateDir};
-use super::TrainConfig;
+use super::TrainSpec;
 
 /// Settings a resumed run may change, named as `changes.csv` names them: more epochs, a new base
 /// learning rate, a new σ_data (noise that can steady an energy model early and cost accuracy
@@ -26,7 +26,7 @@ const RESUMABLE: [&str; 7] = [
 /// [`RESUMABLE`] settings and in decays added at epochs the run has not started: otherwise the
 /// resumed run would not be the run its log describes.
 pub(super) fn check_resumable(
-    cfg: &TrainConfig,
+    cfg: &TrainSpec,
     saved: &Progress,
     settings: &serde_json::Value,
 ) -> anyhow::Result<()> {
@@ -136,7 +136,7 @@ pub(super) fn record_changes(
 /// The saved state to return to after divergence was seen at `now`, with the learning rate
 /// lowered; the rollback is appended to `rollbacks.csv`. Fails once the rollbacks are spent.
 pub(super) fn roll_back(
-    cfg: &TrainConfig,
+    cfg: &TrainSpec,
     state: &StateDir,
     now: &Progress,
     symptom: &str,

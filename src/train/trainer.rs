@@ -22,7 +22,7 @@ use super::objective::{Objective, Step};
 use super::resume::{check_resumable, record_changes, roll_back};
 use super::schedule::LrSchedule;
 use super::state::{Progress, StateDir};
-use super::TrainConfig;
+use super::TrainSpec;
 use crate::batches;
 use crate::metrics::{self, CleanMetrics};
 use crate::model::{Checkpoint, Sidecar, WideResNet, WideResNetConfig};
@@ -78,7 +78,7 @@ where
 /// Trains with `objective` until `cfg.epochs` are done (or `cfg.max_iters`), resuming from
 /// `cfg.out/state` when it exists.
 pub fn train<B, O>(
-    cfg: &TrainConfig,
+    cfg: &TrainSpec,
     objective: &mut O,
     device: &B::Device,
 ) -> anyhow::Result<TrainOutcome>
@@ -113,7 +113,7 @@ enum Iteration {
 
 /// One training run in progress: its data, model, optimiser, saved state and logs.
 struct Trainer<'a, B: KernelsAutodiff, O: Objective<B>> {
-    cfg: &'a TrainConfig,
+    cfg: &'a TrainSpec,
     objective: &'a mut O,
     device: &'a B::Device,
     source: DataSource,
@@ -150,7 +150,7 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
     /// Checks everything that can be refused, then claims `cfg.out` and starts or resumes the
     /// run saved there.
     fn open(
-        cfg: &'a TrainConfig,
+        cfg: &'a TrainSpec,
         objective: &'a mut O,
         device: &'a B::Device,
     ) -> anyhow::Result<Self> {

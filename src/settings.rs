@@ -1,0 +1,136 @@
+//! Checks of settings (the library's `…Spec` and `…Config` types), one function per kind of
+//! range, each refusing a value with an [`InvalidSetting`] that names the field: the library
+//! speaks of fields, and the command line shows them as its flags.
+
+/// A setting refused, named as its settings type names it (`n_examples`, `ks`, `px_weight`, …);
+/// the command line shows the flag instead (`--n-examples`, `--steps`, `--px-weight`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvalidSetting {
+    /// The field of the spec.
+    pub field: &'static str,
+    /// The refused value where the problem quotes it (`10001` of "n_examples 10001: …"),
+    /// else empty.
+    pub value: String,
+    /// What is wrong, and what was expected.
+    pub problem: String,
+}
+
+impl InvalidSetting {
+    /// `field value: problem`.
+    pub fn new(field: &'static str, value: String, problem: &str) -> Self {
+        InvalidSetting {
+            field,
+            value,
+            problem: problem.to_string(),
+        }
+    }
+
+    /// `field: problem`.
+    pub fn bare(field: &'static str, problem: &str) -> Self {
+        Self::new(field, String::new(), problem)
+    }
+
+    /// The message with the field called `name` (a flag on the command line).
+    pub fn message_naming(&self, name: &str) -> String {
+        match self.value.as_str() {
+            "" => format!("{name}: {}", self.problem),
+            value => format!("{name} {value}: {}", self.problem),
+        }
+    }
+}
+
+impl std::fmt::Display for InvalidSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message_naming(self.field))
+    }
+}
+
+impl std::error::Error for InvalidSetting {}
+
+/// `value` ≥ 1 (a count: examples, steps, chains, …).
+pub fn at_least_one(field: &'static str, value: usize) -> Result<(), InvalidSetting> {
+    refuse_unless(
+        value >= 1,
+        field,
+        format!("expected at least 1, found {value}"),
+    )
+}
+
+/// `value` finite and > 0 (a learning rate, a step size).
+pub fn finite_positive(field: &'static str, value: impl Number) -> Result<(), InvalidSetting> {
+    let fine = value.into().is_finite() && value.into() > 0.0;
+    refuse_unless(
+        fine,
+        field,
+        format!("expected a finite number > 0, found {value}"),
+    )
+}
+
+/// `value` finite and ≥ 0 (a weight, a noise level, a time limit).
+pub fn finite_non_negative(field: &'static str, value: impl Number) -> Result<(), InvalidSetting> {
+    let fine = value.into().is_finite() && value.into() >= 0.0;
+    refuse_unless(
+        fine,
+        field,
+        format!("expected a finite number >= 0, found {value}"),
+    )
+}
+
+/// `value` a probability, in [0, 1].
+pub fn probability(field: &'static str, value: impl Number) -> Result<(), InvalidSetting> {
+    let fine = (0.0..=1.0).contains(&value.into());
+    refuse_unless(
+        fine,
+        field,
+        format!("expected a probability in [0, 1], found {value}"),
+    )
+}
+
+/// A real setting, f32 or f64, shown as written (an f32 0.1 as `0.1`).
+pub trait Number: Into<f64> + Copy + std::fmt::Display {}
+
+impl Number for f32 {}
+impl Number for f64 {}
+
+fn refuse_unless(fine: bool, field: &'static str, problem: String) -> Result<(), InvalidSetting> {
+    match fine {
+        true => Ok(()),
+        false => Err(InvalidSetting::bare(field, &problem)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_check_refuses_what_is_out_of_its_range_naming_the_field() {
+        assert!(at_least_one("n", 1).is_ok());
+        assert_eq!(
+            at_least_one("n", 0).unwrap_err().to_string(),
+            "n: expected at least 1, found 0"
+        );
+        assert!(finite_positive("lr", 1e-4).is_ok());
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(finite_positive("lr", bad).is_err(), "{bad}");
+        }
+        assert!(finite_non_negative("sigma", 0.0).is_ok());
+        for bad in [-1e-9, f64::NAN, f64::INFINITY] {
+            assert!(finite_non_negative("sigma", bad).is_err(), "{bad}");
+        }
+        assert!(probability("rho", 0.0).is_ok() && probability("rho", 1.0).is_ok());
+        for bad in [-0.1, 1.1, f64::NAN] {
+            assert!(probability("rho", bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            finite_positive("eps", -0.1f32).unwrap_err().to_string(),
+            "eps: expected a finite number > 0, found -0.1"
+        );
+        let e = probability("reinit_freq", 2.0).unwrap_err();
+        assert_eq!(e.field, "reinit_freq");
+        assert_eq!(
+            e.message_naming("--reinit-freq"),
+            "--reinit-freq: expected a probability in [0, 1], found 2"
+        );
+    }
+}
