@@ -3,8 +3,9 @@
 //!
 //! The attack is a deliberately simple black box, "random corners": at budget ε it tries
 //! `tries` random vertices of the L∞ ball (x + ε·s, s a random sign pattern, clipped to [0, 1])
-//! and keeps the first the model misclassifies. It only has to say what it does at one ε
-//! ([`FixedEpsilon`]); [`PerEpsilon`] runs it at each ε in ascending order on the examples no
+//! and keeps the first the model misclassifies. It only has to say what it is ([`Describe`]:
+//! name, settings, what it needs of the model) and what it does at one ε ([`FixedEpsilon`]);
+//! [`PerEpsilon`] runs it at each ε in ascending order on the examples no
 //! smaller ε broke, and a [`Cascade`] runs it on what the attacks before it left standing.
 //!
 //! ```sh
@@ -17,8 +18,8 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, Attack, AttackOutcome, Cascade, ExampleOutcome, FixedEpsilon, Model,
-    Norm, PerEpsilon, Undefended,
+    Access, ApgdConfig, ApgdLoss, Attack, AttackOutcome, Cascade, Describe, ExampleOutcome,
+    FixedEpsilon, Model, Norm, PerEpsilon, Undefended,
 };
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches;
@@ -37,7 +38,9 @@ struct RandomCorners {
     seed: u64,
 }
 
-impl<M: Model<Train>> FixedEpsilon<Train, M> for RandomCorners {
+/// What the attack is, on any model: its name and settings for reports, and the properties an
+/// evaluation reasons with (a decision-based black box, random).
+impl Describe for RandomCorners {
     fn name(&self) -> &'static str {
         "random-corners"
     }
@@ -46,6 +49,17 @@ impl<M: Model<Train>> FixedEpsilon<Train, M> for RandomCorners {
         serde_json::to_value(self).expect("settings serialise")
     }
 
+    fn access(&self) -> Access {
+        Access::Decisions
+    }
+
+    fn randomised(&self) -> bool {
+        true
+    }
+}
+
+/// What it does at one ε.
+impl<M: Model<Train>> FixedEpsilon<Train, M> for RandomCorners {
     fn run_at(
         &self,
         model: &M,
@@ -148,6 +162,14 @@ fn main() -> anyhow::Result<()> {
     let apgd_alone = apgd
         .attack(&model, x, y, &eps)
         .map_err(anyhow::Error::msg)?;
+    // The wrappers pass the attack's description through; a cascade needs what its most
+    // demanding stage needs.
+    let wrapped = PerEpsilon(RandomCorners { tries: 20, seed: 0 });
+    anyhow::ensure!(
+        (wrapped.name(), wrapped.access(), cascade.access())
+            == ("random-corners", Access::Decisions, Access::Gradients),
+        "the descriptions of the wrapped attack and the cascade are not what their attacks declare"
+    );
 
     println!("robust accuracy of the embedded baseline on 40 test digits (L∞):");
     println!(

@@ -18,6 +18,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use crate::attack::{Access, Describe};
 use crate::loss::{targeted_dlr, AttackLoss};
 use crate::model::Model;
 use crate::norm::Norm;
@@ -75,15 +76,6 @@ impl ApgdConfig {
             momentum: 0.75,
             eot: 1,
             seed: 0,
-        }
-    }
-
-    /// `apgd-ce`, `apgd-dlr` or `apgd-t`, for reports.
-    pub fn name(&self) -> &'static str {
-        match self.loss {
-            ApgdLoss::CrossEntropy => "apgd-ce",
-            ApgdLoss::Dlr => "apgd-dlr",
-            ApgdLoss::TargetedDlr => "apgd-t",
         }
     }
 
@@ -333,6 +325,29 @@ impl ApgdConfig {
             ApgdLoss::CrossEntropy => AttackLoss::CrossEntropy,
             _ => AttackLoss::Dlr,
         }
+    }
+}
+
+impl Describe for ApgdConfig {
+    fn name(&self) -> &'static str {
+        match self.loss {
+            ApgdLoss::CrossEntropy => "apgd-ce",
+            ApgdLoss::Dlr => "apgd-dlr",
+            ApgdLoss::TargetedDlr => "apgd-t",
+        }
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    /// Every run starts at a random point of the ε-ball.
+    fn randomised(&self) -> bool {
+        true
     }
 }
 

@@ -22,14 +22,54 @@ use crate::{ApgdConfig, BoundaryConfig, PgdConfig, PointwiseConfig, SquareConfig
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
-/// An attack on model `M` (a network, possibly behind a defence) over the backend `B`.
-pub trait Attack<B: AutodiffBackend, M: Model<B>> {
+/// What an attack needs of the model it attacks, ordered from least to most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// Only the predicted class: a decision-based black box (boundary, pointwise).
+    Decisions,
+    /// The model's scores (logits) on inputs it chooses: a score-based black box (Square).
+    Scores,
+    /// Gradients of a loss with respect to the input: a white-box attack (PGD, APGD, FAB).
+    Gradients,
+}
+
+/// What an attack is, whatever model and backend it runs on: its name and settings for
+/// reports, and the properties an evaluation reasons with. Each attack declares it once;
+/// [`Attack`], [`FixedEpsilon`] and [`MinimumPerturbation`] build on it, and wrappers
+/// ([`PerEpsilon`], [`MinimumNorm`], `Box`) pass it through.
+pub trait Describe {
     /// A short name for reports (`pgd`, `apgd-ce`, `square`, …).
     fn name(&self) -> &'static str;
 
     /// Every setting, as JSON, for reports.
     fn settings(&self) -> serde_json::Value;
 
+    /// What the attack needs of the model. A black-box attack that beats the white-box ones
+    /// says that their gradients are masked (Athalye et al. 2018).
+    fn access(&self) -> Access;
+
+    /// Whether the attack draws random numbers (a random start, random proposals), so that its
+    /// outcome depends on its seed and restarts can find more. FGSM does not; PGD does.
+    fn randomised(&self) -> bool;
+}
+
+impl<A: Describe + ?Sized> Describe for Box<A> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn settings(&self) -> serde_json::Value {
+        (**self).settings()
+    }
+    fn access(&self) -> Access {
+        (**self).access()
+    }
+    fn randomised(&self) -> bool {
+        (**self).randomised()
+    }
+}
+
+/// An attack on model `M` (a network, possibly behind a defence) over the backend `B`.
+pub trait Attack<B: AutodiffBackend, M: Model<B>>: Describe {
     /// Attacks `x` (`[N, C, H, W]`, [0, 1]) with labels `y` at each radius of `eps`: one outcome
     /// per ε, in the order given, each covering all N examples. An error for settings the
     /// attack cannot run with (e.g. a norm it does not implement).
@@ -170,11 +210,7 @@ fn ascending<B: AutodiffBackend>(
 
 /// A fixed-ε attack: one run at one radius. Each is an [`Attack`] over a list of ε, run in
 /// ascending order on the examples no smaller ε broke.
-pub trait FixedEpsilon<B: AutodiffBackend, M: Model<B>> {
-    /// A short name for reports.
-    fn name(&self) -> &'static str;
-    /// Every setting, as JSON, for reports.
-    fn settings(&self) -> serde_json::Value;
+pub trait FixedEpsilon<B: AutodiffBackend, M: Model<B>>: Describe {
     /// One run at radius `eps` on the whole batch (ε = 0: the clean answer, re-checked).
     fn run_at(
         &self,
@@ -193,15 +229,22 @@ pub trait FixedEpsilon<B: AutodiffBackend, M: Model<B>> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PerEpsilon<A>(pub A);
 
-impl<B: AutodiffBackend, M: Model<B>, A: FixedEpsilon<B, M>> Attack<B, M> for PerEpsilon<A> {
+impl<A: Describe> Describe for PerEpsilon<A> {
     fn name(&self) -> &'static str {
         self.0.name()
     }
-
     fn settings(&self) -> serde_json::Value {
         self.0.settings()
     }
+    fn access(&self) -> Access {
+        self.0.access()
+    }
+    fn randomised(&self) -> bool {
+        self.0.randomised()
+    }
+}
 
+impl<B: AutodiffBackend, M: Model<B>, A: FixedEpsilon<B, M>> Attack<B, M> for PerEpsilon<A> {
     fn attack_after(
         &self,
         model: &M,
@@ -220,14 +263,6 @@ impl<B: AutodiffBackend, M: Model<B>, A: FixedEpsilon<B, M>> Attack<B, M> for Pe
 macro_rules! attack_over_eps {
     ($($attack:ty),*) => {$(
         impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for $attack {
-            fn name(&self) -> &'static str {
-                FixedEpsilon::<B, M>::name(self)
-            }
-
-            fn settings(&self) -> serde_json::Value {
-                FixedEpsilon::<B, M>::settings(self)
-            }
-
             fn attack_after(
                 &self,
                 model: &M,
@@ -246,14 +281,6 @@ macro_rules! attack_over_eps {
 attack_over_eps!(PgdConfig, ApgdConfig, SquareConfig);
 
 impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for PgdConfig {
-    fn name(&self) -> &'static str {
-        PgdConfig::name(self)
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("settings serialise")
-    }
-
     fn run_at(
         &self,
         model: &M,
@@ -270,14 +297,6 @@ impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for PgdConfig {
 }
 
 impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for ApgdConfig {
-    fn name(&self) -> &'static str {
-        ApgdConfig::name(self)
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("settings serialise")
-    }
-
     fn run_at(
         &self,
         model: &M,
@@ -294,14 +313,6 @@ impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for ApgdConfig {
 }
 
 impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for SquareConfig {
-    fn name(&self) -> &'static str {
-        SquareConfig::name(self)
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("settings serialise")
-    }
-
     fn run_at(
         &self,
         model: &M,
@@ -328,11 +339,7 @@ pub struct MinimumNorm<A> {
 }
 
 /// The attacks [`MinimumNorm`] can wrap: one run gives a minimum perturbation per example.
-pub trait MinimumPerturbation<B: AutodiffBackend, M: Model<B>> {
-    /// A short name for reports.
-    fn name(&self) -> &'static str;
-    /// Every setting, as JSON, for reports.
-    fn settings(&self) -> serde_json::Value;
+pub trait MinimumPerturbation<B: AutodiffBackend, M: Model<B>>: Describe {
     /// One run on the whole batch: per example, the closest adversarial found.
     fn run_once(
         &self,
@@ -345,12 +352,6 @@ pub trait MinimumPerturbation<B: AutodiffBackend, M: Model<B>> {
 impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M> + ?Sized>
     MinimumPerturbation<B, M> for Box<A>
 {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn settings(&self) -> serde_json::Value {
-        (**self).settings()
-    }
     fn run_once(
         &self,
         model: &M,
@@ -362,12 +363,6 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M> + ?Sized>
 }
 
 impl<B: AutodiffBackend, M: Model<B>> MinimumPerturbation<B, M> for BoundaryConfig {
-    fn name(&self) -> &'static str {
-        "boundary"
-    }
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("settings serialise")
-    }
     fn run_once(
         &self,
         model: &M,
@@ -379,12 +374,6 @@ impl<B: AutodiffBackend, M: Model<B>> MinimumPerturbation<B, M> for BoundaryConf
 }
 
 impl<B: AutodiffBackend, M: Model<B>> MinimumPerturbation<B, M> for PointwiseConfig {
-    fn name(&self) -> &'static str {
-        "pointwise"
-    }
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("settings serialise")
-    }
     fn run_once(
         &self,
         model: &M,
@@ -395,17 +384,24 @@ impl<B: AutodiffBackend, M: Model<B>> MinimumPerturbation<B, M> for PointwiseCon
     }
 }
 
-impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
-    for MinimumNorm<A>
-{
+impl<A: Describe> Describe for MinimumNorm<A> {
     fn name(&self) -> &'static str {
         self.attack.name()
     }
-
     fn settings(&self) -> serde_json::Value {
         self.attack.settings()
     }
+    fn access(&self) -> Access {
+        self.attack.access()
+    }
+    fn randomised(&self) -> bool {
+        self.attack.randomised()
+    }
+}
 
+impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
+    for MinimumNorm<A>
+{
     fn attack_after(
         &self,
         model: &M,
@@ -522,7 +518,7 @@ impl<B: AutodiffBackend, M: Model<B>> Cascade<'_, B, M> {
     }
 }
 
-impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for Cascade<'_, B, M> {
+impl<B: AutodiffBackend, M: Model<B>> Describe for Cascade<'_, B, M> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -536,6 +532,18 @@ impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for Cascade<'_, B, M> {
         )
     }
 
+    /// The most the cascade's attacks need: gradients if any of them follows them.
+    fn access(&self) -> Access {
+        let accesses = self.attacks.iter().map(|a| a.access());
+        accesses.max().unwrap_or(Access::Decisions)
+    }
+
+    fn randomised(&self) -> bool {
+        self.attacks.iter().any(|a| a.randomised())
+    }
+}
+
+impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for Cascade<'_, B, M> {
     fn attack_after(
         &self,
         model: &M,

@@ -13,6 +13,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
+use crate::attack::{Access, Describe};
 use crate::decision::Start;
 use crate::model::Model;
 use crate::outcome::AttackOutcome;
@@ -272,5 +273,24 @@ impl BoundaryConfig {
 
         let flat: Vec<f32> = best.iter().flatten().map(|&v| v as f32).collect();
         st.finish(flat, &found)
+    }
+}
+
+impl Describe for BoundaryConfig {
+    fn name(&self) -> &'static str {
+        "boundary"
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    fn access(&self) -> Access {
+        Access::Decisions
+    }
+
+    /// A random adversarial start and random proposals.
+    fn randomised(&self) -> bool {
+        true
     }
 }

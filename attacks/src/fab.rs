@@ -31,6 +31,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::attack::MinimumPerturbation;
+use crate::attack::{Access, Describe};
 use crate::model::Model;
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
@@ -95,15 +96,6 @@ impl FabConfig {
             eot: 1,
             passes: 4,
             seed: 0,
-        }
-    }
-
-    /// `fab-t` (targeted) or `fab`, for reports.
-    pub fn name(&self) -> &'static str {
-        if self.targeted {
-            "fab-t"
-        } else {
-            "fab"
         }
     }
 
@@ -447,6 +439,29 @@ impl FabConfig {
     }
 }
 
+impl Describe for FabConfig {
+    fn name(&self) -> &'static str {
+        if self.targeted {
+            "fab-t"
+        } else {
+            "fab"
+        }
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    /// The first run starts at the clean input; restarts start at random points.
+    fn randomised(&self) -> bool {
+        self.restarts > 1
+    }
+}
+
 /// What one FAB run attacks: the clean inputs (flat), their shape and device, the rows
 /// attacked, every row's label, the attacked rows' targets, and the model's classes.
 struct Problem<'a, B: Backend> {
@@ -578,12 +593,6 @@ pub fn hyperplane_step_linf(w: &[f32], c: f32, lb: &[f32], ub: &[f32]) -> Vec<f3
 }
 
 impl<B: AutodiffBackend, M: Model<B>> MinimumPerturbation<B, M> for FabConfig {
-    fn name(&self) -> &'static str {
-        FabConfig::name(self)
-    }
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("settings serialise")
-    }
     fn run_once(
         &self,
         model: &M,

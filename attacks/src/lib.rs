@@ -29,9 +29,11 @@
 //!
 //! Fixed-ε attacks run the list in ascending order on the examples no smaller ε broke (a break
 //! carries to every larger ε); minimum-perturbation attacks run once, wrapped in
-//! [`MinimumNorm`]. Each attack also has `run`, at a single ε. An attack of your own joins
-//! them by implementing [`FixedEpsilon`] (one run at one ε) and being wrapped in
-//! [`PerEpsilon`], or [`MinimumPerturbation`] and [`MinimumNorm`]; a [`Cascade`] runs attacks
+//! [`MinimumNorm`]. Each attack also has `run`, at a single ε. Every attack declares what it
+//! is in [`Describe`] (name, settings, the [`Access`] it needs of the model: gradients, scores
+//! or decisions; whether it is randomised). An attack of your own joins them by implementing
+//! it and [`FixedEpsilon`] (one run at one ε), wrapped in [`PerEpsilon`], or
+//! [`MinimumPerturbation`] and [`MinimumNorm`]; a [`Cascade`] runs attacks
 //! one after another, each on what the ones before left standing.
 //!
 //! - [`Model`]: what an attack sees — [`Undefended`], or [`SgldDefence`] (JEM-K: K SGLD steps
@@ -74,7 +76,9 @@ mod square;
 pub use apgd::{
     checkpoints as apgd_checkpoints, should_halve as apgd_should_halve, ApgdConfig, ApgdLoss,
 };
-pub use attack::{Attack, Cascade, FixedEpsilon, MinimumNorm, MinimumPerturbation, PerEpsilon};
+pub use attack::{
+    Access, Attack, Cascade, Describe, FixedEpsilon, MinimumNorm, MinimumPerturbation, PerEpsilon,
+};
 pub use boundary::BoundaryConfig;
 pub use classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
 pub use decision::Oracle;

@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use crate::attack::{Access, Describe};
 use crate::loss::AttackLoss;
 use crate::model::{LossFn, Model};
 use crate::norm::Norm;
@@ -74,15 +75,6 @@ impl PgdConfig {
             random_start: false,
             early_stop: false,
             ..Self::pgd(norm)
-        }
-    }
-
-    /// `pgd` or `fgsm`, for reports.
-    pub fn name(&self) -> &'static str {
-        if self.steps == 1 && !self.random_start && self.rel_stepsize == 1.0 {
-            "fgsm"
-        } else {
-            "pgd"
         }
     }
 
@@ -263,6 +255,29 @@ impl PgdConfig {
         }
         // Rows that were never attacked keep the clean input.
         (blend(x.clone(), adv, attack), evals)
+    }
+}
+
+impl Describe for PgdConfig {
+    fn name(&self) -> &'static str {
+        if self.steps == 1 && !self.random_start && self.rel_stepsize == 1.0 {
+            "fgsm"
+        } else {
+            "pgd"
+        }
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    fn access(&self) -> Access {
+        Access::Gradients
+    }
+
+    /// A random start in the ε-ball, unless it starts at the clean input (FGSM).
+    fn randomised(&self) -> bool {
+        self.random_start
     }
 }
 

@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::attack::{Access, Describe};
 use crate::decision::Start;
 use crate::model::Model;
 use crate::outcome::AttackOutcome;
@@ -208,5 +209,24 @@ impl PointwiseConfig {
         }
 
         st.finish(adv.concat(), &found)
+    }
+}
+
+impl Describe for PointwiseConfig {
+    fn name(&self) -> &'static str {
+        "pointwise"
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    fn access(&self) -> Access {
+        Access::Decisions
+    }
+
+    /// A random salt-and-pepper start and a random order of pixels.
+    fn randomised(&self) -> bool {
+        true
     }
 }

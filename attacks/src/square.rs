@@ -39,6 +39,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::attack::{Access, Describe};
 use crate::model::Model;
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
@@ -74,11 +75,6 @@ impl SquareConfig {
             passes: 4,
             seed: 0,
         }
-    }
-
-    /// `square`, for reports.
-    pub fn name(&self) -> &'static str {
-        "square"
     }
 
     /// Attacks `x` (`[N, C, H, W]`, [0, 1]) with labels `y` at radius `eps` in `self.norm`;
@@ -251,6 +247,25 @@ impl SquareConfig {
             .filter(|&&t| at > t)
             .count();
         self.p_init / (1u32 << halvings) as f32
+    }
+}
+
+impl Describe for SquareConfig {
+    fn name(&self) -> &'static str {
+        "square"
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    fn access(&self) -> Access {
+        Access::Scores
+    }
+
+    /// Random squares (L∞) or windows (L2), and a random start.
+    fn randomised(&self) -> bool {
+        true
     }
 }
 

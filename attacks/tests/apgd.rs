@@ -4,7 +4,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{
-    apgd_checkpoints, apgd_should_halve, targeted_dlr, ApgdConfig, ApgdLoss, AttackLoss,
+    apgd_checkpoints, apgd_should_halve, targeted_dlr, ApgdConfig, ApgdLoss, AttackLoss, Describe,
     LinearClassifier, Norm, Undefended,
 };
 

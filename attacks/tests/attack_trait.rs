@@ -214,3 +214,77 @@ fn a_cascade_attacks_only_what_the_attacks_before_it_left_standing() {
         assert_eq!(joint[j].examples, stages[2][j].examples);
     }
 }
+
+#[test]
+fn attacks_declare_what_they_need_and_wrappers_pass_it_through() {
+    use jem_attacks::{Access, Describe, FabConfig, PerEpsilon, PointwiseConfig, SquareConfig};
+    let fgsm = PgdConfig::fgsm(Norm::Linf);
+    let pgd = PgdConfig::pgd(Norm::L2);
+    let square = SquareConfig::new(Norm::Linf);
+    let described: [(&dyn Describe, &str, Access, bool); 6] = [
+        (&fgsm, "fgsm", Access::Gradients, false),
+        (&pgd, "pgd", Access::Gradients, true),
+        (&square, "square", Access::Scores, true),
+        (
+            &FabConfig::new(Norm::Linf),
+            "fab-t",
+            Access::Gradients,
+            false,
+        ),
+        (
+            &BoundaryConfig::default(),
+            "boundary",
+            Access::Decisions,
+            true,
+        ),
+        (
+            &PointwiseConfig::default(),
+            "pointwise",
+            Access::Decisions,
+            true,
+        ),
+    ];
+    for (attack, name, access, randomised) in described {
+        assert_eq!(
+            (attack.name(), attack.access(), attack.randomised()),
+            (name, access, randomised)
+        );
+        assert!(
+            attack.settings().is_object(),
+            "{name}: settings as a JSON object"
+        );
+    }
+    // FAB's restarts start at random points.
+    let fab = FabConfig {
+        restarts: 2,
+        ..FabConfig::new(Norm::Linf)
+    };
+    assert!(fab.randomised());
+    // Wrappers say what the attack they wrap says.
+    let per_eps = PerEpsilon(square.clone());
+    assert_eq!(
+        (per_eps.name(), per_eps.access()),
+        ("square", Access::Scores)
+    );
+    assert_eq!(per_eps.settings(), square.settings());
+    let minimum = MinimumNorm {
+        attack: BoundaryConfig::default(),
+        norm: Norm::L2,
+    };
+    assert_eq!(
+        (minimum.name(), minimum.access()),
+        ("boundary", Access::Decisions)
+    );
+    // A cascade needs what its most demanding stage needs.
+    let black_box: Cascade<B, M> = Cascade {
+        name: "black-box",
+        attacks: vec![Box::new(minimum.clone()), Box::new(square.clone())],
+    };
+    assert_eq!(black_box.access(), Access::Scores);
+    let white_box: Cascade<B, M> = Cascade {
+        name: "white-box",
+        attacks: vec![Box::new(minimum), Box::new(fgsm)],
+    };
+    assert_eq!(white_box.access(), Access::Gradients);
+    assert!(white_box.randomised(), "the boundary attack is");
+}

@@ -9,8 +9,8 @@ mod common;
 use burn::tensor::Tensor;
 use common::{batch, cases, image, label, labels, B, D, I};
 use jem_attacks::{
-    hyperplane_step_l2, hyperplane_step_linf, Attack, FabConfig, LinearClassifier, MinimumNorm,
-    Model, Norm, Undefended,
+    hyperplane_step_l2, hyperplane_step_linf, Attack, Describe, FabConfig, LinearClassifier,
+    MinimumNorm, Model, Norm, Undefended,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -392,11 +392,8 @@ fn minimum_norm_fab_is_broken_at_1_02_and_never_at_0_98_of_the_minimum() {
             attack: FabConfig::new(norm),
             norm,
         };
-        assert_eq!(Attack::<B, M>::name(&attack), "fab-t");
-        assert_eq!(
-            Attack::<B, M>::settings(&attack)["alpha_max"].as_f64(),
-            Some(0.1f32 as f64)
-        );
+        assert_eq!(attack.name(), "fab-t");
+        assert_eq!(attack.settings()["alpha_max"].as_f64(), Some(0.1f32 as f64));
         let min = match norm {
             Norm::Linf => &b.min_linf,
             Norm::L2 => &b.min_l2,

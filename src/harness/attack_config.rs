@@ -1,9 +1,11 @@
-//! The attack a cell runs, built from the sweep's settings: a fixed-ε attack, a
-//! minimum-perturbation attack, or a preset's cascade of them.
+//! The attack a cell runs, built from the sweep's settings ([`AttackKind::build`]): a fixed-ε
+//! attack, a minimum-perturbation attack, or a preset's cascade of them. What each attack needs
+//! of the model (gradients, scores, decisions) is what the attack itself declares
+//! ([`Describe::access`]), read from the same configuration.
 
 use jem_attacks::{
-    ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, FabConfig, MinimumNorm,
-    MinimumPerturbation, Model, PgdConfig, PointwiseConfig, SquareConfig,
+    Access, ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, Describe, FabConfig,
+    MinimumNorm, MinimumPerturbation, Model, PgdConfig, PointwiseConfig, SquareConfig,
 };
 
 use super::cells::AttackKind;
@@ -11,7 +13,7 @@ use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 use crate::Choice;
 
-/// The attack a cell runs, configured from the sweep's flags.
+/// The attack a cell runs, configured from the sweep's settings.
 pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {
     /// A fixed-ε attack: run at every ε of the grid, ascending, on the examples no smaller ε
     /// broke.
@@ -23,36 +25,91 @@ pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {
     Cascade(Vec<AttackKind>, Cascade<'a, B, M>),
 }
 
-pub(super) fn configure<'a, B: BenchBackend, M: Model<B> + 'a>(
-    spec: &SweepSpec,
-    attack: AttackKind,
-    eot: usize,
-) -> anyhow::Result<Configured<'a, B, M>> {
-    let norm = spec.norm;
-    if attack.is_preset() {
-        let kinds = attack.stages();
+/// One attack (not a preset) with its settings, before it is bound to a backend and model.
+enum Single {
+    Pgd(PgdConfig),
+    Apgd(ApgdConfig),
+    Square(SquareConfig),
+    Fab(FabConfig),
+    Boundary(BoundaryConfig),
+    Pointwise(PointwiseConfig),
+}
+
+impl Single {
+    /// What the attack declares of itself.
+    fn description(&self) -> &dyn Describe {
+        match self {
+            Single::Pgd(a) => a,
+            Single::Apgd(a) => a,
+            Single::Square(a) => a,
+            Single::Fab(a) => a,
+            Single::Boundary(a) => a,
+            Single::Pointwise(a) => a,
+        }
+    }
+
+    /// The attack on backend `B` and model `M`: fixed-ε or minimum-perturbation.
+    fn bind<'a, B: BenchBackend, M: Model<B> + 'a>(self) -> Configured<'a, B, M> {
+        match self {
+            Single::Pgd(a) => Configured::PerEps(Box::new(a)),
+            Single::Apgd(a) => Configured::PerEps(Box::new(a)),
+            Single::Square(a) => Configured::PerEps(Box::new(a)),
+            Single::Fab(a) => Configured::Minimum(Box::new(a)),
+            Single::Boundary(a) => Configured::Minimum(Box::new(a)),
+            Single::Pointwise(a) => Configured::Minimum(Box::new(a)),
+        }
+    }
+}
+
+impl AttackKind {
+    /// What the attack needs of the model, as it declares it (a preset: the most any of its
+    /// attacks needs). A gradient attack has a gradient mode through the SGLD steps and EOT.
+    pub fn access(self) -> Access {
+        let spec = SweepSpec::default();
+        let each = self.stages().into_iter();
+        each.map(|kind| single(&spec, kind, 1).description().access())
+            .max()
+            .expect("every attack has at least one stage")
+    }
+
+    /// The attack configured from the sweep's settings, with `eot` gradient draws per step.
+    pub(super) fn build<'a, B: BenchBackend, M: Model<B> + 'a>(
+        self,
+        spec: &SweepSpec,
+        eot: usize,
+    ) -> Configured<'a, B, M> {
+        if !self.is_preset() {
+            return single(spec, self, eot).bind();
+        }
+        let kinds = self.stages();
         let attacks = kinds
             .iter()
-            .map(|&kind| {
-                Ok(match configure::<B, M>(spec, kind, eot)? {
-                    Configured::PerEps(a) => a,
-                    // Inside a cascade a minimum-norm attack answers each ε by its distance.
-                    Configured::Minimum(a) => Box::new(MinimumNorm { attack: a, norm }) as _,
-                    Configured::Cascade(..) => anyhow::bail!("presets do not nest"),
-                })
+            .map(|&kind| match single(spec, kind, eot).bind::<B, M>() {
+                Configured::PerEps(a) => a,
+                // Inside a cascade a minimum-norm attack answers each ε by its distance.
+                Configured::Minimum(a) => Box::new(MinimumNorm {
+                    attack: a,
+                    norm: spec.norm,
+                }),
+                Configured::Cascade(..) => unreachable!("a single attack is no cascade"),
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        return Ok(Configured::Cascade(
+            .collect();
+        Configured::Cascade(
             kinds,
             Cascade {
-                name: attack.name(),
+                name: self.name(),
                 attacks,
             },
-        ));
+        )
     }
-    Ok(match attack {
+}
+
+/// The single attack `kind` configured from the sweep's settings.
+fn single(spec: &SweepSpec, kind: AttackKind, eot: usize) -> Single {
+    let norm = spec.norm;
+    match kind {
         AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
-            let mut cfg = match attack {
+            let mut cfg = match kind {
                 AttackKind::Fgsm => PgdConfig::fgsm(norm),
                 pgd => {
                     let (steps, rel_stepsize) = spec.pgd_schedule(pgd);
@@ -66,45 +123,63 @@ pub(super) fn configure<'a, B: BenchBackend, M: Model<B> + 'a>(
             };
             cfg.eot = eot;
             cfg.seed = spec.seed;
-            Configured::PerEps(Box::new(cfg))
+            Single::Pgd(cfg)
         }
         AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
-            let loss = match attack {
+            let loss = match kind {
                 AttackKind::ApgdCe => ApgdLoss::CrossEntropy,
                 AttackKind::ApgdDlr => ApgdLoss::Dlr,
                 _ => ApgdLoss::TargetedDlr,
             };
             let mut cfg = ApgdConfig::new(norm, loss);
             cfg.iterations = spec.apgd_iterations;
-            cfg.restarts = spec.restarts_of(attack);
+            cfg.restarts = spec.restarts_of(kind);
             cfg.eot = eot;
             cfg.seed = spec.seed;
-            Configured::PerEps(Box::new(cfg))
+            Single::Apgd(cfg)
         }
         AttackKind::Square => {
             let mut cfg = SquareConfig::new(norm);
             cfg.queries = spec.square_queries;
             cfg.seed = spec.seed;
-            Configured::PerEps(Box::new(cfg))
+            Single::Square(cfg)
         }
         AttackKind::FabT => {
             let mut cfg = FabConfig::new(norm);
             cfg.iterations = spec.fab_iterations;
             cfg.eot = eot;
             cfg.seed = spec.seed;
-            Configured::Minimum(Box::new(cfg))
+            Single::Fab(cfg)
         }
-        AttackKind::Boundary => Configured::Minimum(Box::new(BoundaryConfig {
+        AttackKind::Boundary => Single::Boundary(BoundaryConfig {
             steps: spec.boundary_steps,
             seed: spec.seed,
             ..Default::default()
-        })),
-        AttackKind::Pointwise => Configured::Minimum(Box::new(PointwiseConfig {
+        }),
+        AttackKind::Pointwise => Single::Pointwise(PointwiseConfig {
             seed: spec.seed,
             ..Default::default()
-        })),
+        }),
         AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
-            unreachable!("presets are configured as cascades above")
+            unreachable!("presets are built as cascades of their stages")
         }
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_attack_declares_what_it_needs_of_the_model() {
+        for &kind in AttackKind::ALL {
+            let want = match kind {
+                AttackKind::Square => Access::Scores,
+                AttackKind::Boundary | AttackKind::Pointwise => Access::Decisions,
+                // Every other attack, and every preset (each holds a gradient attack).
+                _ => Access::Gradients,
+            };
+            assert_eq!(kind.access(), want, "{}", kind.name());
+        }
+    }
 }

@@ -13,7 +13,7 @@ use jem_attacks::{AttackOutcome, Classifier, GradMode, MinimumPerturbation, Mode
 use jem_datasets::ImageSet;
 use serde::{Deserialize, Serialize};
 
-use super::attack_config::{configure, Configured};
+use super::attack_config::Configured;
 use super::cells::{AttackKind, Cell};
 use super::convergence::convergence_checks;
 use super::outputs::{self, CellResult, ExampleRow, GradColumn, TidyRow};
@@ -317,7 +317,7 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
     let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
-    Ok(match configure(spec, cell.attack, spec.eot_at(cell.k))? {
+    Ok(match cell.attack.build(spec, spec.eot_at(cell.k)) {
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {

@@ -158,23 +158,11 @@ impl AttackKind {
         self.stages() != [self]
     }
 
-    /// Attacks that follow the (defended) model's gradients, and so have a gradient mode (a
-    /// preset has one when any of its attacks does). Each attack says so here, by name: a new
-    /// attack does not compile until it does.
+    /// Attacks that follow the (defended) model's gradients, and so have a gradient mode
+    /// through the SGLD steps and EOT draws (a preset has them when any of its attacks does):
+    /// what each attack declares of itself ([`AttackKind::access`]).
     pub fn uses_gradients(self) -> bool {
-        match self {
-            AttackKind::Pgd
-            | AttackKind::PgdLong
-            | AttackKind::Fgsm
-            | AttackKind::ApgdCe
-            | AttackKind::ApgdDlr
-            | AttackKind::ApgdT
-            | AttackKind::FabT => true,
-            AttackKind::Square | AttackKind::Boundary | AttackKind::Pointwise => false,
-            AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
-                self.stages().into_iter().any(AttackKind::uses_gradients)
-            }
-        }
+        self.access() == jem_attacks::Access::Gradients
     }
 }
 
