@@ -138,7 +138,7 @@ fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
     let dir = tempfile::tempdir().unwrap();
     let row = TidyRow {
         model: "results/models/baseline".into(),
-        attack: "pgd".into(),
+        attack: "pgd".parse().unwrap(),
         norm: jem_attacks::Norm::Linf,
         eps: 0.1,
         k: 10,
@@ -406,9 +406,9 @@ fn report_regenerates_valid_plots_and_summary_from_the_csv() {
     let size = |a: &str| root.attribute(a).unwrap().parse::<u32>().unwrap();
     let (width, height) = (size("width"), size("height"));
     let attacks = {
-        let mut a: Vec<&str> = rs
+        let mut a: Vec<String> = rs
             .iter()
-            .map(|r| r.attack.as_str())
+            .map(|r| r.attack.to_string())
             .filter(|a| *a != "worst-case")
             .collect();
         a.sort();
@@ -711,7 +711,9 @@ fn autoattack_runs_its_attacks_as_a_cascade_on_what_is_left_standing() {
         for i in 0..8 {
             let charged = examples
                 .iter()
-                .filter(|x| x.attack == stages[2] && x.example == i && x.gradient_evals > 0)
+                .filter(|x| {
+                    x.attack == stages[2].as_str() && x.example == i && x.gradient_evals > 0
+                })
                 .count();
             assert!(
                 charged <= 1,
@@ -803,11 +805,11 @@ fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
     assert!(err.contains("2 cells to run, estimated at most"), "{err}");
 
     let rs = rows(dir.path());
-    let attacks = |k: usize| -> Vec<&str> {
-        let mut a: Vec<&str> = rs
+    let attacks = |k: usize| -> Vec<String> {
+        let mut a: Vec<String> = rs
             .iter()
             .filter(|r| r.k == k && r.attack != "worst-case")
-            .map(|r| r.attack.as_str())
+            .map(|r| r.attack.to_string())
             .collect();
         a.dedup();
         a
@@ -826,7 +828,7 @@ fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
         ["autoattack-rand/apgd-ce", "autoattack-rand/apgd-dlr"]
     );
     for r in rs.iter().filter(|r| r.attack != "worst-case") {
-        let gradient = !r.attack.ends_with("square");
+        let gradient = !r.attack.to_string().ends_with("square");
         let (grad, eot) = match r.k {
             0 => ("none", if gradient { 1 } else { 0 }),
             // ⌈20 / 2 chains⌉ draws.

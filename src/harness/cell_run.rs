@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::attack_config::Configured;
 use super::cells::{AttackKind, Cell};
 use super::convergence::convergence_checks;
-use super::outputs::{self, CellResult, ExampleRow, GradColumn, TidyRow};
+use super::outputs::{self, CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
 use super::robustness;
 use super::spec::SweepSpec;
 use super::subject::Subject;
@@ -236,7 +236,7 @@ fn rows_and_examples(
     let row = |stage: &Stage, eps: f32| {
         TidyRow {
             model: cell.model.clone(),
-            attack: stage.name.clone(),
+            attack: stage.name,
             norm,
             eps,
             k: cell.k,
@@ -287,7 +287,7 @@ fn rows_and_examples(
             }
             examples.extend(ex.iter().zip(&loaded.indices).map(|(e, &i)| ExampleRow {
                 model: cell.model.clone(),
-                attack: stage.name.clone(),
+                attack: stage.name,
                 norm,
                 eps: *eps,
                 k: cell.k,
@@ -322,14 +322,14 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {
                 kind: cell.attack,
-                name: cell.attack.name().into(),
+                name: RowAttack::Attack(cell.attack),
                 settings: attack.settings(),
                 outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
             }]
         }
         Configured::Minimum(attack) => vec![Stage {
             kind: cell.attack,
-            name: cell.attack.name().into(),
+            name: RowAttack::Attack(cell.attack),
             settings: attack.settings(),
             outcomes: vec![(None, attack.run_once(defended, x, y))],
         }],
@@ -341,7 +341,10 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
                 .zip(joint)
                 .map(|((&kind, attack), per_eps)| Stage {
                     kind,
-                    name: format!("{}/{}", cell.attack.name(), kind.name()),
+                    name: RowAttack::Stage {
+                        preset: cell.attack,
+                        stage: kind,
+                    },
                     settings: attack.settings(),
                     outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
                 })
@@ -389,7 +392,7 @@ pub(super) struct BatchResult {
 #[derive(Serialize, Deserialize)]
 pub(super) struct Stage {
     pub(super) kind: AttackKind,
-    pub(super) name: String,
+    pub(super) name: RowAttack,
     pub(super) settings: serde_json::Value,
     /// Per ε of the grid, ascending; one entry with no ε for a minimum-perturbation attack.
     pub(super) outcomes: Vec<(Option<f32>, AttackOutcome)>,

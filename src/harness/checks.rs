@@ -2,13 +2,12 @@
 //! Robustness"), computed from its rows. A
 //! check that the sweep has no data for says `not run`; none is passed by default.
 
-use crate::Choice;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::cells::AttackKind;
-use super::outputs::{GradColumn, TidyRow};
+use super::outputs::{GradColumn, RowAttack, TidyRow};
 use super::robustness::WORST_CASE;
 
 #[derive(Debug, Clone, Serialize)]
@@ -34,24 +33,12 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
 
 /// Whether a row's attack follows gradients of the (defended) model (`Some(true)`), sees only
 /// scores or decisions (`Some(false)`), or is no single attack (`worst-case`): what each
-/// attack declares ([`AttackKind::uses_gradients`]).
-fn white_box(attack: &str) -> Option<bool> {
-    AttackKind::parse(base(attack))
-        .ok()
-        .filter(|kind| !kind.is_preset())
-        .map(AttackKind::uses_gradients)
-}
-
-/// The attack a row is of: a cascade's stage (`autoattack/square`) is of its own attack. A
-/// stage's row holds the joint outcome of it and the stages before it, so a black-box stage
-/// below the white-box stage before it broke examples no white-box attack could.
-fn base(attack: &str) -> &str {
-    attack.rsplit('/').next().unwrap_or(attack)
-}
-
-/// The preset a cascade's stage belongs to (`autoattack` of `autoattack/square`).
-fn cascade(attack: &str) -> Option<&str> {
-    attack.rsplit_once('/').map(|(preset, _)| preset)
+/// attack declares ([`AttackKind::uses_gradients`]). A cascade's stage (`autoattack/square`) is
+/// of its own attack; its row holds the joint outcome of it and the stages before it, so a
+/// black-box stage below the white-box stage before it broke examples no white-box attack
+/// could.
+fn white_box(attack: RowAttack) -> Option<bool> {
+    attack.single().map(AttackKind::uses_gradients)
 }
 
 /// Largest drop in robust accuracy from PGD to `pgd-long` that still counts as converged.
@@ -75,7 +62,7 @@ pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
 /// Robust accuracy of each cell (model, K, gradient mode, ε) of one attack.
 fn robust_by_cell(
     rows: &[TidyRow],
-    attack: &str,
+    attack: RowAttack,
 ) -> BTreeMap<(String, usize, GradColumn, u32), f64> {
     rows.iter()
         .filter(|r| r.attack == attack)
@@ -121,11 +108,11 @@ fn falls_toward_chance(rows: &[TidyRow], classes: usize) -> Check {
 
 /// Robust accuracy cannot rise with ε: an adversarial within ε is one within any larger ε.
 fn does_not_rise_with_eps(rows: &[TidyRow]) -> Check {
-    let mut series: BTreeMap<(String, usize, GradColumn, String), Vec<(f32, f64)>> =
+    let mut series: BTreeMap<(String, usize, GradColumn, RowAttack), Vec<(f32, f64)>> =
         BTreeMap::new();
     for r in rows {
         series
-            .entry((r.model.clone(), r.k, r.grad, r.attack.clone()))
+            .entry((r.model.clone(), r.k, r.grad, r.attack))
             .or_default()
             .push((r.eps, r.robust_accuracy));
     }
@@ -151,7 +138,10 @@ fn does_not_rise_with_eps(rows: &[TidyRow]) -> Check {
 
 /// Iterative attacks beat single-step ones.
 fn iterative_beats_single_step(rows: &[TidyRow]) -> Check {
-    let (pgd, fgsm) = (robust_by_cell(rows, "pgd"), robust_by_cell(rows, "fgsm"));
+    let (pgd, fgsm) = (
+        robust_by_cell(rows, RowAttack::Attack(AttackKind::Pgd)),
+        robust_by_cell(rows, RowAttack::Attack(AttackKind::Fgsm)),
+    );
     let mut compared = 0;
     let mut problems = Vec::new();
     for (k, p) in &pgd {
@@ -181,8 +171,8 @@ fn iterative_beats_single_step(rows: &[TidyRow]) -> Check {
 /// More steps and restarts do not help much (PGD has converged).
 fn more_steps_do_not_help(rows: &[TidyRow]) -> Check {
     let (pgd, long) = (
-        robust_by_cell(rows, "pgd"),
-        robust_by_cell(rows, "pgd-long"),
+        robust_by_cell(rows, RowAttack::Attack(AttackKind::Pgd)),
+        robust_by_cell(rows, RowAttack::Attack(AttackKind::PgdLong)),
     );
     let mut compared = 0;
     let mut changes = Vec::new();
@@ -221,17 +211,17 @@ fn more_steps_do_not_help(rows: &[TidyRow]) -> Check {
 fn black_box_does_not_beat_white_box(rows: &[TidyRow]) -> Check {
     let mut compared = 0;
     let mut problems = Vec::new();
-    for r in rows.iter().filter(|r| white_box(&r.attack) == Some(false)) {
+    for r in rows.iter().filter(|r| white_box(r.attack) == Some(false)) {
         let best_white = rows
             .iter()
             .filter(|p| {
-                white_box(&p.attack) == Some(true)
+                white_box(p.attack) == Some(true)
                     && p.model == r.model
                     && p.k == r.k
                     && p.eps == r.eps
                     // A cascade's stage against the white-box stages of the same cascade.
-                    && (cascade(&r.attack).is_none()
-                        || (cascade(&p.attack) == cascade(&r.attack) && p.grad == r.grad))
+                    && (r.attack.preset().is_none()
+                        || (p.attack.preset() == r.attack.preset() && p.grad == r.grad))
             })
             .map(|p| p.robust_accuracy)
             .reduce(f64::min);
@@ -290,7 +280,7 @@ fn gradients_are_not_zero(rows: &[TidyRow]) -> Check {
 fn stochastic_models_get_eot(rows: &[TidyRow]) -> Check {
     let stochastic: Vec<&TidyRow> = rows
         .iter()
-        .filter(|r| r.stochastic && white_box(&r.attack) == Some(true))
+        .filter(|r| r.stochastic && white_box(r.attack) == Some(true))
         .collect();
     let mut without: Vec<String> = Vec::new();
     let mut lacking = 0;
@@ -369,7 +359,7 @@ mod tests {
     fn row(attack: &str, eps: f32, robust_accuracy: f64) -> TidyRow {
         TidyRow {
             model: "m".into(),
-            attack: attack.into(),
+            attack: attack.parse().expect("an attack's name"),
             norm: jem_attacks::Norm::Linf,
             eps,
             k: 0,

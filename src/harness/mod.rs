@@ -25,7 +25,7 @@ mod sweep;
 pub use crate::settings::InvalidSetting;
 pub use cells::{AttackKind, Cell};
 pub use merge::merge;
-pub use outputs::{read_tidy, ExampleRow, GradColumn, TidyRow};
+pub use outputs::{read_tidy, ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use progress::TerminalProgress;
 pub use regress::{compare, regress, RegressSpec};
 pub use report::report;

@@ -10,8 +10,9 @@ use anyhow::Context;
 use jem_attacks::{ExampleOutcome, GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
-use super::cells::Cell;
+use super::cells::{AttackKind, Cell};
 use crate::model::write_atomic;
+use crate::Choice;
 
 /// The `grad` column of a row: how the attack's gradients pass the SGLD steps.
 ///
@@ -58,11 +59,109 @@ impl std::fmt::Display for GradColumn {
     }
 }
 
+/// The `attack` column of a row: one attack (`pgd`), one stage of a preset's cascade
+/// (`autoattack/square`: the joint outcome of that stage and the stages before it), or the
+/// per-example worst case over every attack of a model, K and gradient mode (`worst-case`).
+/// Written as that text in the CSV and JSON files, and ordered as the text is, so that rows
+/// sort as they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowAttack {
+    Attack(AttackKind),
+    Stage {
+        preset: AttackKind,
+        stage: AttackKind,
+    },
+    WorstCase,
+}
+
+impl RowAttack {
+    /// The single attack the row is of (a stage's own attack); `None` for the worst case.
+    pub fn single(self) -> Option<AttackKind> {
+        match self {
+            RowAttack::Attack(kind) | RowAttack::Stage { stage: kind, .. } => Some(kind),
+            RowAttack::WorstCase => None,
+        }
+    }
+
+    /// The preset whose cascade the row is a stage of.
+    pub fn preset(self) -> Option<AttackKind> {
+        match self {
+            RowAttack::Stage { preset, .. } => Some(preset),
+            _ => None,
+        }
+    }
+}
+
+/// The text of the worst-case rows' `attack`.
+const WORST_CASE_NAME: &str = "worst-case";
+
+impl std::fmt::Display for RowAttack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so that table widths apply.
+        match self {
+            RowAttack::Attack(kind) => f.pad(kind.name()),
+            RowAttack::Stage { preset, stage } => {
+                f.pad(&format!("{}/{}", preset.name(), stage.name()))
+            }
+            RowAttack::WorstCase => f.pad(WORST_CASE_NAME),
+        }
+    }
+}
+
+impl std::str::FromStr for RowAttack {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == WORST_CASE_NAME {
+            return Ok(RowAttack::WorstCase);
+        }
+        Ok(match s.split_once('/') {
+            Some((preset, stage)) => RowAttack::Stage {
+                preset: AttackKind::parse(preset)?,
+                stage: AttackKind::parse(stage)?,
+            },
+            None => RowAttack::Attack(AttackKind::parse(s)?),
+        })
+    }
+}
+
+/// A row's attack against its text (`row.attack == "autoattack/square"`).
+impl PartialEq<&str> for RowAttack {
+    fn eq(&self, text: &&str) -> bool {
+        self.to_string() == *text
+    }
+}
+
+impl PartialOrd for RowAttack {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for RowAttack {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.to_string().cmp(&other.to_string())
+    }
+}
+
+impl Serialize for RowAttack {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RowAttack {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One row per model × attack × norm × ε × K × gradient mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TidyRow {
     pub model: String,
-    pub attack: String,
+    pub attack: RowAttack,
     /// `linf` or `l2` in the CSV.
     pub norm: Norm,
     /// Perturbation budget in [0, 1] pixel units (L2: Euclidean norm, not RMS).
@@ -163,7 +262,7 @@ impl TidyRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExampleRow {
     pub model: String,
-    pub attack: String,
+    pub attack: RowAttack,
     /// `linf` or `l2` in the CSV.
     pub norm: Norm,
     pub eps: Option<f32>,
@@ -372,6 +471,42 @@ pub fn read_tidy(path: &Path) -> anyhow::Result<Vec<TidyRow>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rows_attack_reads_back_from_its_text_and_sorts_as_the_text_does() {
+        let mut all = vec![RowAttack::WorstCase];
+        for &kind in AttackKind::ALL {
+            all.push(RowAttack::Attack(kind));
+            for stage in kind.stages().into_iter().filter(|_| kind.is_preset()) {
+                all.push(RowAttack::Stage {
+                    preset: kind,
+                    stage,
+                });
+            }
+        }
+        for &attack in &all {
+            let text = attack.to_string();
+            assert_eq!(text.parse::<RowAttack>(), Ok(attack));
+            let json = serde_json::to_string(&attack).unwrap();
+            assert_eq!(json, format!("\"{text}\""));
+            assert_eq!(serde_json::from_str::<RowAttack>(&json).unwrap(), attack);
+        }
+        let mut by_value = all.clone();
+        by_value.sort();
+        let mut by_text: Vec<String> = all.iter().map(ToString::to_string).collect();
+        by_text.sort();
+        let sorted: Vec<String> = by_value.iter().map(ToString::to_string).collect();
+        assert_eq!(sorted, by_text);
+        assert_eq!(
+            "autoattack/square".parse::<RowAttack>(),
+            Ok(RowAttack::Stage {
+                preset: AttackKind::AutoAttack,
+                stage: AttackKind::Square
+            })
+        );
+        assert!("autoattack/nothing".parse::<RowAttack>().is_err());
+        assert!("worst".parse::<RowAttack>().is_err());
+    }
 
     /// Batch j's result: a value that depends on j only, as a batch of a sweep depends on its
     /// examples and seed only.

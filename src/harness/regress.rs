@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::outputs::{read_tidy, GradColumn, TidyRow};
+use super::outputs::{read_tidy, GradColumn, RowAttack, TidyRow};
 use super::progress::TerminalProgress;
 use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
@@ -40,12 +40,12 @@ pub struct RegressSpec {
     pub allow_other_settings: bool,
 }
 
-type Key = (String, String, Norm, u32, usize, GradColumn);
+type Key = (String, RowAttack, Norm, u32, usize, GradColumn);
 
 fn key(r: &TidyRow) -> Key {
     (
         r.model.clone(),
-        r.attack.clone(),
+        r.attack,
         r.norm,
         r.eps.to_bits(),
         r.k,

@@ -140,11 +140,7 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
     let models = distinct(rows.iter().map(|r| &r.model));
     let labels = model_labels(&models);
     let ks = distinct(rows.iter().map(|r| r.k));
-    let attacks = distinct(
-        rows.iter()
-            .map(|r| r.attack.as_str())
-            .filter(|a| *a != WORST_CASE),
-    );
+    let attacks = distinct(rows.iter().map(|r| r.attack).filter(|a| *a != WORST_CASE));
     let norms = distinct(rows.iter().map(|r| r.norm));
     let mut panels = Vec::new();
     for norm in &norms {

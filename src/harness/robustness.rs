@@ -18,10 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use anyhow::Context;
 use jem_attacks::Norm;
 
-use super::outputs::{CellResult, ExampleRow, GradColumn, TidyRow};
+use super::outputs::{CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
 
 /// The `attack` of the rows that hold the per-example worst case over attacks.
-pub const WORST_CASE: &str = "worst-case";
+pub const WORST_CASE: RowAttack = RowAttack::WorstCase;
 
 /// The `grad` of a worst-case row over every gradient mode of a model and K.
 pub const ALL_GRADS: GradColumn = GradColumn::All;
@@ -112,7 +112,7 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
 }
 
 /// Model, K, gradient mode and attack: the cells of one attack run.
-type Group = (String, usize, GradColumn, String);
+type Group = (String, usize, GradColumn, RowAttack);
 
 /// The finished cells' examples grouped into attack runs, in sweep order.
 struct Runs<'a> {
@@ -240,7 +240,7 @@ fn worst_case_over(
         .iter()
         .map(|g| {
             if g.2 == GradColumn::None {
-                g.3.clone()
+                g.3.to_string()
             } else {
                 format!("{} ({})", g.3, g.2)
             }
@@ -266,7 +266,7 @@ fn worst_case_over(
             }
         }
         let row = TidyRow {
-            attack: WORST_CASE.into(),
+            attack: WORST_CASE,
             eps,
             grad,
             eot: 0,
@@ -324,7 +324,7 @@ mod tests {
             .enumerate()
             .map(|(i, &(clean_correct, adversarial, linf))| ExampleRow {
                 model: "m".into(),
-                attack: "boundary".into(),
+                attack: RowAttack::Attack(AttackKind::Boundary),
                 norm: Norm::Linf,
                 eps: None,
                 k: 0,
@@ -347,7 +347,7 @@ mod tests {
         let rows = [0.1f32, 0.2, 0.3, 0.25]
             .map(|eps| TidyRow {
                 model: "m".into(),
-                attack: "boundary".into(),
+                attack: RowAttack::Attack(AttackKind::Boundary),
                 eps,
                 k: 0,
                 grad: GradColumn::None,
