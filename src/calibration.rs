@@ -128,7 +128,7 @@ impl CalibrateSpec {
         let mut prepared = Vec::new();
         for (path, sidecar) in self.models.iter().zip(sidecars) {
             let m = path.display().to_string();
-            let data = test_set::load(&m, &sidecar, "--data", self.data.as_deref(), self.n)?;
+            let data = test_set::load(&m, &sidecar, "data", self.data.as_deref(), self.n)?;
             prepared.push(Prepared {
                 path: path.clone(),
                 sidecar,

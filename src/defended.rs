@@ -3,7 +3,6 @@
 //! taken from the model's own settings (a checkpoint's JEM training settings; the paper's
 //! values for other models), each overridable in [`DefenceSpec`].
 
-use anyhow::Context;
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
@@ -17,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 use crate::model::{Checkpoint, Sidecar, WideResNet};
-use crate::settings;
+use crate::settings::{self, InvalidSetting};
 use crate::tables::first_repeat;
 use crate::train::JemConfig;
 
@@ -160,15 +159,17 @@ pub fn checked_sidecars<B: burn::tensor::backend::Backend>(
     check: impl Fn(&Sidecar, usize) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Sidecar>> {
     if let Some(m) = first_repeat(models) {
-        anyhow::bail!("--models: {} named twice", m.display());
+        let value = m.display().to_string();
+        return Err(InvalidSetting::new("models", value, "named twice").into());
     }
     models
         .iter()
         .map(|path| {
-            let (_, sidecar) = Checkpoint::load_named::<B>(path, "--models", device)?;
+            let (_, sidecar) = Checkpoint::load_setting::<B>(path, "models", device)?;
             for &k in steps {
-                check(&sidecar, k).with_context(|| {
-                    format!("--models {}: the SGLD defence (K = {k})", path.display())
+                check(&sidecar, k).map_err(|e| {
+                    let e = e.context(format!("the SGLD defence (K = {k})"));
+                    settings::refusal("models", path.display(), e)
                 })?;
             }
             Ok(sidecar)

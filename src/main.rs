@@ -226,7 +226,15 @@ fn main() -> ExitCode {
         Command::Merge(args) => args.run::<Train>(&device),
         Command::Bench(args) => args.run::<Train>(&device),
     };
-    match result.map_err(cli::robust::with_flags) {
+    // The subcommand that ran, whose flags name the fields its errors refuse.
+    let ran = matches
+        .subcommand_name()
+        .and_then(|name| command.find_subcommand(name));
+    let shown = |e| match ran {
+        Some(sub) => cli::with_flags(e, sub),
+        None => e,
+    };
+    match result.map_err(shown) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -136,14 +136,14 @@ impl NonsenseSpec {
             for other in rest {
                 anyhow::ensure!(
                     (other.1, other.2) == (first.1, first.2),
-                    "--models: {} takes {:?} images of {} classes, {} {:?} of {}: the grid needs \
-                     one image shape and class count; run them separately",
-                    first.0,
-                    first.1,
-                    first.2,
-                    other.0,
-                    other.1,
-                    other.2
+                    InvalidSetting::bare(
+                        "models",
+                        &format!(
+                            "{} takes {:?} images of {} classes, {} {:?} of {}: the grid needs \
+                             one image shape and class count; run them separately",
+                            first.0, first.1, first.2, other.0, other.1, other.2
+                        )
+                    )
                 );
             }
         }

@@ -194,16 +194,14 @@ impl OodSpec {
         let mut prepared = Vec::new();
         for (path, sidecar) in self.models.iter().zip(sidecars) {
             let m = path.display().to_string();
-            let data = test_set::load(&m, &sidecar, "--in", self.in_data.as_deref(), self.n)?;
+            let data = test_set::load(&m, &sidecar, "in_data", self.in_data.as_deref(), self.n)?;
             if let Some(same) = sets.iter().find(|s| **s == OodSet::Data(data.spec.clone())) {
-                anyhow::bail!(
-                    "--ood {}: that is the in-distribution data of {m}; name another set",
-                    same.name()
-                );
+                let problem = format!("that is the in-distribution data of {m}; name another set");
+                return Err(InvalidSetting::new("ood", same.name().into(), &problem).into());
             }
             let split = DataSource::parse(&data.spec)
                 .and_then(|s| s.load(Split::Test))
-                .context("--in")?;
+                .map_err(|e| settings::refusal("in_data", &data.spec, e.into()))?;
             let ood = sets
                 .iter()
                 .map(|s| s.build(&data.set, &split, self.n, self.seed))

@@ -86,6 +86,15 @@ pub fn probability(field: &'static str, value: impl Number) -> Result<(), Invali
     )
 }
 
+/// `error` as a refusal of the field `field` set to `value`: its causes become the problem.
+pub fn refusal(
+    field: &'static str,
+    value: impl std::fmt::Display,
+    error: anyhow::Error,
+) -> InvalidSetting {
+    InvalidSetting::new(field, value.to_string(), &format!("{error:#}"))
+}
+
 /// A real setting, f32 or f64, shown as written (an f32 0.1 as `0.1`).
 pub trait Number: Into<f64> + Copy + std::fmt::Display {}
 

@@ -3,10 +3,10 @@
 //! its first n images. One function, so that every command refuses the same mistakes in the
 //! same words.
 
-use anyhow::Context;
 use jem_datasets::{DataSource, ImageSet, Split};
 
 use crate::model::Sidecar;
+use crate::settings::{self, InvalidSetting};
 
 /// The first `n` test images of a data set, with the spec that named it.
 #[derive(Debug, Clone)]
@@ -16,31 +16,51 @@ pub struct TestImages {
     pub set: ImageSet,
 }
 
-/// Loads the test split named by `spec` (the value of `flag`), or the model's own data set
-/// when `spec` is `None`; refuses data the model cannot take and an `n` outside 1 to the
-/// split's size.
+/// Loads the test split named by `spec` (the value of the settings field `field`), or the
+/// model's own data set when `spec` is `None`; refuses data the model cannot take and an `n`
+/// outside 1 to the split's size (the field `n`).
 pub fn load(
     model: &str,
     sidecar: &Sidecar,
-    flag: &str,
+    field: &'static str,
     spec: Option<&str>,
     n: usize,
 ) -> anyhow::Result<TestImages> {
-    let chosen = spec.map_or_else(|| sidecar.training.data.clone(), str::to_string);
-    let set = DataSource::parse(&chosen)
-        .and_then(|s| s.load(Split::Test))
-        .with_context(|| match spec {
-            Some(_) => flag.to_string(),
-            None => format!("the data set of {model} (its sidecar's training.data; pass {flag})"),
-        })?;
-    sidecar.check_data(model, &set)?;
-    anyhow::ensure!(
-        (1..=set.len()).contains(&n),
-        "--n {n}: expected 1 to {} (the test images of {chosen})",
-        set.len()
-    );
+    let (chosen, set) = test_split(model, sidecar, field, spec)?;
+    if !(1..=set.len()).contains(&n) {
+        let problem = format!("expected 1 to {} (the test images of {chosen})", set.len());
+        return Err(InvalidSetting::new("n", n.to_string(), &problem).into());
+    }
     Ok(TestImages {
         spec: chosen,
         set: set.select(&(0..n).collect::<Vec<_>>()),
     })
+}
+
+/// The whole test split named by `spec` (the value of the settings field `field`), or of the
+/// model's own data set when `spec` is `None`, with the spec that names it; refused (naming
+/// `field`) when it does not load or the model cannot take its images.
+pub fn test_split(
+    model: &str,
+    sidecar: &Sidecar,
+    field: &'static str,
+    spec: Option<&str>,
+) -> anyhow::Result<(String, ImageSet)> {
+    let chosen = spec.map_or_else(|| sidecar.training.data.clone(), str::to_string);
+    let set = DataSource::parse(&chosen)
+        .and_then(|s| s.load(Split::Test))
+        .map_err(|e| match spec {
+            Some(spec) => settings::refusal(field, spec, e.into()),
+            None => InvalidSetting::bare(
+                field,
+                &format!(
+                    "none given, and the data set of {model} (its sidecar's training.data) does \
+                     not load: {e:#}"
+                ),
+            ),
+        })?;
+    sidecar
+        .check_data(model, &set)
+        .map_err(|e| InvalidSetting::new(field, chosen.clone(), &format!("{e:#}")))?;
+    Ok((chosen, set))
 }

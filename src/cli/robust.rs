@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::defence::DefenceFlags;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
-use jem_bench::harness::{AttackKind, InvalidSetting, Shard, SweepSpec};
+use jem_bench::harness::{AttackKind, Shard, SweepSpec};
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
 /// runs ([`Runner`](jem_bench::harness::Runner)).
@@ -111,8 +111,8 @@ pub struct RobustArgs {
 
 impl RobustArgs {
     /// The spec and the runner's settings the flags describe; `--jobs 0` is refused here, every
-    /// other setting by [`SweepSpec::validate`] (its errors name fields; [`flag_of`] names them as
-    /// flags).
+    /// other setting by [`SweepSpec::validate`] (its errors name fields; [`with_flags`](super::with_flags)
+    /// shows them as flags).
     pub fn into_parts(self) -> anyhow::Result<(SweepSpec, PathBuf, Option<Shard>, NonZeroUsize)> {
         let jobs = match self.jobs {
             None => std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
@@ -149,31 +149,11 @@ impl RobustArgs {
     }
 }
 
-/// The flag of a [`SweepSpec`] field, for errors that name the field.
-pub fn flag_of(field: &str) -> String {
-    match field {
-        "ks" => "--steps".into(),
-        field => format!("--{}", field.replace('_', "-")),
-    }
-}
-
-/// An error as the command line shows it: a refused setting of the command's own flags names
-/// its flag. (One inside a context, e.g. a reference sweep's settings that `regress` reruns,
-/// keeps its field name: no flag of this command set it.)
-pub fn with_flags(e: anyhow::Error) -> anyhow::Error {
-    if e.chain().count() > 1 {
-        return e;
-    }
-    match e.downcast::<InvalidSetting>() {
-        Ok(invalid) => anyhow::anyhow!(invalid.message_naming(&flag_of(invalid.field))),
-        Err(e) => e,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::{flag_of, with_flags};
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     #[derive(Parser)]
     #[command(allow_negative_numbers = true)]
@@ -222,9 +202,16 @@ mod tests {
                     .starts_with(flags[0].trim_start_matches('-').replace('-', "_").as_str()),
                 "{e}"
             );
-            assert_eq!(format!("{}", with_flags(e)), shown);
+            assert_eq!(format!("{}", with_flags(e, &Robust::command())), shown);
         }
-        assert_eq!(flag_of("ks"), "--steps");
+        let command = Robust::command();
+        assert_eq!(flag_of(&command, "ks").as_deref(), Some("--steps"));
+        assert_eq!(
+            flag_of(&command, "n_examples").as_deref(),
+            Some("--n-examples")
+        );
+        assert_eq!(flag_of(&command, "chains").as_deref(), Some("--chains"));
+        assert_eq!(flag_of(&command, "no_such_field"), None);
         let e = parse(&["--jobs", "0"]).into_parts().unwrap_err();
         assert_eq!(format!("{e}"), "--jobs: expected at least 1, found 0");
     }

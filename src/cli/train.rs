@@ -1,7 +1,7 @@
 //! `jem-bench train`'s flags, parsed once here and turned into the library's
 //! [`TrainSpec`] (with its [`JemConfig`], [`AdvConfig`] and [`GuardConfig`]); every default is
 //! the library's `Default`, and the library's errors name the spec's fields, shown by
-//! [`with_flags`](super::robust::with_flags) as these flags.
+//! [`with_flags`](super::with_flags) as these flags.
 
 use std::path::PathBuf;
 
@@ -269,7 +269,7 @@ impl GuardFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     #[derive(Parser)]
     struct Train {
@@ -455,7 +455,8 @@ mod tests {
             ),
         ] {
             let e = anyhow::Error::new(parse(flags).validate().unwrap_err());
-            assert_eq!(format!("{}", super::super::robust::with_flags(e)), shown);
+            let command = Train::command();
+            assert_eq!(format!("{}", super::super::with_flags(e, &command)), shown);
         }
         // JEM's settings are checked for a JEM only.
         assert!(parse(&["--reinit-freq", "1.5"]).validate().is_ok());

@@ -26,6 +26,7 @@ use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
 use crate::model::{write_atomic, SOFTWARE};
+use crate::settings::InvalidSetting;
 
 /// A batch of test images and their labels.
 pub(super) type Examples<B> = (
@@ -316,7 +317,7 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
     y: Tensor<B::InnerBackend, 1, Int>,
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
-    let failed = |e: String| anyhow::anyhow!("--attacks {}: {e}", cell.attack.name());
+    let failed = |e: String| InvalidSetting::new("attacks", cell.attack.name().into(), &e);
     Ok(match cell.attack.build(spec, spec.eot_at(cell.k)) {
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;

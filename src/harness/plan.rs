@@ -16,7 +16,7 @@ use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::model::{write_atomic, WideResNet, SOFTWARE};
 use crate::output_folder::FolderLock;
-use crate::settings::InvalidSetting;
+use crate::settings::{refusal, InvalidSetting};
 
 /// What the sweep's settings need of one model, checked before anything is written: enough
 /// test images, ε within reach under L2, enough classes for the DLR losses, SGLD settings for
@@ -101,8 +101,12 @@ impl<B: BenchBackend> Plan<B, WideResNet<B>> {
             .map(|p| {
                 let m = p.display().to_string();
                 // A field of the spec names what failed (the command line shows its flag).
+                // (A refused data set names `data` itself.)
                 Subject::from_checkpoint(&m, spec.data.as_deref(), device).map_err(|e| {
-                    anyhow::Error::new(InvalidSetting::new("models", m.clone(), &format!("{e:#}")))
+                    match e.downcast::<InvalidSetting>() {
+                        Ok(refused) => refused.into(),
+                        Err(e) => refusal("models", &m, e).into(),
+                    }
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

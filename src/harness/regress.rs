@@ -145,13 +145,14 @@ fn overlapping(a: &Path, b: &Path) -> bool {
 }
 
 fn rerun<B: BenchBackend>(reference: &Path, out: &Path, device: &B::Device) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !overlapping(reference, out),
-        "--out {} overlaps the reference {}: the rerun would overwrite what it is compared \
-         with; pass another --out",
-        out.display(),
-        reference.display()
-    );
+    if overlapping(reference, out) {
+        let problem = format!(
+            "overlaps the reference {}: the rerun would overwrite what it is compared with; \
+             name another folder",
+            reference.display()
+        );
+        return Err(InvalidSetting::new("out", out.display().to_string(), &problem).into());
+    }
     let p = reference.join("settings.json");
     let settings: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,

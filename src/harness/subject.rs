@@ -156,16 +156,7 @@ impl<B: BenchBackend> Subject<B, crate::model::WideResNet<B>> {
         let ckpt = Checkpoint::at(path);
         ckpt.ensure_exists()?;
         let (network, sidecar) = ckpt.load::<B>(device)?;
-        let spec = data.map_or_else(|| sidecar.training.data.clone(), str::to_string);
-        let test = jem_datasets::DataSource::parse(&spec)
-            .and_then(|s| s.load(jem_datasets::Split::Test))
-            .with_context(|| match data {
-                Some(_) => "--data".to_string(),
-                None => {
-                    format!("the data set of {path} (its sidecar's training.data; pass --data)")
-                }
-            })?;
-        sidecar.check_data(path, &test)?;
+        let (spec, test) = crate::test_set::test_split(path, &sidecar, "data", data)?;
         let sgld = crate::defended::sgld_of(&sidecar)?;
         Ok(Self {
             name: path.to_string(),

@@ -159,8 +159,8 @@ impl Sidecar {
         anyhow::ensure!(
             data.channels == a.in_channels && data.num_classes() == a.num_classes && size_ok,
             "model {model} takes {} channel(s){} and has {} classes; data set {} has {} \
-             channel(s) of {}×{} pixels and {} classes: pass --data with the data set the model \
-             was trained on ({})",
+             channel(s) of {}×{} pixels and {} classes: name the data set the model was trained \
+             on ({})",
             a.in_channels,
             trained_shape.map_or(String::new(), |[_, h, w]| format!(" of {h}×{w} pixels")),
             a.num_classes,
@@ -333,18 +333,19 @@ impl Checkpoint {
         }
     }
 
-    /// The checkpoint `path` as a command's `flag` named it (`--models PATH`), loaded: it
-    /// exists, its sidecar and weights pass every check; errors name the flag and the path.
-    /// Commands call this before writing anything, so that a broken model stops them there.
-    pub fn load_named<B: Backend>(
+    /// The checkpoint `path`, the value of the settings field `field` (`models`, `judge`, …),
+    /// loaded: it exists, its sidecar and weights pass every check; a failure is a refusal of
+    /// the field. Commands call this before writing anything, so that a broken model stops
+    /// them there.
+    pub fn load_setting<B: Backend>(
         path: &Path,
-        flag: &str,
+        field: &'static str,
         device: &B::Device,
-    ) -> anyhow::Result<(WideResNet<B>, Sidecar)> {
-        let named = || format!("{flag} {}", path.display());
+    ) -> Result<(WideResNet<B>, Sidecar), crate::settings::InvalidSetting> {
+        let refused = |e| crate::settings::refusal(field, path.display(), e);
         let ckpt = Checkpoint::at(path);
-        ckpt.ensure_exists().with_context(named)?;
-        ckpt.load::<B>(device).with_context(named)
+        ckpt.ensure_exists().map_err(refused)?;
+        ckpt.load::<B>(device).map_err(refused)
     }
 
     /// Builds the architecture named in the sidecar and loads the weights into it, after

@@ -6,7 +6,7 @@
 //! Each noise set has a random stream of its own, derived from the seed and the set's kind
 //! alone, so the same seed gives the same images whatever other sets or models a run names.
 
-use anyhow::Context;
+use crate::settings::{self, InvalidSetting};
 use jem_datasets::{DataSource, ImageSet, Split};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -44,12 +44,13 @@ impl OodSet {
             "interp" => OodSet::Interp,
             "constant" => OodSet::Constant,
             spec => {
-                DataSource::parse(spec).with_context(|| {
-                    format!(
-                        "--ood {spec}: expected a noise set ({}) or a data set (mnist, \
-                         fashion-mnist, cifar10:DIR, cifar100:DIR)",
+                DataSource::parse(spec).map_err(|e| {
+                    let problem = format!(
+                        "expected a noise set ({}) or a data set (mnist, fashion-mnist, \
+                         cifar10:DIR, cifar100:DIR): {e}",
                         NOISE_SETS.join(", ")
-                    )
+                    );
+                    InvalidSetting::new("ood", spec.into(), &problem)
                 })?;
                 OodSet::Data(spec.to_string())
             }
@@ -141,21 +142,22 @@ const NOISE_STREAM: u64 = 0x00D_5E75;
 fn load_data(spec: &str, like: &ImageSet, n: usize) -> anyhow::Result<ImageSet> {
     let set = DataSource::parse(spec)
         .and_then(|s| s.load(Split::Test))
-        .with_context(|| format!("--ood {spec}"))?;
+        .map_err(|e| settings::refusal("ood", spec, e.into()))?;
     let shape = |s: &ImageSet| format!("{}×{}×{}", s.channels, s.height, s.width);
-    anyhow::ensure!(
-        (set.channels, set.height, set.width) == (like.channels, like.height, like.width),
-        "--ood {spec}: its images are {} (channels × height × width), the in-distribution \
-         images of {} are {}: the model cannot take them",
-        shape(&set),
-        like.name,
-        shape(like)
-    );
-    anyhow::ensure!(
-        n <= set.len(),
-        "--n {n}: the OOD set {spec} has only {} test images",
-        set.len()
-    );
+    if (set.channels, set.height, set.width) != (like.channels, like.height, like.width) {
+        let problem = format!(
+            "its images are {} (channels × height × width), the in-distribution images of {} \
+             are {}: the model cannot take them",
+            shape(&set),
+            like.name,
+            shape(like)
+        );
+        return Err(InvalidSetting::new("ood", spec.into(), &problem).into());
+    }
+    if n > set.len() {
+        let problem = format!("the OOD set {spec} has only {} test images", set.len());
+        return Err(InvalidSetting::new("n", n.to_string(), &problem).into());
+    }
     let mut first = set.select(&(0..n).collect::<Vec<_>>());
     // Rows and figures name the set as the flag did.
     first.name = spec.to_string();
@@ -164,11 +166,13 @@ fn load_data(spec: &str, like: &ImageSet, n: usize) -> anyhow::Result<ImageSet> 
 
 /// `n` pixel-wise means of two images of different classes from `split`.
 fn interpolations(split: &ImageSet, n: usize, rng: &mut StdRng) -> anyhow::Result<Vec<f32>> {
-    anyhow::ensure!(
-        split.labels.iter().any(|&l| l != split.labels[0]),
-        "--ood interp: the test split of {} holds one class only; interpolations need two",
-        split.name
-    );
+    if split.labels.iter().all(|&l| l == split.labels[0]) {
+        let problem = format!(
+            "the test split of {} holds one class only; interpolations need two",
+            split.name
+        );
+        return Err(InvalidSetting::new("ood", "interp".into(), &problem).into());
+    }
     let mut images = Vec::with_capacity(n * split.image_len());
     for _ in 0..n {
         let a = rng.random_range(0..split.len());

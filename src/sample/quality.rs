@@ -19,6 +19,7 @@ use jem_kernels::Kernels;
 
 use crate::batches;
 use crate::model::{Checkpoint, WideResNet};
+use crate::settings::{self, InvalidSetting};
 
 /// Images per forward pass of the judge.
 const BATCH: usize = 256;
@@ -66,23 +67,20 @@ impl<B: Kernels> Judge<B> {
         classes: usize,
         device: &B::Device,
     ) -> anyhow::Result<Self> {
-        let ckpt = Checkpoint::at(path);
-        ckpt.ensure_exists()
-            .with_context(|| format!("--judge {path}"))?;
-        let (model, sidecar) = ckpt
-            .load::<B>(device)
-            .with_context(|| format!("--judge {path}"))?;
+        let (model, sidecar) = Checkpoint::load_setting::<B>(path.as_ref(), "judge", device)?;
         let judge_shape = sidecar
             .image_shape()
-            .with_context(|| format!("--judge {path}"))?;
+            .map_err(|e| settings::refusal("judge", path, e))?;
         let judge_classes = sidecar.architecture.num_classes;
-        anyhow::ensure!(
-            judge_shape == shape && judge_classes == classes,
-            "--judge {path}: it takes {judge_shape:?} images ({}) with {judge_classes} classes; \
-             the sampled model takes {shape:?} images ({data}) with {classes} classes: pass \
-             --judge a classifier trained on the model's data set, or --judge none",
-            sidecar.training.data
-        );
+        if (judge_shape, judge_classes) != (shape, classes) {
+            let problem = format!(
+                "it takes {judge_shape:?} images ({}) with {judge_classes} classes; the sampled \
+                 model takes {shape:?} images ({data}) with {classes} classes: name a classifier \
+                 trained on the model's data set, or none",
+                sidecar.training.data
+            );
+            return Err(InvalidSetting::new("judge", path.into(), &problem).into());
+        }
         Ok(Self {
             path: path.to_string(),
             model,

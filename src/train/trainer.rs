@@ -26,6 +26,7 @@ use super::TrainSpec;
 use crate::batches;
 use crate::metrics::{self, CleanMetrics};
 use crate::model::{Checkpoint, Sidecar, WideResNet, WideResNetConfig};
+use crate::settings::InvalidSetting;
 
 /// What a finished (or paused, with `max_iters`) run leaves behind.
 #[derive(Debug, Clone)]
@@ -542,19 +543,22 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
     }
 }
 
-/// The model initialised from another checkpoint's weights (`--init-from`).
+/// The model initialised from another checkpoint's weights (`init_from`).
 fn warm_start<B: AutodiffBackend>(
     from: &std::path::Path,
     arch: &WideResNetConfig,
     device: &B::Device,
 ) -> anyhow::Result<WideResNet<B>> {
-    let (init, sidecar) = Checkpoint::at(from).load::<B>(device)?;
-    anyhow::ensure!(
-        &sidecar.architecture == arch,
-        "--init-from {}: its architecture {:?} differs from this run's {:?}",
-        from.display(),
-        sidecar.architecture,
-        arch
-    );
+    let value = from.display();
+    let (init, sidecar) = Checkpoint::at(from)
+        .load::<B>(device)
+        .map_err(|e| crate::settings::refusal("init_from", &value, e))?;
+    if &sidecar.architecture != arch {
+        let problem = format!(
+            "its architecture {:?} differs from this run's {arch:?}",
+            sidecar.architecture
+        );
+        return Err(InvalidSetting::new("init_from", value.to_string(), &problem).into());
+    }
     Ok(init)
 }
