@@ -23,6 +23,7 @@ use jem_attacks::{
 };
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches;
+use jem_bench::harness::{sweep_with_attacks, AttackKind, OwnAttack, Runner, Subject, SweepSpec};
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
 use rand::rngs::StdRng;
@@ -209,5 +210,77 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
+    through_the_sweep(path, &eps, &alone)
+}
+
+/// The same attack through the sweep, beside APGD-CE ([`sweep_with_attacks`]): cells, rows and
+/// examples of its own, counted in the worst case, and in the sanity checks as what it declares
+/// itself (a decision-based black box). On the same 40 digits with the same seed it must break
+/// exactly what it broke alone.
+fn through_the_sweep(path: &str, eps: &[f32], alone: &[AttackOutcome]) -> anyhow::Result<()> {
+    let device = backend::device();
+    let out = std::env::temp_dir().join(format!("jem-bench-own-attack-{}", std::process::id()));
+    let spec = SweepSpec {
+        attacks: vec![AttackKind::ApgdCe],
+        apgd_iterations: 20,
+        ks: vec![0],
+        eps: eps.to_vec(),
+        n_examples: 40,
+        ..SweepSpec::default()
+    };
+    // At most 20 forward passes an example at one ε: 10 gradients' worth, for the estimate.
+    let corners = OwnAttack::new(
+        |spec: &SweepSpec, _eot| {
+            PerEpsilon(RandomCorners {
+                tries: 20,
+                seed: spec.seed,
+            })
+        },
+        10.0,
+    );
+    let subject = Subject::from_checkpoint(path, None, &device)?;
+    let rows = sweep_with_attacks(vec![subject], vec![corners], &spec, &Runner::new(&out))?;
+    let robust = |attack: &str, e: f32| {
+        let row = rows.iter().find(|r| r.attack == attack && r.eps == e);
+        row.map(|r| r.robust_accuracy)
+            .ok_or_else(|| anyhow::anyhow!("the sweep has no {attack} row at ε = {e}"))
+    };
+    println!("through the sweep (robust.csv rows): ε, random corners, APGD-CE, worst case");
+    for (j, &e) in eps.iter().enumerate() {
+        let (own, apgd, worst) = (
+            robust("random-corners", e)?,
+            robust("apgd-ce", e)?,
+            robust("worst-case", e)?,
+        );
+        println!(
+            "{e:>6} {:>15.1}% {:>9.1}% {:>9.1}%",
+            100.0 * own,
+            100.0 * apgd,
+            100.0 * worst
+        );
+        anyhow::ensure!(
+            own == alone[j].robust_accuracy(Norm::Linf, e),
+            "the sweep's random corners broke other digits than the attack alone at ε = {e}"
+        );
+        anyhow::ensure!(worst <= own.min(apgd), "the worst case is above an attack");
+    }
+    // The sanity check that needs to know which attacks are black boxes ran on this one.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    let black_box = summary["sanity_checks"]
+        .as_array()
+        .and_then(|c| {
+            c.iter().find(|c| {
+                c["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("black-box"))
+            })
+        })
+        .ok_or_else(|| anyhow::anyhow!("summary.json has no black-box check"))?;
+    anyhow::ensure!(
+        black_box["status"] != "not run",
+        "the black-box check did not compare the own attack: {black_box}"
+    );
+    std::fs::remove_dir_all(&out)?;
     Ok(())
 }

@@ -111,3 +111,118 @@ fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
     // The same network again: every cell is finished, the same rows come back.
     assert_eq!(sweep(vec![subject()], &spec, &runner).unwrap(), rows);
 }
+
+/// FGSM under another name: an attack of the caller's own, defined here.
+#[derive(Clone)]
+struct Renamed(&'static str, jem_attacks::PgdConfig);
+
+impl jem_attacks::Describe for Renamed {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+    fn settings(&self) -> serde_json::Value {
+        jem_attacks::Describe::settings(&self.1)
+    }
+    fn access(&self) -> jem_attacks::Access {
+        jem_attacks::Access::Gradients
+    }
+    fn randomised(&self) -> bool {
+        false
+    }
+}
+
+impl<B, M> jem_attacks::FixedEpsilon<B, M> for Renamed
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    M: jem_attacks::Model<B>,
+{
+    fn run_at(
+        &self,
+        model: &M,
+        x: burn::tensor::Tensor<B::InnerBackend, 4>,
+        y: burn::tensor::Tensor<B::InnerBackend, 1, burn::tensor::Int>,
+        eps: f32,
+    ) -> Result<jem_attacks::AttackOutcome, String> {
+        jem_attacks::FixedEpsilon::<B, M>::run_at(&self.1, model, x, y, eps)
+    }
+}
+
+#[test]
+fn an_own_attack_runs_in_the_sweep_beside_the_built_in_ones() {
+    use jem_bench::harness::{sweep_with_attacks, OwnAttack};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SweepSpec {
+        attacks: vec![AttackKind::Fgsm],
+        eps: vec![0.0, 0.05, 0.1],
+        // K = 1: gradient modes, EOT draws and convergence checks for the own attack too.
+        ks: vec![0, 1],
+        n_examples: 30,
+        ..SweepSpec::default()
+    };
+    let runner = Runner::new(dir.path().join("sweep"));
+    let subject = || Subject::new("centroids", centroid_classifier(), "mnist").unwrap();
+    let named = |name: &'static str| {
+        OwnAttack::new(
+            move |spec: &SweepSpec, eot| {
+                let mut fgsm = jem_attacks::PgdConfig::fgsm(spec.norm);
+                fgsm.seed = spec.seed;
+                fgsm.eot = eot;
+                jem_attacks::PerEpsilon(Renamed(name, fgsm))
+            },
+            1.0,
+        )
+    };
+    // A name the sweep's own attacks or rows already use is refused.
+    for taken in ["fgsm", "PGD", "autoattack", "worst-case", "a/b"] {
+        let e =
+            sweep_with_attacks(vec![subject()], vec![named(taken)], &spec, &runner).unwrap_err();
+        assert!(
+            format!("{e}").starts_with(&format!("attacks {taken}: ")),
+            "{e}"
+        );
+    }
+    let rows = sweep_with_attacks(vec![subject()], vec![named("my-fgsm")], &spec, &runner).unwrap();
+    // FGSM under another name breaks what FGSM breaks, in rows of its own, with the same EOT
+    // draws and convergence checks at K = 1.
+    for (k, &eps) in [0, 1]
+        .into_iter()
+        .flat_map(|k| spec.eps.iter().map(move |e| (k, e)))
+    {
+        let at = |attack: &str| {
+            let row = rows
+                .iter()
+                .find(|r| r.attack == attack && r.eps == eps && r.k == k);
+            row.unwrap_or_else(|| panic!("no {attack} row at K = {k}, ε = {eps}"))
+        };
+        let (own, fgsm) = (at("my-fgsm"), at("fgsm"));
+        assert_eq!(
+            own.robust_accuracy, fgsm.robust_accuracy,
+            "K = {k}, ε = {eps}"
+        );
+        assert_eq!(
+            (own.eot, own.restarts, own.grad),
+            (fgsm.eot, fgsm.restarts, fgsm.grad)
+        );
+        assert_eq!(own.check_sampled, fgsm.check_sampled, "K = {k}, ε = {eps}");
+        assert!(at(&WORST_CASE.to_string()).robust_accuracy <= own.robust_accuracy);
+    }
+    let checked = rows
+        .iter()
+        .filter(|r| r.attack == "my-fgsm" && r.check_sampled.is_some());
+    assert!(
+        checked.count() > 0,
+        "the own attack's K = 1 cell had a convergence check"
+    );
+    assert!(rows.iter().any(|r| r.eps > 0.0 && r.robust_accuracy < 1.0));
+    let settings: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runner.out.join("settings.json")).unwrap())
+            .unwrap();
+    assert_eq!(settings["own_attacks"][0]["name"], "my-fgsm");
+    assert_eq!(settings["own_attacks"][0]["access"], "gradients");
+    // The same sweep resumes from its cells; without its own attack it is another sweep.
+    let again =
+        sweep_with_attacks(vec![subject()], vec![named("my-fgsm")], &spec, &runner).unwrap();
+    assert_eq!(again, rows);
+    let e = sweep(vec![subject()], &spec, &runner).unwrap_err();
+    assert!(format!("{e}").contains("own_attacks"), "{e}");
+}

@@ -3,7 +3,6 @@
 //! gradients, the convergence check where the model is stochastic, and the rows and
 //! per-example records it adds to the outputs.
 
-use crate::Choice;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -14,9 +13,10 @@ use jem_datasets::ImageSet;
 use serde::{Deserialize, Serialize};
 
 use super::attack_config::Configured;
-use super::cells::{AttackKind, Cell};
+use super::cells::{Cell, CellAttack};
 use super::convergence::convergence_checks;
 use super::outputs::{self, CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
+use super::own_attack::OwnAttack;
 use super::robustness;
 use super::spec::SweepSpec;
 use super::subject::Subject;
@@ -54,11 +54,12 @@ impl<'a> Loaded<'a> {
     }
 }
 
-pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
+pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     out: &std::path::Path,
     identity: &str,
     spec: &SweepSpec,
     subject: &Subject<B, N>,
+    own: &[OwnAttack<B, N>],
     cell: &Cell,
     eps_grid: &[f32],
 ) -> anyhow::Result<CellResult> {
@@ -70,6 +71,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
     let sgld = subject.sgld();
     let defence_settings = crate::defended::settings(sgld, cell.k, grad_mode, &spec.defence)?;
     let defended = Defended::new(subject.network(), sgld, cell.k, grad_mode, &spec.defence)?;
+    let build = builder(cell, own);
     let batch = |rows: &[usize]| {
         let idx: Vec<usize> = rows.iter().map(|&r| loaded.indices[r]).collect();
         let labels: Vec<i64> = idx.iter().map(|&i| loaded.data.labels[i] as i64).collect();
@@ -84,8 +86,9 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
 
     let mut grid = eps_grid.to_vec();
     grid.sort_by(f32::total_cmp);
-    let (stages, batch_seconds, seconds_now) =
-        attack_in_batches(out, identity, spec, cell, &defended, &grid, n, &batch)?;
+    let (stages, batch_seconds, seconds_now) = attack_in_batches(
+        out, identity, spec, cell, &build, &defended, &grid, n, &batch,
+    )?;
     let all: Vec<usize> = (0..n).collect();
     if spec.save_adversarials {
         // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
@@ -103,6 +106,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
         convergence_checks(
             spec,
             cell,
+            &build,
             &defended,
             last,
             &grid,
@@ -117,6 +121,11 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B>>(
         probe,
         defence: defence_settings,
         backend: B::recorded_name(device),
+        own_gradient_attacks: own
+            .iter()
+            .filter(|o| o.uses_gradients())
+            .map(|o| o.name().to_string())
+            .collect(),
     };
     let (mut rows, examples) = rows_and_examples(spec, cell, &stages, &loaded, eps_grid, &facts);
     // The convergence check is of the cell's last stage (a cascade's joint outcome).
@@ -166,6 +175,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     identity: &str,
     spec: &SweepSpec,
     cell: &Cell,
+    build: &Build<'_, B, M>,
     defended: &M,
     grid: &[f32],
     n: usize,
@@ -184,7 +194,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             seed: batch_seed(spec.seed, j),
             ..spec.clone()
         };
-        let mut stages = attack_batch(&batch_args, cell, defended, x, y, grid)?;
+        let mut stages = attack_batch(&batch_args, cell, build, defended, x, y, grid)?;
         if !spec.save_adversarials {
             // Only saved adversarials need the inputs; batch files stay small without them.
             for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {
@@ -218,6 +228,8 @@ struct CellFacts {
     defence: serde_json::Value,
     /// The backend and device, as outputs name them.
     backend: String,
+    /// The own attacks that follow gradients (and so have EOT draws).
+    own_gradient_attacks: Vec<String>,
 }
 
 /// The rows (per stage and ε) and per-example records of a cell's finished `stages`; the rows'
@@ -235,9 +247,13 @@ fn rows_and_examples(
     let (n, norm) = (loaded.indices.len(), spec.norm);
     let grad = GradColumn::of(cell.grad);
     let row = |stage: &Stage, eps: f32| {
+        let gradients = match &stage.kind {
+            CellAttack::Kind(kind) => kind.uses_gradients(),
+            CellAttack::Own(name) => facts.own_gradient_attacks.contains(name),
+        };
         TidyRow {
             model: cell.model.clone(),
-            attack: stage.name,
+            attack: stage.name.clone(),
             norm,
             eps,
             k: cell.k,
@@ -249,12 +265,11 @@ fn rows_and_examples(
             robust_accuracy: f64::NAN,
             robust_lo: f64::NAN,
             robust_hi: f64::NAN,
-            eot: if stage.kind.uses_gradients() {
-                spec.eot_at(cell.k)
-            } else {
-                0
-            },
-            restarts: spec.restarts_of(stage.kind),
+            eot: if gradients { spec.eot_at(cell.k) } else { 0 },
+            restarts: stage
+                .kind
+                .kind()
+                .map_or(spec.restarts, |kind| spec.restarts_of(kind)),
             chains: if cell.k > 0 { spec.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
                 spec.defence.recheck_chains
@@ -288,7 +303,7 @@ fn rows_and_examples(
             }
             examples.extend(ex.iter().zip(&loaded.indices).map(|(e, &i)| ExampleRow {
                 model: cell.model.clone(),
-                attack: stage.name,
+                attack: stage.name.clone(),
                 norm,
                 eps: *eps,
                 k: cell.k,
@@ -308,42 +323,70 @@ fn rows_and_examples(
     (rows, examples)
 }
 
+/// Builds a cell's attack from the sweep's settings and the gradient draws per step: a
+/// built-in attack or preset ([`AttackKind::build`]), or an own attack's builder.
+pub(super) type Build<'a, B, M> = dyn Fn(&SweepSpec, usize) -> Configured<'a, B, M> + 'a;
+
+/// The builder of `cell`'s attack on the defended network.
+pub(super) fn builder<'a, B: BenchBackend, N: Classifier<B> + 'static>(
+    cell: &'a Cell,
+    own: &'a [OwnAttack<B, N>],
+) -> impl Fn(&SweepSpec, usize) -> Configured<'a, B, Defended<N>> + 'a {
+    move |spec, eot| match &cell.attack {
+        CellAttack::Kind(kind) => kind.build(spec, eot),
+        CellAttack::Own(name) => {
+            let attack = own.iter().find(|o| o.name() == name);
+            Configured::PerEps(
+                attack
+                    .expect("the plan lists every own attack")
+                    .attack(spec, eot),
+            )
+        }
+    }
+}
+
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
 pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
     cell: &Cell,
+    build: &Build<'_, B, M>,
     defended: &M,
     x: Tensor<B::InnerBackend, 4>,
     y: Tensor<B::InnerBackend, 1, Int>,
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
     let failed = |e: String| InvalidSetting::new("attacks", cell.attack.name().into(), &e);
-    Ok(match cell.attack.build(spec, spec.eot_at(cell.k)) {
+    let name = match &cell.attack {
+        CellAttack::Kind(kind) => RowAttack::Attack(*kind),
+        CellAttack::Own(name) => RowAttack::Own(name.clone()),
+    };
+    Ok(match build(spec, spec.eot_at(cell.k)) {
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {
-                kind: cell.attack,
-                name: RowAttack::Attack(cell.attack),
+                kind: cell.attack.clone(),
+                name,
                 settings: attack.settings(),
                 outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
             }]
         }
         Configured::Minimum(attack) => vec![Stage {
-            kind: cell.attack,
-            name: RowAttack::Attack(cell.attack),
+            kind: cell.attack.clone(),
+            name,
             settings: attack.settings(),
             outcomes: vec![(None, attack.run_once(defended, x, y))],
         }],
         Configured::Cascade(kinds, cascade) => {
+            let preset = cell.attack.kind().expect("a cascade is a preset's");
             let joint = cascade.stages(defended, x, y, grid).map_err(failed)?;
             kinds
                 .iter()
                 .zip(&cascade.attacks)
                 .zip(joint)
                 .map(|((&kind, attack), per_eps)| Stage {
-                    kind,
+                    kind: CellAttack::Kind(kind),
                     name: RowAttack::Stage {
-                        preset: cell.attack,
+                        preset,
                         stage: kind,
                     },
                     settings: attack.settings(),
@@ -392,7 +435,7 @@ pub(super) struct BatchResult {
 /// (`autoattack/apgd-t`: the joint outcome of APGD-T and the attacks before it).
 #[derive(Serialize, Deserialize)]
 pub(super) struct Stage {
-    pub(super) kind: AttackKind,
+    pub(super) kind: CellAttack,
     pub(super) name: RowAttack,
     pub(super) settings: serde_json::Value,
     /// Per ε of the grid, ascending; one entry with no ε for a minimum-perturbation attack.

@@ -166,12 +166,53 @@ impl AttackKind {
     }
 }
 
+/// What a cell runs: one of the sweep's attacks or presets, or an attack of the caller's own
+/// ([`OwnAttack`](super::OwnAttack)), named as its [`Describe::name`](jem_attacks::Describe)
+/// says. Written as that name in the cell files.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CellAttack {
+    Kind(AttackKind),
+    Own(String),
+}
+
+impl CellAttack {
+    /// The attack's name: `pgd`, `autoattack-rand`, or an own attack's.
+    pub fn name(&self) -> &str {
+        match self {
+            CellAttack::Kind(kind) => kind.name(),
+            CellAttack::Own(name) => name,
+        }
+    }
+
+    /// The built-in attack or preset, unless it is an own attack.
+    pub fn kind(&self) -> Option<AttackKind> {
+        match self {
+            CellAttack::Kind(kind) => Some(*kind),
+            CellAttack::Own(_) => None,
+        }
+    }
+}
+
+impl Serialize for CellAttack {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for CellAttack {
+    /// A built-in attack's name (in any case) is that attack; any other name is an own one.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Ok(AttackKind::parse(&name).map_or(CellAttack::Own(name), CellAttack::Kind))
+    }
+}
+
 /// One model, attack, K and gradient mode, over every ε of the sweep: fixed-ε attacks run ε in
 /// ascending order on the examples no smaller ε broke.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
     pub model: String,
-    pub attack: AttackKind,
+    pub attack: CellAttack,
     pub k: usize,
     /// Gradient mode through the SGLD steps: only for gradient attacks with K > 0.
     pub grad: Option<GradMode>,
@@ -201,18 +242,26 @@ impl Cell {
 }
 
 /// Every cell of a sweep, in order: models, then K, then attacks (`adaptive` resolved for
-/// the K; an attack named twice that way runs once), then gradient modes.
+/// the K; an attack named twice that way runs once; then the own attacks, each with whether it
+/// follows gradients), then gradient modes.
 pub fn list(
     models: &[String],
     attacks: &[AttackKind],
+    own: &[(String, bool)],
     ks: &[usize],
     grads: &[GradMode],
 ) -> Vec<Cell> {
     let mut cells = Vec::new();
     for model in models {
         for &k in ks {
-            for attack in attacks.iter().map(|a| a.at(k)) {
-                let modes: Vec<Option<GradMode>> = if attack.uses_gradients() && k > 0 {
+            let built_in = attacks
+                .iter()
+                .map(|a| (CellAttack::Kind(a.at(k)), a.at(k).uses_gradients()));
+            let own = own
+                .iter()
+                .map(|(name, gradients)| (CellAttack::Own(name.clone()), *gradients));
+            for (attack, gradients) in built_in.chain(own) {
+                let modes: Vec<Option<GradMode>> = if gradients && k > 0 {
                     grads.iter().copied().map(Some).collect()
                 } else {
                     vec![None]
@@ -220,7 +269,7 @@ pub fn list(
                 for grad in modes {
                     let cell = Cell {
                         model: model.clone(),
-                        attack,
+                        attack: attack.clone(),
                         k,
                         grad,
                     };

@@ -33,28 +33,31 @@ fn verdict(name: &'static str, compared: usize, problems: Vec<String>, what: &st
 
 /// Whether a row's attack follows gradients of the (defended) model (`Some(true)`), sees only
 /// scores or decisions (`Some(false)`), or is no single attack (`worst-case`): what each
-/// attack declares ([`AttackKind::uses_gradients`]). A cascade's stage (`autoattack/square`) is
-/// of its own attack; its row holds the joint outcome of it and the stages before it, so a
-/// black-box stage below the white-box stage before it broke examples no white-box attack
-/// could.
-fn white_box(attack: RowAttack) -> Option<bool> {
-    attack.single().map(AttackKind::uses_gradients)
-}
+/// attack declares ([`AttackKind::access`], an own attack's recorded access). A cascade's stage
+/// (`autoattack/square`) is of its own attack; its row holds the joint outcome of it and the
+/// stages before it, so a black-box stage below the white-box stage before it broke examples no
+/// white-box attack could.
+type WhiteBox<'a> = dyn Fn(&RowAttack) -> Option<bool> + 'a;
 
 /// Largest drop in robust accuracy from PGD to `pgd-long` that still counts as converged.
 const CONVERGED: f64 = 0.05;
 
 /// Every check, in the order the summary lists them. `classes`: number of classes of the data
-/// (chance = 1 / classes).
-pub fn run(rows: &[TidyRow], classes: usize) -> Vec<Check> {
+/// (chance = 1 / classes); `own`: the sweep's own attacks, each with whether it follows
+/// gradients (as its settings record it).
+pub fn run(rows: &[TidyRow], classes: usize, own: &[(String, bool)]) -> Vec<Check> {
+    let white_box = |attack: &RowAttack| match attack {
+        RowAttack::Own(name) => own.iter().find(|(n, _)| n == name).map(|&(_, g)| g),
+        attack => attack.single().map(AttackKind::uses_gradients),
+    };
     vec![
         falls_toward_chance(rows, classes),
         does_not_rise_with_eps(rows),
         iterative_beats_single_step(rows),
         more_steps_do_not_help(rows),
-        black_box_does_not_beat_white_box(rows),
+        black_box_does_not_beat_white_box(rows, &white_box),
         gradients_are_not_zero(rows),
-        stochastic_models_get_eot(rows),
+        stochastic_models_get_eot(rows, &white_box),
         more_eot_does_not_lower_robustness(rows),
     ]
 }
@@ -112,7 +115,7 @@ fn does_not_rise_with_eps(rows: &[TidyRow]) -> Check {
         BTreeMap::new();
     for r in rows {
         series
-            .entry((r.model.clone(), r.k, r.grad, r.attack))
+            .entry((r.model.clone(), r.k, r.grad, r.attack.clone()))
             .or_default()
             .push((r.eps, r.robust_accuracy));
     }
@@ -208,14 +211,14 @@ fn more_steps_do_not_help(rows: &[TidyRow]) -> Check {
 
 /// Black-box and decision-based attacks do not beat the white-box ones (else the gradients
 /// are masked: the white-box attacks are not finding what exists).
-fn black_box_does_not_beat_white_box(rows: &[TidyRow]) -> Check {
+fn black_box_does_not_beat_white_box(rows: &[TidyRow], white_box: &WhiteBox) -> Check {
     let mut compared = 0;
     let mut problems = Vec::new();
-    for r in rows.iter().filter(|r| white_box(r.attack) == Some(false)) {
+    for r in rows.iter().filter(|r| white_box(&r.attack) == Some(false)) {
         let best_white = rows
             .iter()
             .filter(|p| {
-                white_box(p.attack) == Some(true)
+                white_box(&p.attack) == Some(true)
                     && p.model == r.model
                     && p.k == r.k
                     && p.eps == r.eps
@@ -277,10 +280,10 @@ fn gradients_are_not_zero(rows: &[TidyRow]) -> Check {
 }
 
 /// Stochastic models are attacked with EOT.
-fn stochastic_models_get_eot(rows: &[TidyRow]) -> Check {
+fn stochastic_models_get_eot(rows: &[TidyRow], white_box: &WhiteBox) -> Check {
     let stochastic: Vec<&TidyRow> = rows
         .iter()
-        .filter(|r| r.stochastic && white_box(r.attack) == Some(true))
+        .filter(|r| r.stochastic && white_box(&r.attack) == Some(true))
         .collect();
     let mut without: Vec<String> = Vec::new();
     let mut lacking = 0;
@@ -406,17 +409,22 @@ mod tests {
                 row("pgd-long", 0.3, 0.0),
             ],
             10,
+            &[],
         );
         let c = check(&converged, name);
         assert_eq!(c.status, "pass", "{}", c.detail);
         assert!(c.detail.contains("0.050"), "{}", c.detail);
 
-        let unconverged = run(&[row("pgd", 0.1, 0.50), row("pgd-long", 0.1, 0.40)], 10);
+        let unconverged = run(
+            &[row("pgd", 0.1, 0.50), row("pgd-long", 0.1, 0.40)],
+            10,
+            &[],
+        );
         let c = check(&unconverged, name);
         assert_eq!(c.status, "warn");
         assert!(c.detail.contains("m K=0 none ε=0.1"), "{}", c.detail);
 
-        let absent = run(&[row("pgd", 0.1, 0.50)], 10);
+        let absent = run(&[row("pgd", 0.1, 0.50)], 10, &[]);
         assert_eq!(check(&absent, name).status, "not run");
     }
 
@@ -447,14 +455,14 @@ mod tests {
         let steady = checked(20, 2, 0, 2);
         assert_eq!(steady.checked_robust_accuracy(), Some(0.45));
         assert!(!steady.check_moved());
-        let c = run(&[steady], 10);
+        let c = run(&[steady], 10, &[]);
         assert_eq!(check(&c, name).status, "pass", "{}", check(&c, name).detail);
 
         // 8 of 20 broken, 7 of them by 4× EOT: 50 % × 12/20 = 30 %, below 40 %.
         let moved = checked(20, 7, 2, 8);
         assert!((moved.checked_robust_accuracy().unwrap() - 0.30).abs() < 1e-12);
         assert!(moved.check_moved());
-        let c = run(&[moved], 10);
+        let c = run(&[moved], 10, &[]);
         let c = check(&c, name);
         assert_eq!(c.status, "warn");
         assert!(
@@ -469,7 +477,7 @@ mod tests {
         // Nothing left standing to sample, or no check: not run.
         let nothing = checked(0, 0, 0, 0);
         assert_eq!(nothing.checked_robust_accuracy(), None);
-        let c = run(&[row("apgd-ce", 0.2, 0.5)], 10);
+        let c = run(&[row("apgd-ce", 0.2, 0.5)], 10, &[]);
         assert_eq!(check(&c, name).status, "not run");
     }
 }

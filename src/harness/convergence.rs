@@ -9,7 +9,7 @@ use std::path::Path;
 
 use jem_attacks::{AttackOutcome, Model, Norm};
 
-use super::cell_run::{attack_batch, batch_seed, Examples, Stage};
+use super::cell_run::{attack_batch, batch_seed, Build, Examples, Stage};
 use super::cells::Cell;
 use super::outputs;
 use super::spec::SweepSpec;
@@ -49,6 +49,7 @@ pub(super) fn standing(
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
     cell: &Cell,
+    build: &Build<'_, B, M>,
     defended: &M,
     last: &Stage,
     grid: &[f32],
@@ -101,7 +102,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         outputs::resumable_batches(dir.as_deref(), identity, 2 * samples.len(), |j| {
             let (eps, survivors) = &samples[j / 2];
             let (x, y) = batch(survivors);
-            let stages = attack_batch(strengths[j % 2], cell, defended, x, y, &[*eps])?;
+            let stages = attack_batch(strengths[j % 2], cell, build, defended, x, y, &[*eps])?;
             let last = stages.last().expect("every cell runs an attack");
             let (at, outcome) = &last.outcomes[0];
             Ok(standing(outcome, *at, spec.norm, *eps)

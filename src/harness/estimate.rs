@@ -11,7 +11,7 @@ use burn::tensor::{Int, Tensor};
 use jem_attacks::{AttackLoss, Model};
 use rand::SeedableRng;
 
-use super::cells::{AttackKind, Cell};
+use super::cells::{AttackKind, Cell, CellAttack};
 use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 
@@ -26,13 +26,24 @@ const FORWARD: f64 = 0.5;
 const POINTWISE_QUERIES: f64 = 2_000.0;
 
 /// Input gradients of the cell's model one example takes at most, over the `eps` budgets > 0
-/// of the grid, each counted with its EOT draws.
-pub fn gradients_per_example(spec: &SweepSpec, cell: &Cell, eps: usize, classes: usize) -> f64 {
+/// of the grid, each counted with its EOT draws; an own attack (`own_per_eps`: its gradients at
+/// one ε with `eot` draws) as it declares.
+pub fn gradients_per_example(
+    spec: &SweepSpec,
+    cell: &Cell,
+    eps: usize,
+    classes: usize,
+    own_per_eps: impl Fn(&str, usize) -> f64,
+) -> f64 {
+    let attack = match &cell.attack {
+        CellAttack::Kind(kind) => *kind,
+        CellAttack::Own(name) => return own_per_eps(name, spec.eot_at(cell.k)) * eps as f64,
+    };
     let eot = spec.eot_at(cell.k) as f64;
     let targets = TARGETS.min(classes.saturating_sub(1)) as f64;
     let eps = eps as f64;
     let restarts = |kind| spec.restarts_of(kind) as f64;
-    cell.attack
+    attack
         .stages()
         .into_iter()
         .map(|kind| match kind {
@@ -45,7 +56,7 @@ pub fn gradients_per_example(spec: &SweepSpec, cell: &Cell, eps: usize, classes:
             }
             AttackKind::ApgdT => spec.apgd_iterations as f64 * restarts(kind) * eot * targets * eps,
             // Once for every ε on its own, per ε inside a cascade.
-            AttackKind::FabT if cell.attack.is_preset() => {
+            AttackKind::FabT if attack.is_preset() => {
                 spec.fab_iterations as f64 * targets * eot * eps
             }
             AttackKind::FabT => spec.fab_iterations as f64 * targets * eot,
@@ -99,10 +110,14 @@ mod tests {
     fn cell(attack: AttackKind, k: usize) -> Cell {
         Cell {
             model: "m".into(),
-            attack: attack.at(k),
+            attack: CellAttack::Kind(attack.at(k)),
             k,
             grad: (k > 0).then_some(GradMode::Full),
         }
+    }
+
+    fn no_own(_: &str, _: usize) -> f64 {
+        unreachable!("no own attacks here")
     }
 
     #[test]
@@ -113,24 +128,24 @@ mod tests {
         };
         // PGD: 20 steps × 1 restart × 1 draw, at each of 3 ε.
         assert_eq!(
-            gradients_per_example(&spec, &cell(AttackKind::Pgd, 0), 3, 10),
+            gradients_per_example(&spec, &cell(AttackKind::Pgd, 0), 3, 10, no_own),
             60.0
         );
         // The default at K = 1: APGD-CE and APGD-DLR, 100 iterations each, 4 draws (5 chains).
         assert_eq!(spec.eot_at(1), 4);
         assert_eq!(
-            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 1), 3, 10),
+            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 1), 3, 10, no_own),
             2.0 * 100.0 * 4.0 * 3.0
         );
         // At K = 0: APGD-CE, APGD-T (9 targets), FAB-T (9 targets, per ε in the cascade) and
         // Square (5 000 queries at half a gradient each), one draw.
         assert_eq!(
-            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 0), 1, 10),
+            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 0), 1, 10, no_own),
             100.0 + 900.0 + 900.0 + 2_500.0
         );
         // Two classes leave one target.
         assert_eq!(
-            gradients_per_example(&spec, &cell(AttackKind::ApgdT, 0), 1, 2),
+            gradients_per_example(&spec, &cell(AttackKind::ApgdT, 0), 1, 2, no_own),
             100.0
         );
     }

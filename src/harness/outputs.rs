@@ -60,33 +60,35 @@ impl std::fmt::Display for GradColumn {
 }
 
 /// The `attack` column of a row: one attack (`pgd`), one stage of a preset's cascade
-/// (`autoattack/square`: the joint outcome of that stage and the stages before it), or the
-/// per-example worst case over every attack of a model, K and gradient mode (`worst-case`).
-/// Written as that text in the CSV and JSON files, and ordered as the text is, so that rows
-/// sort as they read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// (`autoattack/square`: the joint outcome of that stage and the stages before it), an attack
+/// of the caller's own (by its name), or the per-example worst case over every attack of a
+/// model, K and gradient mode (`worst-case`). Written as that text in the CSV and JSON files,
+/// and ordered as the text is, so that rows sort as they read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum RowAttack {
     Attack(AttackKind),
     Stage {
         preset: AttackKind,
         stage: AttackKind,
     },
+    Own(String),
     WorstCase,
 }
 
 impl RowAttack {
-    /// The single attack the row is of (a stage's own attack); `None` for the worst case.
-    pub fn single(self) -> Option<AttackKind> {
+    /// The built-in attack the row is of (a stage's own attack); `None` for an own attack and
+    /// the worst case.
+    pub fn single(&self) -> Option<AttackKind> {
         match self {
-            RowAttack::Attack(kind) | RowAttack::Stage { stage: kind, .. } => Some(kind),
-            RowAttack::WorstCase => None,
+            RowAttack::Attack(kind) | RowAttack::Stage { stage: kind, .. } => Some(*kind),
+            RowAttack::Own(_) | RowAttack::WorstCase => None,
         }
     }
 
     /// The preset whose cascade the row is a stage of.
-    pub fn preset(self) -> Option<AttackKind> {
+    pub fn preset(&self) -> Option<AttackKind> {
         match self {
-            RowAttack::Stage { preset, .. } => Some(preset),
+            RowAttack::Stage { preset, .. } => Some(*preset),
             _ => None,
         }
     }
@@ -103,6 +105,7 @@ impl std::fmt::Display for RowAttack {
             RowAttack::Stage { preset, stage } => {
                 f.pad(&format!("{}/{}", preset.name(), stage.name()))
             }
+            RowAttack::Own(name) => f.pad(name),
             RowAttack::WorstCase => f.pad(WORST_CASE_NAME),
         }
     }
@@ -111,6 +114,7 @@ impl std::fmt::Display for RowAttack {
 impl std::str::FromStr for RowAttack {
     type Err = String;
 
+    /// A built-in attack's name, `preset/stage`, `worst-case`, or else an own attack's name.
     fn from_str(s: &str) -> Result<Self, String> {
         if s == WORST_CASE_NAME {
             return Ok(RowAttack::WorstCase);
@@ -120,13 +124,16 @@ impl std::str::FromStr for RowAttack {
                 preset: AttackKind::parse(preset)?,
                 stage: AttackKind::parse(stage)?,
             },
-            None => RowAttack::Attack(AttackKind::parse(s)?),
+            None if s.is_empty() => return Err("an empty attack name".into()),
+            None => AttackKind::parse(s).map_or(RowAttack::Own(s.to_string()), RowAttack::Attack),
         })
     }
 }
 
 /// A row's attack against its text (`row.attack == "autoattack/square"`).
 impl PartialEq<&str> for RowAttack {
+    // The row's text is built to compare: rows are few, and the text is what the files hold.
+    #[allow(clippy::cmp_owned)]
     fn eq(&self, text: &&str) -> bool {
         self.to_string() == *text
     }
@@ -484,9 +491,10 @@ mod tests {
                 });
             }
         }
-        for &attack in &all {
+        all.push(RowAttack::Own("random-corners".into()));
+        for attack in all.clone() {
             let text = attack.to_string();
-            assert_eq!(text.parse::<RowAttack>(), Ok(attack));
+            assert_eq!(text.parse::<RowAttack>(), Ok(attack.clone()));
             let json = serde_json::to_string(&attack).unwrap();
             assert_eq!(json, format!("\"{text}\""));
             assert_eq!(serde_json::from_str::<RowAttack>(&json).unwrap(), attack);
@@ -505,7 +513,10 @@ mod tests {
             })
         );
         assert!("autoattack/nothing".parse::<RowAttack>().is_err());
-        assert!("worst".parse::<RowAttack>().is_err());
+        assert_eq!(
+            "random-corners".parse::<RowAttack>(),
+            Ok(RowAttack::Own("random-corners".into()))
+        );
     }
 
     /// Batch j's result: a value that depends on j only, as a batch of a sweep depends on its

@@ -11,6 +11,7 @@ use jem_attacks::{Classifier, Norm};
 
 use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult};
+use super::own_attack::{check_names, OwnAttack};
 use super::spec::SweepSpec;
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -74,12 +75,14 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
 }
 
 /// What a sweep will do, derived from its arguments.
-pub(super) struct Plan<B: BenchBackend, N> {
+pub(super) struct Plan<B: BenchBackend, N: Classifier<B> + 'static> {
     pub(super) out: PathBuf,
     pub(super) subjects: Vec<Subject<B, N>>,
     pub(super) eps_grid: Vec<f32>,
     /// Every cell of the whole sweep, in order.
     pub(super) cells: Vec<Cell>,
+    /// Attacks of the caller's own, run after the spec's.
+    pub(super) own: Vec<OwnAttack<B, N>>,
 }
 
 impl<B: BenchBackend> Plan<B, WideResNet<B>> {
@@ -110,19 +113,21 @@ impl<B: BenchBackend> Plan<B, WideResNet<B>> {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Plan::new(spec, subjects, out)
+        Plan::new(spec, subjects, Vec::new(), out)
     }
 }
 
-impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
+impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
     /// Everything a sweep in `out` needs, checked before anything touches the disk: the
     /// settings, and per model its data and the settings its cells need.
     pub(super) fn new(
         spec: &SweepSpec,
         subjects: Vec<Subject<B, N>>,
+        own: Vec<OwnAttack<B, N>>,
         out: &std::path::Path,
     ) -> anyhow::Result<Self> {
         spec.validate()?;
+        check_names(&own)?;
         anyhow::ensure!(!subjects.is_empty(), "a sweep needs at least one model");
         let mut names = std::collections::BTreeSet::new();
         for subject in &subjects {
@@ -135,7 +140,17 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
         }
         let models: Vec<String> = subjects.iter().map(|s| s.name().to_string()).collect();
         let eps_grid = spec.eps_grid();
-        let cells = cells::list(&models, &spec.attack_list(), &spec.ks, &spec.grad);
+        let own_kinds: Vec<(String, bool)> = own
+            .iter()
+            .map(|o| (o.name().to_string(), o.uses_gradients()))
+            .collect();
+        let cells = cells::list(
+            &models,
+            &spec.attack_list(),
+            &own_kinds,
+            &spec.ks,
+            &spec.grad,
+        );
         if let Some(cell) = cells.iter().find(|c| c.k > 0 && c.grad.is_some()) {
             crate::backend::require_sgld_gradients::<B>(&format!(
                 "the {} attack at K = {}",
@@ -148,6 +163,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
             subjects,
             eps_grid,
             cells,
+            own,
         })
     }
 
@@ -168,7 +184,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
         let mut args = serde_json::to_value(spec).expect("a spec serialises");
         args["out"] = serde_json::Value::Null;
         args["shard"] = serde_json::Value::Null;
-        serde_json::json!({
+        let mut settings = serde_json::json!({
             "software": SOFTWARE,
             "backend": B::recorded_name(self.subjects[0].device()),
             "args": args,
@@ -179,7 +195,14 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B>> Plan<B, N> {
             "models": self.subjects.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "weights": self.subjects.iter().map(|s| s.digest()).collect::<Vec<_>>(),
             "subjects": self.subjects.iter().map(|s| s.configuration()).collect::<Vec<_>>(),
-        })
+        });
+        // Only where there are some, so that the settings (and identity) of every other sweep
+        // stay as they were.
+        if !self.own.is_empty() {
+            let own: Vec<_> = self.own.iter().map(|o| o.record(spec)).collect();
+            settings["own_attacks"] = serde_json::Value::Array(own);
+        }
+        settings
     }
 
     /// `sha256:<hex>` of [`Plan::settings`]: what every cell file of the sweep carries, so that

@@ -45,7 +45,7 @@ type Key = (String, RowAttack, Norm, u32, usize, GradColumn);
 fn key(r: &TidyRow) -> Key {
     (
         r.model.clone(),
-        r.attack,
+        r.attack.clone(),
         r.norm,
         r.eps.to_bits(),
         r.k,

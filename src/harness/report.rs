@@ -140,7 +140,11 @@ pub fn figure(rows: &[TidyRow], title: &str) -> Figure {
     let models = distinct(rows.iter().map(|r| &r.model));
     let labels = model_labels(&models);
     let ks = distinct(rows.iter().map(|r| r.k));
-    let attacks = distinct(rows.iter().map(|r| r.attack).filter(|a| *a != WORST_CASE));
+    let attacks = distinct(
+        rows.iter()
+            .map(|r| r.attack.clone())
+            .filter(|a| *a != WORST_CASE),
+    );
     let norms = distinct(rows.iter().map(|r| r.norm));
     let mut panels = Vec::new();
     for norm in &norms {
@@ -336,7 +340,11 @@ fn convergence_checks(rows: &[TidyRow]) -> Vec<serde_json::Value> {
 pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Result<String> {
     anyhow::ensure!(!rows.is_empty(), "{}: the sweep has no rows", dir.display());
     let curves = curves(rows)?;
-    let checks = checks::run(rows, classes(rows)?);
+    // The sweep's own attacks, as its settings record them (a merged report has none).
+    let settings = std::fs::read_to_string(dir.join("settings.json")).ok();
+    let settings = settings.and_then(|t| serde_json::from_str(&t).ok());
+    let own = settings.map_or_else(Vec::new, |s| super::own_attack::recorded(&s));
+    let checks = checks::run(rows, classes(rows)?, &own);
     let first = &rows[0];
     let summary = serde_json::json!({
         "software": SOFTWARE,

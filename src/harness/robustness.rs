@@ -357,7 +357,7 @@ mod tests {
         let cell = CellResult {
             cell: Cell {
                 model: "m".into(),
-                attack: AttackKind::Boundary,
+                attack: crate::harness::CellAttack::Kind(AttackKind::Boundary),
                 k: 0,
                 grad: None,
             },

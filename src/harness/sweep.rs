@@ -13,6 +13,7 @@ use super::cell_run::run_cell;
 use super::cells::Cell;
 use super::estimate;
 use super::outputs::{self, CellResult, TidyRow};
+use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
 use super::spec::{Runner, SweepObserver, SweepSpec};
@@ -40,8 +41,21 @@ pub fn run<B: BenchBackend>(
 /// the cells not finished yet in `runner.out`, writes `robust.csv`, `examples.csv`,
 /// `summary.json` with the sanity checks, the curves and the table, as `jem-bench robust` does,
 /// and returns the rows of `robust.csv`.
-pub fn sweep<B: BenchBackend, N: Classifier<B> + Module<B>>(
+pub fn sweep<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     subjects: Vec<Subject<B, N>>,
+    spec: &SweepSpec,
+    runner: &Runner,
+) -> anyhow::Result<Vec<TidyRow>> {
+    sweep_with_attacks(subjects, Vec::new(), spec, runner)
+}
+
+/// [`sweep`], with attacks of the caller's own beside `spec.attacks`: each runs in cells of its
+/// own (after the spec's attacks, per model and K), gets rows and examples, counts in the
+/// worst case and the sanity checks by what it declares of itself, and is recorded in the
+/// sweep's settings, so that a resume needs the same own attacks.
+pub fn sweep_with_attacks<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    subjects: Vec<Subject<B, N>>,
+    own: Vec<OwnAttack<B, N>>,
     spec: &SweepSpec,
     runner: &Runner,
 ) -> anyhow::Result<Vec<TidyRow>> {
@@ -53,12 +67,12 @@ pub fn sweep<B: BenchBackend, N: Classifier<B> + Module<B>>(
         )
         .into());
     }
-    let plan = Plan::new(spec, subjects, &runner.out)?;
+    let plan = Plan::new(spec, subjects, own, &runner.out)?;
     execute(&plan, spec, runner)
 }
 
 /// Runs a plan's unfinished cells and writes every output.
-pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
+pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     runner: &Runner,
@@ -113,6 +127,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
                         identity,
                         spec,
                         plan.subject(cell),
+                        &plan.own,
                         cell,
                         &plan.eps_grid,
                     );
@@ -150,7 +165,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B>>(
 
 /// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
 /// model, K and gradient mode, times the gradients its attack takes at most.
-pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
+pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     mine: &[&Cell],
@@ -191,7 +206,11 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B>>(
             }
         };
         let classes = subject.test_set().num_classes();
-        let gradients = estimate::gradients_per_example(spec, cell, eps, classes);
+        let own = |name: &str, eot| {
+            let attack = plan.own.iter().find(|o| o.name() == name);
+            attack.map_or(0.0, |o| o.gradients_per_eps(eot))
+        };
+        let gradients = estimate::gradients_per_example(spec, cell, eps, classes, own);
         // The convergence check of a stochastic cell attacks up to its sample again, with 4×
         // the EOT draws and with 2× the iterations.
         let n = spec.n_examples as f64;
@@ -212,7 +231,7 @@ pub fn check<B: BenchBackend>(spec: &SweepSpec, device: &B::Device) -> anyhow::R
 }
 
 /// Summary, sanity checks, plots and table of the finished cells, `ran` of them run now.
-pub(super) fn finish<B: BenchBackend, N>(
+pub(super) fn finish<B: BenchBackend, N: Classifier<B>>(
     plan: &Plan<B, N>,
     results: &[CellResult],
     observer: &dyn SweepObserver,
