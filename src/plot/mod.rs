@@ -187,11 +187,15 @@ impl Figure {
     fn draw(&self, c: &mut dyn Canvas) {
         let (w, h) = self.size();
         c.rect(0.0, 0.0, w as f32, h as f32, None, Some([255, 255, 255]));
+        // Smaller where a long title would not fit the figure's width: the PNG's 8-pixel
+        // glyphs scale by whole steps, up to about 1.35 × the size per character.
+        let chars = self.title.chars().count().max(1) as f32;
+        let size = TITLE_SIZE.min(0.95 * w as f32 / (1.35 * chars));
         c.text(
             w as f32 / 2.0,
             30.0,
             &self.title,
-            20.0,
+            size,
             Anchor::Middle,
             false,
         );
@@ -376,13 +380,24 @@ impl Panel {
     }
 }
 
-/// Short legend names for model paths: the file stem of each, or the whole path where stems
-/// collide.
+/// The title's font size, where it fits.
+const TITLE_SIZE: f32 = 20.0;
+
+/// Short legend names for model paths: the file stem of each (for a training run's best
+/// checkpoint, `RUN/model`, the run's folder and the folder above it: `jem-attempts/ad`), or
+/// the whole path where those collide.
 pub fn model_labels<S: AsRef<str>>(models: &[S]) -> Vec<String> {
     let stem = |m: &str| {
-        Path::new(m)
-            .file_stem()
-            .map_or(m.to_string(), |s| s.to_string_lossy().into_owned())
+        let path = Path::new(m);
+        let name = |p: &Path| p.file_name().map(|s| s.to_string_lossy().into_owned());
+        let run = path.parent().filter(|_| path.file_stem().is_some_and(|s| s == "model"));
+        match run.and_then(|r| Some((r.parent().and_then(name), name(r)?))) {
+            Some((Some(above), run)) => format!("{above}/{run}"),
+            Some((None, run)) => run,
+            None => path
+                .file_stem()
+                .map_or(m.to_string(), |s| s.to_string_lossy().into_owned()),
+        }
     };
     let stems: Vec<String> = models.iter().map(|m| stem(m.as_ref())).collect();
     models
@@ -429,6 +444,19 @@ fn tick_label(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_labels_are_short_and_a_run_is_named_by_its_folders() {
+        let labels = model_labels(&[
+            "results/models/jem",
+            "results/train/jem-attempts/ad/model",
+            "runs/a/baseline.safetensors",
+        ]);
+        assert_eq!(labels, ["jem", "jem-attempts/ad", "baseline"].map(String::from));
+        // … unless two collide: then the whole paths.
+        let labels = model_labels(&["a/jem", "b/jem", "model"]);
+        assert_eq!(labels, ["a/jem", "b/jem", "model"].map(String::from));
+    }
 
     #[test]
     fn ticks_are_round_and_cover_the_range() {
