@@ -390,7 +390,9 @@ pub fn model_labels<S: AsRef<str>>(models: &[S]) -> Vec<String> {
     let stem = |m: &str| {
         let path = Path::new(m);
         let name = |p: &Path| p.file_name().map(|s| s.to_string_lossy().into_owned());
-        let run = path.parent().filter(|_| path.file_stem().is_some_and(|s| s == "model"));
+        let run = path
+            .parent()
+            .filter(|_| path.file_stem().is_some_and(|s| s == "model"));
         match run.and_then(|r| Some((r.parent().and_then(name), name(r)?))) {
             Some((Some(above), run)) => format!("{above}/{run}"),
             Some((None, run)) => run,
@@ -452,7 +454,10 @@ mod tests {
             "results/train/jem-attempts/ad/model",
             "runs/a/baseline.safetensors",
         ]);
-        assert_eq!(labels, ["jem", "jem-attempts/ad", "baseline"].map(String::from));
+        assert_eq!(
+            labels,
+            ["jem", "jem-attempts/ad", "baseline"].map(String::from)
+        );
         // … unless two collide: then the whole paths.
         let labels = model_labels(&["a/jem", "b/jem", "model"]);
         assert_eq!(labels, ["a/jem", "b/jem", "model"].map(String::from));
