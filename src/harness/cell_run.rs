@@ -16,7 +16,7 @@ use super::attack_config::Configured;
 use super::cells::{Cell, CellAttack};
 use super::convergence::convergence_checks;
 use super::outputs::{self, CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
-use super::own_attack::OwnAttack;
+use super::own_attack::{gradient_use, OwnAttack};
 use super::robustness;
 use super::spec::SweepSpec;
 use super::subject::Subject;
@@ -121,11 +121,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         probe,
         defence: defence_settings,
         backend: B::recorded_name(device),
-        own_gradient_attacks: own
-            .iter()
-            .filter(|o| o.uses_gradients())
-            .map(|o| o.name().to_string())
-            .collect(),
+        own: gradient_use(own),
     };
     let (mut rows, examples) = rows_and_examples(spec, cell, &stages, &loaded, eps_grid, &facts);
     // The convergence check is of the cell's last stage (a cascade's joint outcome).
@@ -228,8 +224,8 @@ struct CellFacts {
     defence: serde_json::Value,
     /// The backend and device, as outputs name them.
     backend: String,
-    /// The own attacks that follow gradients (and so have EOT draws).
-    own_gradient_attacks: Vec<String>,
+    /// The sweep's own attacks, each with whether it follows gradients (and so has EOT draws).
+    own: Vec<(String, bool)>,
 }
 
 /// The rows (per stage and ε) and per-example records of a cell's finished `stages`; the rows'
@@ -247,10 +243,7 @@ fn rows_and_examples(
     let (n, norm) = (loaded.indices.len(), spec.norm);
     let grad = GradColumn::of(cell.grad);
     let row = |stage: &Stage, eps: f32| {
-        let gradients = match &stage.kind {
-            CellAttack::Kind(kind) => kind.uses_gradients(),
-            CellAttack::Own(name) => facts.own_gradient_attacks.contains(name),
-        };
+        let gradients = stage.name.follows_gradients(&facts.own) == Some(true);
         TidyRow {
             model: cell.model.clone(),
             attack: stage.name.clone(),
@@ -267,8 +260,8 @@ fn rows_and_examples(
             robust_hi: f64::NAN,
             eot: if gradients { spec.eot_at(cell.k) } else { 0 },
             restarts: stage
-                .kind
-                .kind()
+                .name
+                .single()
                 .map_or(spec.restarts, |kind| spec.restarts_of(kind)),
             chains: if cell.k > 0 { spec.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
@@ -364,14 +357,12 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {
-                kind: cell.attack.clone(),
                 name,
                 settings: attack.settings(),
                 outcomes: grid.iter().copied().map(Some).zip(per_eps).collect(),
             }]
         }
         Configured::Minimum(attack) => vec![Stage {
-            kind: cell.attack.clone(),
             name,
             settings: attack.settings(),
             outcomes: vec![(None, attack.run_once(defended, x, y))],
@@ -384,7 +375,6 @@ pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
                 .zip(&cascade.attacks)
                 .zip(joint)
                 .map(|((&kind, attack), per_eps)| Stage {
-                    kind: CellAttack::Kind(kind),
                     name: RowAttack::Stage {
                         preset,
                         stage: kind,
@@ -435,7 +425,8 @@ pub(super) struct BatchResult {
 /// (`autoattack/apgd-t`: the joint outcome of APGD-T and the attacks before it).
 #[derive(Serialize, Deserialize)]
 pub(super) struct Stage {
-    pub(super) kind: CellAttack,
+    /// The row's attack: the cell's, or `preset/stage`; whether it follows gradients and its
+    /// restarts are read from it.
     pub(super) name: RowAttack,
     pub(super) settings: serde_json::Value,
     /// Per ε of the grid, ascending; one entry with no ε for a minimum-perturbation attack.

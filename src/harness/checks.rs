@@ -46,10 +46,7 @@ const CONVERGED: f64 = 0.05;
 /// (chance = 1 / classes); `own`: the sweep's own attacks, each with whether it follows
 /// gradients (as its settings record it).
 pub fn run(rows: &[TidyRow], classes: usize, own: &[(String, bool)]) -> Vec<Check> {
-    let white_box = |attack: &RowAttack| match attack {
-        RowAttack::Own(name) => own.iter().find(|(n, _)| n == name).map(|&(_, g)| g),
-        attack => attack.single().map(AttackKind::uses_gradients),
-    };
+    let white_box = |attack: &RowAttack| attack.follows_gradients(own);
     vec![
         falls_toward_chance(rows, classes),
         does_not_rise_with_eps(rows),

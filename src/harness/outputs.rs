@@ -85,6 +85,17 @@ impl RowAttack {
         }
     }
 
+    /// Whether the row's attack follows the (defended) model's gradients (`Some(true)`) or sees
+    /// only scores or decisions (`Some(false)`), as the attack declares it ([`AttackKind::access`];
+    /// an own attack: its entry in `own`, name and whether it follows gradients); `None` for the
+    /// worst case and an own attack not in `own`.
+    pub fn follows_gradients(&self, own: &[(String, bool)]) -> Option<bool> {
+        match self {
+            RowAttack::Own(name) => own.iter().find(|(n, _)| n == name).map(|&(_, g)| g),
+            attack => attack.single().map(AttackKind::uses_gradients),
+        }
+    }
+
     /// The preset whose cascade the row is a stage of.
     pub fn preset(&self) -> Option<AttackKind> {
         match self {

@@ -80,6 +80,16 @@ impl<B: BenchBackend, N: Classifier<B> + 'static> OwnAttack<B, N> {
     }
 }
 
+/// Each own attack's name with whether it follows gradients: what the cell list, the rows and
+/// the sanity checks need of it (and what a sweep's settings record, [`recorded`]).
+pub(super) fn gradient_use<B: BenchBackend, N: Classifier<B>>(
+    own: &[OwnAttack<B, N>],
+) -> Vec<(String, bool)> {
+    own.iter()
+        .map(|o| (o.name.to_string(), o.uses_gradients()))
+        .collect()
+}
+
 /// Refuses own attacks whose names could be read as another attack's: a built-in attack's or
 /// preset's name (in any case), a cascade stage's (`a/b`), the worst case's, or another own
 /// attack's.

@@ -11,7 +11,7 @@ use jem_attacks::{Classifier, Norm};
 
 use super::cells::{self, AttackKind, Cell};
 use super::outputs::{self, CellResult};
-use super::own_attack::{check_names, OwnAttack};
+use super::own_attack::{check_names, gradient_use, OwnAttack};
 use super::spec::SweepSpec;
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -140,14 +140,10 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
         }
         let models: Vec<String> = subjects.iter().map(|s| s.name().to_string()).collect();
         let eps_grid = spec.eps_grid();
-        let own_kinds: Vec<(String, bool)> = own
-            .iter()
-            .map(|o| (o.name().to_string(), o.uses_gradients()))
-            .collect();
         let cells = cells::list(
             &models,
             &spec.attack_list(),
-            &own_kinds,
+            &gradient_use(&own),
             &spec.ks,
             &spec.grad,
         );
