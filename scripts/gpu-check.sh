@@ -115,7 +115,9 @@ run() {
     # contention are dropped first; the compiled kernels are kept. The rows already in
     # results/perf/gpu.csv are kept and only the missing ones measured (--resume), so that
     # successive short GPU calls complete the table; delete that file to measure every row again
-    # (after a change to the GPU kernels).
+    # (after a change to the GPU kernels). The im2col convolution's rows come first: the direct
+    # convolution's are mostly measured already, and WRN-28-10's JEM iteration alone can take
+    # minutes on it.
     rm -rf target/autotune
     [ -f results/perf/gpu.csv ] && cp results/perf/gpu.csv "$out/gpu.csv"
     local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
@@ -125,7 +127,7 @@ run() {
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
             --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
             --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --resume \
-            --isa native,im2col \
+            --isa im2col,native \
             --out "$out"
     else
         echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"
@@ -135,11 +137,10 @@ run() {
 
 # The default sweep's cells of the baseline on the GPU against the committed CPU sweep
 # `results/sweeps/linf`, example by example: K = 0 (the AutoAttack cascade) and K = 1 (the
-# adaptive attack, gradients through the SGLD step with EOT; JEM_BENCH_UNVERIFIED_GRADIENTS lets
-# it run while those gradients await verification on CUDA — this comparison is part of it).
+# adaptive attack, gradients through the SGLD step with EOT).
 k_sweep() {
     local k=$1 work=$2 out=$3
-    step 200 "$work/k$k-sweep.log" env JEM_BENCH_UNVERIFIED_GRADIENTS=allow "$work/jem-bench" \
+    step 200 "$work/k$k-sweep.log" "$work/jem-bench" \
         --device cuda robust --norm linf --steps "$k" --convergence-sample 0 \
         --models results/models/baseline --out "$work/k$k" &&
         python3 - "$k" "$work/k$k/examples.csv" results/sweeps/linf/examples.csv \

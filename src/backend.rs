@@ -30,46 +30,6 @@ pub trait BenchBackend: jem_kernels::KernelsAutodiff {
     /// arithmetic and the forward convolution (`f32+direct`, `f32+im2col`:
     /// `JEM_BENCH_GPU_CONV`; jem-kernels' CUDA convolutions and products never use TF32).
     fn kernel_path() -> String;
-
-    /// Why gradients through the SGLD defence (K > 0) cannot be trusted on this backend, if
-    /// they cannot: every command refuses such a gradient there before doing any work.
-    fn sgld_gradients_unverified() -> Option<&'static str> {
-        None
-    }
-}
-
-/// The environment variable that lets [`require_sgld_gradients`] through.
-pub const UNVERIFIED_GRADIENTS: &str = "JEM_BENCH_UNVERIFIED_GRADIENTS";
-
-/// Refuses `what` (a command's gradient through K > 0 SGLD steps) on a backend where those
-/// gradients are not verified against the CPU, saying why and what to do instead.
-/// `JEM_BENCH_UNVERIFIED_GRADIENTS=allow` lets it through with a warning, for the runs that
-/// verify them (scripts/gpu-check.sh compares such a run with the CPU's).
-pub fn require_sgld_gradients<B: BenchBackend>(what: &str) -> anyhow::Result<()> {
-    let allowed = std::env::var(UNVERIFIED_GRADIENTS).is_ok_and(|v| v == "allow");
-    if let Some(warning) = unverified_gradients(what, B::sgld_gradients_unverified(), allowed)? {
-        eprintln!("{warning}");
-    }
-    Ok(())
-}
-
-/// [`require_sgld_gradients`]'s decision: nothing to say where the gradients are verified, a
-/// warning where they are not but `allowed`, else the error.
-fn unverified_gradients(
-    what: &str,
-    why: Option<&str>,
-    allowed: bool,
-) -> anyhow::Result<Option<String>> {
-    match why {
-        None => Ok(None),
-        Some(why) if allowed => Ok(Some(format!(
-            "warning: {what}: {why}; computed anyway ({UNVERIFIED_GRADIENTS}=allow)"
-        ))),
-        Some(why) => anyhow::bail!(
-            "{what}: {why}; run it with the CPU build (`cargo build --release`), or on the GPU \
-             with K = 0 or an attack that takes no gradient (square, boundary)"
-        ),
-    }
 }
 
 impl BenchBackend for Autodiff<burn::backend::Flex> {
@@ -90,15 +50,6 @@ impl BenchBackend for Autodiff<jem_kernels::Cuda> {
 
     fn kernel_path() -> String {
         format!("f32+{}", jem_kernels::gpu_conv().name())
-    }
-
-    fn sgld_gradients_unverified() -> Option<&'static str> {
-        Some(
-            "on CUDA the loss gradient through K > 0 SGLD steps is not yet verified against the \
-             CPU (the one GPU run compared it at a badly conditioned point and differed; the \
-             well-conditioned comparison passes on burn's WebGPU backend with the same kernels \
-             and waits for a GPU: results/gpu/, docs/gpu.md)",
-        )
     }
 }
 
@@ -202,26 +153,4 @@ pub fn gpu_settings_from_env() -> anyhow::Result<()> {
         jem_kernels::set_gpu_conv(conv);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unverified_gradients_are_refused_unless_allowed_and_verified_ones_pass_silently() {
-        let what = "the apgd-ce attack at K = 1";
-        assert!(unverified_gradients(what, None, false).unwrap().is_none());
-        assert!(unverified_gradients(what, None, true).unwrap().is_none());
-        let refused = unverified_gradients(what, Some("not verified on CUDA"), false)
-            .unwrap_err()
-            .to_string();
-        for part in [what, "not verified on CUDA", "CPU build", "K = 0"] {
-            assert!(refused.contains(part), "{refused:?} lacks {part:?}");
-        }
-        let warned = unverified_gradients(what, Some("not verified on CUDA"), true)
-            .unwrap()
-            .expect("a warning");
-        assert!(warned.starts_with("warning: ") && warned.contains(UNVERIFIED_GRADIENTS));
-    }
 }

@@ -5,7 +5,10 @@
 //! - every convolution of WRN-10-1 (MNIST, and 3×32×32), WRN-16-2 and WRN-28-10 (3×32×32):
 //!   the input and weight gradients, with and without the fused LeakyReLU;
 //! - the embedded baseline: logits, the LSE input gradient, one SGLD step with the same noise,
-//!   the K = 1 defence's logits and its full-gradient loss gradient, one PGD step;
+//!   the K = 0 loss gradient, the K = 1 defence's logits and its loss gradients (BPDA, full
+//!   gradient with either Hessian-vector product, and K = 3), one PGD step; a failing gradient
+//!   names the digits it differs on (burn 0.21's CUDA adjoint of the chain average was wrong for
+//!   every other digit: docs/gpu.md);
 //! - one Adam step of a classifier and one JEM training iteration (20 SGLD steps, then Adam).
 //!
 //! The GPU tests need a CUDA GPU and are ignored by default, so a machine without one reports
@@ -95,9 +98,26 @@ impl Report {
             .zip(gpu)
             .filter(|(a, b)| (*a - *b).abs() > tolerance * scale)
             .count();
+        // Per image, where the result is one row per digit: a wrong batch index shows as
+        // whole images, rounding as scattered elements.
+        let images = if cpu.len() % DIGITS == 0 && cpu.len() > DIGITS {
+            let row = cpu.len() / DIGITS;
+            let differing: Vec<usize> = (0..DIGITS)
+                .filter(|i| {
+                    let r = i * row..(i + 1) * row;
+                    cpu[r.clone()]
+                        .iter()
+                        .zip(&gpu[r])
+                        .any(|(a, b)| (*a - *b).abs() > tolerance * scale)
+                })
+                .collect();
+            format!(", in digits {differing:?}")
+        } else {
+            String::new()
+        };
         let line = format!(
             "{what}: relative difference {d:.2e} (tolerance {tolerance:.0e}; {beyond} of {} \
-             elements beyond it)",
+             elements beyond it{images})",
             cpu.len()
         );
         eprintln!("{line}");
@@ -131,6 +151,7 @@ struct Computed {
     sgld_step: Vec<f32>,
     linearised_jv: Vec<f32>,
     defended_logits: Vec<f32>,
+    undefended_gradient: Vec<f32>,
     defended_gradient: Vec<f32>,
     defended_gradient_differences: Vec<f32>,
     defended_gradient_bpda: Vec<f32>,
@@ -143,8 +164,11 @@ fn baseline<B: KernelsAutodiff>() -> (WideResNet<B>, jem_bench::model::Sidecar) 
     Checkpoint::at(path).load::<B>(&Default::default()).unwrap()
 }
 
+/// How many test digits the whole-network cases take.
+const DIGITS: usize = 16;
+
 fn digits() -> (ImageSet, Vec<usize>) {
-    (embedded::mnist(Split::Test).unwrap(), (0..16).collect())
+    (embedded::mnist(Split::Test).unwrap(), (0..DIGITS).collect())
 }
 
 fn compute<B: KernelsAutodiff>() -> Computed {
@@ -204,6 +228,12 @@ fn compute<B: KernelsAutodiff>() -> Computed {
     let labels = y.clone().add_scalar(1).remainder_scalar(10);
     let loss: LossFn<'_, B> =
         &|logits: Tensor<B, 2>| cross_entropy(logits, Tensor::from_inner(labels.clone()));
+    let (gradient, _) = Undefended::new(model.clone()).loss_gradient(
+        x.clone(),
+        loss,
+        &mut StdRng::seed_from_u64(2),
+    );
+    let undefended_gradient = host(gradient);
     let (gradient, _) = defence.loss_gradient(x.clone(), loss, &mut StdRng::seed_from_u64(2));
     let defended_gradient = host(gradient);
     let (gradient, _) = defence_with(HessianVector::GradientDifferences).loss_gradient(
@@ -235,6 +265,7 @@ fn compute<B: KernelsAutodiff>() -> Computed {
         sgld_step,
         linearised_jv,
         defended_logits,
+        undefended_gradient,
         defended_gradient,
         defended_gradient_differences,
         defended_gradient_bpda,
@@ -319,6 +350,12 @@ fn compare_network(report: &mut Report, a: &Computed, b: &Computed, tolerance: f
         "K = 1 logits",
         &a.defended_logits,
         &b.defended_logits,
+        tolerance,
+    );
+    report.relative(
+        "K = 0 loss gradient",
+        &a.undefended_gradient,
+        &b.undefended_gradient,
         tolerance,
     );
     report.relative(

@@ -288,14 +288,49 @@ impl<M> SgldDefence<M> {
             .reshape([cn / chains, k])
     }
 
+    /// Σ over chains of per-chain rows (chain-major), as additions of whole slices: no
+    /// reduction kernel along the chain axis (see [`Self::averaged_loss_gradient`]).
     fn sum_chains<Bk: burn::tensor::backend::Backend>(
         g: Tensor<Bk, 4>,
         chains: usize,
     ) -> Tensor<Bk, 4> {
-        let [cn, c, h, w] = g.dims();
-        g.reshape([chains, cn / chains, c * h * w])
-            .sum_dim(0)
-            .reshape([cn / chains, c, h, w])
+        let n = g.dims()[0] / chains;
+        (1..chains).fold(g.clone().narrow(0, 0, n), |sum, c| {
+            sum + g.clone().narrow(0, c * n, n)
+        })
+    }
+
+    /// The loss of the chain-averaged logits, differentiated at every chain's input `last`;
+    /// returns that gradient and the averaged logits. The loss is differentiated at the
+    /// averaged logits as a leaf, and the network at each chain's logits against that
+    /// gradient over the chains (the average's adjoint, written out): burn 0.21's CUDA
+    /// backend computed the same adjoint wrong for every other digit when autodiff took it
+    /// through the averaging's reduction (docs/gpu.md); these are elementwise operations.
+    fn averaged_loss_gradient<B: AutodiffBackend>(
+        &self,
+        last: Tensor<Inner<B>, 4>,
+        chains: usize,
+        loss: LossFn<'_, B>,
+    ) -> (Tensor<Inner<B>, 4>, Tensor<Inner<B>, 2>)
+    where
+        M: Classifier<B>,
+    {
+        let x = Tensor::<B, 4>::from_inner(last).require_grad();
+        let logits = self.classifier.logits(x.clone());
+        let averaged = Self::average(logits.clone().inner(), chains);
+        let leaf = Tensor::<B, 2>::from_inner(averaged.clone()).require_grad();
+        let grads = loss(leaf.clone()).sum().backward();
+        let per_average = leaf
+            .grad(&grads)
+            .expect("the averaged logits were marked as requiring a gradient");
+        let per_chain = per_average
+            .repeat_dim(0, chains)
+            .mul_scalar(1.0 / chains as f64);
+        let grads = (logits * Tensor::from_inner(per_chain)).sum().backward();
+        let g = x
+            .grad(&grads)
+            .expect("the input was marked as requiring a gradient");
+        (g, averaged)
     }
 
     fn forward<B: AutodiffBackend>(
@@ -331,11 +366,7 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
         let chains = self.config.chains;
         let full = self.config.grad == GradMode::Full;
         let run = self.run_chains::<B>(&x, chains, full, rng);
-        // The loss of the chain-averaged logits, differentiated at every chain's x_K.
-        let (mut v, logits) = input_gradient::<B, M>(&self.classifier, run.last.clone(), |l| {
-            loss(Self::average(l, chains))
-        });
-        let logits = Self::average(logits, chains);
+        let (mut v, logits) = self.averaged_loss_gradient::<B>(run.last.clone(), chains, loss);
         if full {
             let drift = self.per_channel::<B>(1.0, &x.device()).powf_scalar(2.0)
                 * self.sampler.config.step_size;

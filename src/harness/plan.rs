@@ -147,13 +147,6 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
             &spec.ks,
             &spec.grad,
         );
-        if let Some(cell) = cells.iter().find(|c| c.k > 0 && c.grad.is_some()) {
-            crate::backend::require_sgld_gradients::<B>(&format!(
-                "the {} attack at K = {}",
-                cell.attack.name(),
-                cell.k
-            ))?;
-        }
         Ok(Self {
             out: out.to_path_buf(),
             subjects,
