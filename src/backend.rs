@@ -27,7 +27,7 @@ pub trait BenchBackend: jem_kernels::KernelsAutodiff {
     /// Which kernels compute: on the CPU, the instruction set of jem-kernels' direct
     /// convolution (`JEM_BENCH_ISA` caps it) and that of the matrix products (the
     /// `avx512-gemm` build feature and the CPU decide it), e.g. `avx2+gemm-avx2`; on CUDA, the
-    /// arithmetic and the forward convolution (`f32+direct`, `f32+im2col`:
+    /// arithmetic and the forward convolution (`f32+auto`, `f32+direct`, `f32+im2col`:
     /// `JEM_BENCH_GPU_CONV`; jem-kernels' CUDA convolutions and products never use TF32).
     fn kernel_path() -> String;
 }
@@ -144,9 +144,9 @@ pub fn name() -> String {
     }
 }
 
-/// Applies `JEM_BENCH_GPU_CONV` (`direct`, the default, or `im2col`: how a GPU build computes
-/// forward convolutions, both in true f32); an error for any other value, before any work. A
-/// CPU build ignores it.
+/// Applies `JEM_BENCH_GPU_CONV` (`auto`, the default, `direct` or `im2col`: how a GPU build
+/// computes forward convolutions, all in true f32); an error for any other value, before any
+/// work. A CPU build ignores it.
 pub fn gpu_settings_from_env() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(conv) = jem_kernels::GpuConv::from_env().map_err(anyhow::Error::msg)? {

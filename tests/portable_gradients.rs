@@ -208,3 +208,29 @@ fn portable_gradients_match_burns_beyond_the_wide_resnets() {
     ];
     check_all("geometry", &shapes, 3);
 }
+
+/// The GPU's default forward convolution (`JEM_BENCH_GPU_CONV=auto`) takes burn's direct kernel
+/// on every layer of WRN-10-1 — the network whose direct-kernel timings it was chosen by — and
+/// the unfolded product on every 3×3 layer of WRN-28-10 but the first two (docs/gpu.md).
+#[test]
+fn the_default_gpu_convolution_is_direct_on_wrn_10_1_and_unfolded_on_wrn_28_10s_wide_layers() {
+    use jem_kernels::GpuConv;
+    let choice = |s: &ConvShape| {
+        GpuConv::Auto.for_weight([s.out_channels, s.in_channels, s.kernel, s.kernel])
+    };
+    let wrn_10_1 = WideResNetConfig::new(10, 1, 1, 10)
+        .convolutions(28, 28)
+        .unwrap();
+    assert!(wrn_10_1.iter().all(|s| choice(s) == GpuConv::Direct));
+    let wrn_28_10 = WideResNetConfig::new(28, 10, 3, 10)
+        .convolutions(32, 32)
+        .unwrap();
+    for (i, s) in wrn_28_10.iter().enumerate() {
+        let expected = if s.kernel == 3 && i >= 2 {
+            GpuConv::Im2col
+        } else {
+            GpuConv::Direct
+        };
+        assert_eq!(choice(s), expected, "layer {i}: {s:?}");
+    }
+}

@@ -90,8 +90,8 @@ p.add_argument("--isa", default="native",
                help="kernel paths, comma-separated: native (what this CPU runs), avx512, avx2, "
                     "portable; each forces jem-bench's path (JEM_BENCH_ISA) and holds PyTorch to the "
                     "same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, "
-                    "MKL_ENABLE_INSTRUCTIONS); on a GPU native (burn's direct convolution) or im2col "
-                    "(JEM_BENCH_GPU_CONV=im2col)")
+                    "MKL_ENABLE_INSTRUCTIONS); on a GPU native (jem-bench's default forward convolution, "
+                    "chosen per layer), direct or im2col (JEM_BENCH_GPU_CONV)")
 a = p.parse_args()
 
 # Where cargo put the release build (CARGO_TARGET_DIR, as cargo reads it, else target/).
@@ -124,14 +124,17 @@ ISA_ENV = {
                  {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                   "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
 }
-# On a GPU the path is jem-bench's forward convolution: native (burn's direct kernel) or im2col
-# (JEM_BENCH_GPU_CONV=im2col: the unfolded input times the weight); PyTorch runs cuDNN in both.
+# On a GPU the path is jem-bench's forward convolution (JEM_BENCH_GPU_CONV): native (its default,
+# auto: chosen per layer), direct (burn's direct kernel) or im2col (the unfolded input times the
+# weight); PyTorch runs cuDNN in each.
 if on_gpu:
-    ISA_ENV = {"native": ({}, {}), "im2col": ({"JEM_BENCH_GPU_CONV": "im2col"}, {})}
+    ISA_ENV = {"native": ({}, {}),
+               "direct": ({"JEM_BENCH_GPU_CONV": "direct"}, {}),
+               "im2col": ({"JEM_BENCH_GPU_CONV": "im2col"}, {})}
 isas = a.isa.split(",")
 if not set(isas) <= set(ISA_ENV):
     sys.exit(f"--isa {a.isa}: expected, comma-separated, native, avx512, avx2 or portable on a CPU; "
-             "native or im2col on a GPU")
+             "native, direct or im2col on a GPU")
 
 
 def parse_op(entry):

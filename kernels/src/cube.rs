@@ -1,8 +1,9 @@
 //! burn's GPU backends as jem-bench runs them: burn 0.21's `CubeBackend` without kernel fusion
 //! ([`Cuda`]; [`Wgpu`] with the `wgpu` feature, which also runs on a software Vulkan device, so
 //! that a machine without a GPU can run the same GPU kernels), with this crate's extensions,
-//! computing convolutions and matrix products in true f32: burn's direct convolution kernel and
-//! cubek's unit-tiled matrix product, on the CUDA cores (not the tensor cores).
+//! computing convolutions and matrix products in true f32: burn's direct convolution kernel or
+//! the unfolded input times the weight (per layer: [`crate::GpuConv`]) and cubek's unit-tiled
+//! matrix product, on the CUDA cores (not the tensor cores).
 //! burn's own choice for both, its autotuner, picks tensor-core kernels that compute f32 in
 //! TF32 (inputs rounded to 10 mantissa bits) with no switch to turn that off, and some of its
 //! candidates return wrong results for Wide-ResNet shapes (docs/gpu.md). Both gradients of a
@@ -21,9 +22,8 @@ use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::{launch_ref, Strategy};
 use cubek::std::InputBinding;
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use crate::backend::{activated, portable_weight_backward, portable_x_backward};
+use crate::gpu_conv::{gpu_conv, GpuConv};
 use crate::portable::conv2d_from_matmul;
 use crate::{FastActivation, FastConv, FastLinear};
 
@@ -37,59 +37,6 @@ pub type Cuda = CubeBackend<burn_cubecl::cubecl::cuda::CudaRuntime, f32, i32, u8
 /// run on it where no CUDA GPU is present, on a software Vulkan device if need be.
 #[cfg(feature = "wgpu")]
 pub type Wgpu = CubeBackend<burn_cubecl::cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
-
-/// How the GPU backends compute a forward convolution (both in true f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpuConv {
-    /// burn's direct convolution kernel: a loop per output element (the default).
-    Direct,
-    /// The input unfolded (im2col) and one unit-tiled matrix product with the weight
-    /// ([`crate::conv2d_from_matmul`]): more memory, and a kernel built for throughput.
-    Im2col,
-}
-
-/// The environment variable that chooses [`GpuConv`]: `direct` (default) or `im2col`.
-pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
-
-static GPU_CONV: AtomicU8 = AtomicU8::new(0);
-
-/// Chooses how the GPU backends compute forward convolutions, for the whole process.
-pub fn set_gpu_conv(conv: GpuConv) {
-    GPU_CONV.store(conv as u8, Ordering::Relaxed);
-}
-
-/// How the GPU backends compute forward convolutions (see [`set_gpu_conv`]).
-pub fn gpu_conv() -> GpuConv {
-    match GPU_CONV.load(Ordering::Relaxed) {
-        0 => GpuConv::Direct,
-        _ => GpuConv::Im2col,
-    }
-}
-
-impl GpuConv {
-    /// The name [`GPU_CONV_VARIABLE`] takes and outputs record.
-    pub fn name(self) -> &'static str {
-        match self {
-            GpuConv::Direct => "direct",
-            GpuConv::Im2col => "im2col",
-        }
-    }
-
-    /// Reads [`GPU_CONV_VARIABLE`]: `None` when unset, an error naming the variable and the
-    /// values it takes when it holds anything else.
-    pub fn from_env() -> Result<Option<GpuConv>, String> {
-        match std::env::var(GPU_CONV_VARIABLE) {
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Ok(v) if v == "direct" => Ok(Some(GpuConv::Direct)),
-            Ok(v) if v == "im2col" => Ok(Some(GpuConv::Im2col)),
-            Ok(v) => Err(format!(
-                "{GPU_CONV_VARIABLE}={v:?}: expected direct (burn's direct convolution, the \
-                 default) or im2col (unfolded input times the weight)"
-            )),
-            Err(e) => Err(format!("{GPU_CONV_VARIABLE}: {e}")),
-        }
-    }
-}
 
 /// `lhs · rhs` in true f32: cubek's unit-tiled product (each thread a tile of the output, on
 /// the CUDA cores), or its naive one where the tiled one does not take the shapes.
@@ -170,10 +117,11 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
         let x = activated::<Self>(x, input_slope);
-        let y = match gpu_conv() {
-            GpuConv::Direct => conv_forward(x, weight, bias, options, ConvStrategy::Direct)
-                .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
+        let weight_shape: [usize; 4] = weight.shape().dims();
+        let y = match gpu_conv().for_weight(weight_shape) {
             GpuConv::Im2col => conv2d_from_matmul::<Self>(x, weight, bias, &options),
+            _ => conv_forward(x, weight, bias, options, ConvStrategy::Direct)
+                .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
         };
         // Both leave the result as a permuted view of NHWC memory; some of burn's kernels read
         // their input in memory order whatever its strides (burn 0.21's bool-to-float cast

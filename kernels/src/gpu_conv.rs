@@ -1,0 +1,135 @@
+//! How the GPU backends compute a forward convolution: burn's direct kernel or the unfolded
+//! input times the weight, chosen per layer by default. Kept apart from the GPU backends
+//! themselves so that every build (and its tests) has the choice, with or without a GPU
+//! backend compiled in.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// How the GPU backends compute a forward convolution (both kernels in true f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuConv {
+    /// Per convolution, by the length of its sums (the default): burn's direct kernel where
+    /// each output sums fewer than [`IM2COL_MIN_TERMS`] products, the unfolded product where
+    /// it sums more.
+    Auto,
+    /// burn's direct convolution kernel: a loop per output element.
+    Direct,
+    /// The input unfolded (im2col) and one unit-tiled matrix product with the weight
+    /// ([`crate::conv2d_from_matmul`]): more memory, and a kernel built for throughput.
+    Im2col,
+}
+
+/// Under [`GpuConv::Auto`], the length of an output's sum (input channels × kernel area) from
+/// which the unfolded product computes the convolution. Measured on an H200 (results/perf/
+/// gpu.csv): where every layer sums 9 to 576 terms (WRN-10-1) the direct kernel made the
+/// whole network 1.05–3.1× faster, row by row; where the 3×3 layers but the first two sum
+/// 1 440 to 5 760 (WRN-28-10) the unfolded product did, 2.8–5.1×. The threshold lies between
+/// the two; single layers have not been timed apart, and no network mixing both was timed.
+pub const IM2COL_MIN_TERMS: usize = 1024;
+
+/// The environment variable that chooses [`GpuConv`]: `auto` (default), `direct` or `im2col`.
+pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
+
+static GPU_CONV: AtomicU8 = AtomicU8::new(GpuConv::Auto as u8);
+
+/// Chooses how the GPU backends compute forward convolutions, for the whole process.
+pub fn set_gpu_conv(conv: GpuConv) {
+    GPU_CONV.store(conv as u8, Ordering::Relaxed);
+}
+
+/// How the GPU backends compute forward convolutions (see [`set_gpu_conv`]).
+pub fn gpu_conv() -> GpuConv {
+    match GPU_CONV.load(Ordering::Relaxed) {
+        x if x == GpuConv::Direct as u8 => GpuConv::Direct,
+        x if x == GpuConv::Im2col as u8 => GpuConv::Im2col,
+        _ => GpuConv::Auto,
+    }
+}
+
+impl GpuConv {
+    /// The name [`GPU_CONV_VARIABLE`] takes and outputs record.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuConv::Auto => "auto",
+            GpuConv::Direct => "direct",
+            GpuConv::Im2col => "im2col",
+        }
+    }
+
+    /// The kernel that computes a convolution with `weight_shape` `[out, in, kh, kw]`:
+    /// [`GpuConv::Direct`] or [`GpuConv::Im2col`], never `Auto`.
+    pub fn for_weight(self, weight_shape: [usize; 4]) -> GpuConv {
+        match self {
+            GpuConv::Auto => {
+                let [_, channels, kh, kw] = weight_shape;
+                if channels * kh * kw >= IM2COL_MIN_TERMS {
+                    GpuConv::Im2col
+                } else {
+                    GpuConv::Direct
+                }
+            }
+            chosen => chosen,
+        }
+    }
+
+    /// Reads [`GPU_CONV_VARIABLE`]: `None` when unset, an error naming the variable and the
+    /// values it takes when it holds anything else.
+    pub fn from_env() -> Result<Option<GpuConv>, String> {
+        match std::env::var(GPU_CONV_VARIABLE) {
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Ok(v) => GpuConv::parse(&v).map(Some),
+            Err(e) => Err(format!("{GPU_CONV_VARIABLE}: {e}")),
+        }
+    }
+
+    /// The choice named `value` ([`GpuConv::name`]); an error naming [`GPU_CONV_VARIABLE`] and
+    /// the names it takes otherwise.
+    pub fn parse(value: &str) -> Result<GpuConv, String> {
+        [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col]
+            .into_iter()
+            .find(|c| c.name() == value)
+            .ok_or_else(|| {
+                format!(
+                    "{GPU_CONV_VARIABLE}={value:?}: expected auto (the default: by layer width), \
+                     direct (burn's direct convolution) or im2col (unfolded input times the weight)"
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_chooses_by_the_length_of_an_outputs_sum_and_forced_choices_pass_through() {
+        // [out, in, kh, kw]: 64 channels 3×3 sum 576 terms, 128 sum 1 152, 1×1 of 640 sum 640.
+        assert_eq!(GpuConv::Auto.for_weight([64, 64, 3, 3]), GpuConv::Direct);
+        assert_eq!(GpuConv::Auto.for_weight([128, 128, 3, 3]), GpuConv::Im2col);
+        assert_eq!(GpuConv::Auto.for_weight([640, 640, 1, 1]), GpuConv::Direct);
+        let [terms_below, terms_at] = [IM2COL_MIN_TERMS - 1, IM2COL_MIN_TERMS];
+        assert_eq!(
+            GpuConv::Auto.for_weight([8, terms_below, 1, 1]),
+            GpuConv::Direct
+        );
+        assert_eq!(
+            GpuConv::Auto.for_weight([8, terms_at, 1, 1]),
+            GpuConv::Im2col
+        );
+        for forced in [GpuConv::Direct, GpuConv::Im2col] {
+            assert_eq!(forced.for_weight([640, 640, 3, 3]), forced);
+            assert_eq!(forced.for_weight([16, 1, 3, 3]), forced);
+        }
+    }
+
+    #[test]
+    fn every_choice_parses_by_its_name_and_anything_else_is_refused_naming_the_variable() {
+        for conv in [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col] {
+            assert_eq!(GpuConv::parse(conv.name()), Ok(conv));
+        }
+        let refused = GpuConv::parse("cudnn").unwrap_err();
+        for part in [GPU_CONV_VARIABLE, "\"cudnn\"", "auto", "direct", "im2col"] {
+            assert!(refused.contains(part), "{refused:?} lacks {part:?}");
+        }
+    }
+}
