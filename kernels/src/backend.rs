@@ -2,8 +2,6 @@
 //! autodiff backend gets a backward node that calls them (the CUDA backend's implementation is
 //! in `cuda.rs`: a forward convolution with the portable gradients, [`crate::portable`]).
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -18,6 +16,7 @@ use burn::tensor::{DType, TensorData, TensorMetadata};
 use crate::activation::composed_backward;
 use crate::conv::{self, ConvGeometry};
 use crate::portable;
+use crate::process_choice::ProcessChoice;
 use crate::FastLinear;
 
 /// A backend with a 2-D convolution for Wide-ResNets, optionally with a LeakyReLU fused in
@@ -178,20 +177,20 @@ pub enum Implementation {
     Portable,
 }
 
-static CHOICE: AtomicU8 = AtomicU8::new(Implementation::Own as u8);
+static CHOICE: ProcessChoice<Implementation> = ProcessChoice::new(&[
+    Implementation::Own,
+    Implementation::Burn,
+    Implementation::Portable,
+]);
 
 /// Chooses, for the whole process, whose operations the CPU backend runs.
 pub fn set_implementation(choice: Implementation) {
-    CHOICE.store(choice as u8, Ordering::Relaxed);
+    CHOICE.set(choice);
 }
 
-/// Whose operations the CPU backend runs now.
+/// Whose operations the CPU backend runs now (`Own` until set).
 pub fn implementation() -> Implementation {
-    match CHOICE.load(Ordering::Relaxed) {
-        c if c == Implementation::Burn as u8 => Implementation::Burn,
-        c if c == Implementation::Portable as u8 => Implementation::Portable,
-        _ => Implementation::Own,
-    }
+    CHOICE.get().unwrap_or(Implementation::Own)
 }
 
 /// The geometry of a convolution the kernels handle: `f32`, one group, no dilation, and the

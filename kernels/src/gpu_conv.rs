@@ -3,7 +3,7 @@
 //! themselves so that every build (and its tests) has the choice, with or without a GPU
 //! backend compiled in.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use crate::process_choice::ProcessChoice;
 
 /// How the GPU backends compute a forward convolution (both kernels in true f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,23 +30,22 @@ pub const IM2COL_MIN_TERMS: usize = 1024;
 /// The environment variable that chooses [`GpuConv`]: `auto` (default), `direct` or `im2col`.
 pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
 
-static GPU_CONV: AtomicU8 = AtomicU8::new(GpuConv::Auto as u8);
+static GPU_CONV: ProcessChoice<GpuConv> = ProcessChoice::new(&GpuConv::ALL);
 
 /// Chooses how the GPU backends compute forward convolutions, for the whole process.
 pub fn set_gpu_conv(conv: GpuConv) {
-    GPU_CONV.store(conv as u8, Ordering::Relaxed);
+    GPU_CONV.set(conv);
 }
 
-/// How the GPU backends compute forward convolutions (see [`set_gpu_conv`]).
+/// How the GPU backends compute forward convolutions (see [`set_gpu_conv`]; `Auto` until set).
 pub fn gpu_conv() -> GpuConv {
-    match GPU_CONV.load(Ordering::Relaxed) {
-        x if x == GpuConv::Direct as u8 => GpuConv::Direct,
-        x if x == GpuConv::Im2col as u8 => GpuConv::Im2col,
-        _ => GpuConv::Auto,
-    }
+    GPU_CONV.get().unwrap_or(GpuConv::Auto)
 }
 
 impl GpuConv {
+    /// Every choice, the default first.
+    pub const ALL: [GpuConv; 3] = [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col];
+
     /// The name [`GPU_CONV_VARIABLE`] takes and outputs record.
     pub fn name(self) -> &'static str {
         match self {
@@ -85,7 +84,7 @@ impl GpuConv {
     /// The choice named `value` ([`GpuConv::name`]); an error naming [`GPU_CONV_VARIABLE`] and
     /// the names it takes otherwise.
     pub fn parse(value: &str) -> Result<GpuConv, String> {
-        [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col]
+        GpuConv::ALL
             .into_iter()
             .find(|c| c.name() == value)
             .ok_or_else(|| {
@@ -124,7 +123,7 @@ mod tests {
 
     #[test]
     fn every_choice_parses_by_its_name_and_anything_else_is_refused_naming_the_variable() {
-        for conv in [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col] {
+        for conv in GpuConv::ALL {
             assert_eq!(GpuConv::parse(conv.name()), Ok(conv));
         }
         let refused = GpuConv::parse("cudnn").unwrap_err();

@@ -10,10 +10,10 @@
 //!
 //! The cap covers this crate's own kernels only: see [`Isa`].
 
+use crate::process_choice::ProcessChoice;
 use std::ffi::OsStr;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Once, OnceLock};
 
 /// The environment variable that caps the instruction set: `avx512`, `avx2` or `portable`
@@ -142,15 +142,15 @@ fn env_cap() -> &'static Result<Option<Isa>, String> {
     CAP.get_or_init(|| parse_cap(std::env::var_os(ISA_VARIABLE).as_deref()))
 }
 
-/// [`set_isa`]'s cap: 0 while unset, else 1 + the `Isa`'s discriminant.
-static FORCED: AtomicU8 = AtomicU8::new(0);
+/// [`set_isa`]'s cap, if it was called.
+static FORCED: ProcessChoice<Isa> = ProcessChoice::new(&Isa::ALL);
 
 /// Caps, for the whole process, the instruction set of this crate's kernels, overriding
 /// [`ISA_VARIABLE`]; `Isa::Avx512` lifts any cap. A cap the CPU lacks selects the best set
 /// below it that the CPU has (see [`isa`]). Kernels prepared before the call (none are kept
 /// across convolutions) are unaffected.
 pub fn set_isa(cap: Isa) {
-    FORCED.store(cap as u8 + 1, Ordering::Relaxed);
+    FORCED.set(cap);
 }
 
 /// The instruction set this crate's kernels use now: the cap of [`set_isa`], else of
@@ -158,11 +158,7 @@ pub fn set_isa(cap: Isa) {
 /// gives `Avx2`). An invalid value of the variable is ignored (reported once on stderr, and
 /// by [`isa_from_env`]).
 pub fn isa() -> Isa {
-    let forced = match FORCED.load(Ordering::Relaxed) {
-        0 => None,
-        n => Isa::ALL.into_iter().find(|&isa| isa as u8 + 1 == n),
-    };
-    let cap = forced.or_else(|| match env_cap() {
+    let cap = FORCED.get().or_else(|| match env_cap() {
         Ok(cap) => *cap,
         Err(message) => {
             static WARNED: Once = Once::new();

@@ -78,6 +78,7 @@ mod linear;
 mod matmul;
 mod module;
 mod portable;
+mod process_choice;
 
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
