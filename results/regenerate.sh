@@ -10,13 +10,13 @@
 # exact gradients with EOT) and k10 run for many hours and resume.
 #
 #   bash results/regenerate.sh            # everything
-#   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | k1-eot | k-curve | k10 | autoattack | nonsense | calibration | ood
+#   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | control | k1-eot | k-curve | k10 | autoattack | nonsense | calibration | ood
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release
 bin=target/release/jem-bench
-parts=("${@:-reference sweeps jem-1to1 k1-eot k-curve k10 autoattack nonsense calibration ood}")
+parts=("${@:-reference sweeps jem-1to1 control k1-eot k-curve k10 autoattack nonsense calibration ood}")
 
 # Each part writes to a fresh folder under runs/regenerate/ and replaces the committed folder
 # only when it finished, so an interrupted regeneration leaves the old results whole (and
@@ -49,6 +49,13 @@ for part in ${parts[*]}; do
         # the embedded JEM's weight of 1 000 on log p(y|x) costs in robustness (docs/training-log.md).
         "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --out "$work/jem-1to1-linf"
         replace "$work/jem-1to1-linf" results/sweeps/jem-1to1-linf
+        ;;
+    control)
+        # The control for the JEMs: the embedded baseline's recipe trained with the JEMs' data
+        # noise σ = 0.1 (results/train/baseline-sigma01, docs/training-log.md), swept as the
+        # default sweeps the embedded models, so that JEM against control isolates the p(x) term.
+        "$bin" robust --norm linf --models results/train/baseline-sigma01/model --out "$work/baseline-sigma01-linf"
+        replace "$work/baseline-sigma01-linf" results/sweeps/baseline-sigma01-linf
         ;;
     k1-eot)
         # The K = 1 rows again with the attack's strongest settings against a stochastic defence:
@@ -114,7 +121,7 @@ for part in ${parts[*]}; do
         replace "$work/ood" results/ood
         ;;
     *)
-        echo "unknown part '$part': expected reference, sweeps, jem-1to1, k1-eot, k-curve, k10, autoattack, nonsense, calibration or ood" >&2
+        echo "unknown part '$part': expected reference, sweeps, jem-1to1, control, k1-eot, k-curve, k10, autoattack, nonsense, calibration or ood" >&2
         exit 2
         ;;
     esac
