@@ -10,7 +10,7 @@
 # exact gradients with EOT) and k10 run for many hours and resume.
 #
 #   bash results/regenerate.sh            # everything
-#   bash results/regenerate.sh reference  # one part: reference | sweeps | jem-1to1 | control | k1-eot | k-curve | k10 | autoattack | nonsense | calibration | ood
+#   bash results/regenerate.sh reference  # one part: reference | sweeps (or linf | l2) | jem-1to1 | control | k1-eot | k-curve | k10 | autoattack | nonsense | calibration | ood
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +25,16 @@ work=runs/regenerate
 mkdir -p "$work"
 
 replace() { # replace SRC DEST
-    rm -rf "$2.old" && { [ ! -e "$2" ] || mv "$2" "$2.old"; } && cp -r "$1" "$2" && rm -rf "$2.old"
+    rm -rf "$2.old" && { [ ! -e "$2" ] || mv "$2" "$2.old"; } && cp -r "$1" "$2" && rm -rf "$2.old" "$2.partial"
+}
+
+# A sweep that a session could not finish is committed beside its destination as DEST.partial
+# (the finished cells and the settings); the part that makes DEST continues from it on a fresh
+# clone, and replace removes it once DEST is whole.
+continue_from() { # continue_from DEST WORK
+    if [ ! -e "$2" ] && [ -e "$1.partial" ]; then
+        cp -r "$1.partial" "$2"
+    fi
 }
 
 for part in ${parts[*]}; do
@@ -36,8 +45,12 @@ for part in ${parts[*]}; do
             --chains 2 --recheck-chains 4 --out "$work/reference-linf-small"
         replace "$work/reference-linf-small" results/reference/linf-small
         ;;
-    sweeps)
-        for norm in linf l2; do
+    sweeps | linf | l2)
+        # The default sweeps (`sweeps` both norms, or one), and both norms' curves in one figure.
+        norms=(linf l2)
+        [ "$part" = sweeps ] || norms=("$part")
+        for norm in "${norms[@]}"; do
+            continue_from "results/sweeps/$norm" "$work/sweep-$norm"
             "$bin" robust --norm "$norm" --out "$work/sweep-$norm"
             replace "$work/sweep-$norm" "results/sweeps/$norm"
         done
@@ -121,7 +134,7 @@ for part in ${parts[*]}; do
         replace "$work/ood" results/ood
         ;;
     *)
-        echo "unknown part '$part': expected reference, sweeps, jem-1to1, control, k1-eot, k-curve, k10, autoattack, nonsense, calibration or ood" >&2
+        echo "unknown part '$part': expected reference, sweeps, linf, l2, jem-1to1, control, k1-eot, k-curve, k10, autoattack, nonsense, calibration or ood" >&2
         exit 2
         ;;
     esac
