@@ -28,7 +28,7 @@ replace() { # replace SRC DEST
     rm -rf "$2.old" && { [ ! -e "$2" ] || mv "$2" "$2.old"; } && cp -r "$1" "$2" && rm -rf "$2.old" "$2.partial"
 }
 
-# A sweep that a session could not finish is committed beside its destination as DEST.partial
+# A sweep stopped before it finished is committed beside its destination as DEST.partial
 # (the finished cells and the settings); the part that makes DEST continues from it on a fresh
 # clone, and replace removes it once DEST is whole.
 continue_from() { # continue_from DEST WORK
@@ -87,7 +87,7 @@ for part in ${parts[*]}; do
         # and 1 (`report` joins them into k-curve.csv / .svg / .png). Hours on two cores (a K = 10
         # gradient costs about 7 of K = 1); it resumes cell by cell, and the committed folder
         # may hold only the cells finished so far (results/README.md says which).
-        # Batches of 10 keep each finished batch, so a session that ends mid-cell loses little;
+        # Batches of 10 keep each finished batch, so a run stopped mid-cell loses little;
         # a partial folder committed under results/ is picked up and continued here.
         if [ ! -e "$work/k-curve-linf" ] && [ -e results/sweeps/k-curve-linf ]; then
             cp -r results/sweeps/k-curve-linf "$work/k-curve-linf"
