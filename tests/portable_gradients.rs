@@ -19,6 +19,7 @@ use jem_attacks::noise;
 use jem_bench::model::{ConvShape, WideResNetConfig};
 use jem_kernels::{
     conv2d_from_matmul, conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul,
+    conv2d_weight_grad_in_chunks, weight_grad_chunks,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -207,6 +208,71 @@ fn portable_gradients_match_burns_beyond_the_wide_resnets() {
         shape(1, 1, 3, 2, 1, [9, 9]),
     ];
     check_all("geometry", &shapes, 3);
+}
+
+/// The weight gradient with its reduction (batch × output pixels) split into every number of
+/// chunks that divides it, against burn's, on shapes whose sums are short enough to try each:
+/// a chunk boundary inside an example, at an example's end, and one chunk per product.
+#[test]
+fn the_weight_gradient_in_chunks_matches_burns_for_every_chunk_count() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let device = Default::default();
+    let shapes = [
+        ConvShape {
+            in_channels: 3,
+            out_channels: 4,
+            kernel: 3,
+            stride: 2,
+            padding: 1,
+            input: [7, 6],
+        },
+        ConvShape {
+            in_channels: 2,
+            out_channels: 5,
+            kernel: 1,
+            stride: 1,
+            padding: 0,
+            input: [4, 3],
+        },
+    ];
+    let mut tried = 0;
+    for shape in shapes {
+        let [oh, ow] = shape.output();
+        let (k, cin, cout, batch) = (shape.kernel, shape.in_channels, shape.out_channels, 3);
+        let x: T = noise::gaussian(
+            [batch, cin, shape.input[0], shape.input[1]],
+            &mut rng,
+            &device,
+        );
+        let grad: T = noise::gaussian([batch, cout, oh, ow], &mut rng, &device);
+        let options = ConvOptions::new([shape.stride; 2], [shape.padding; 2], [1, 1], 1);
+        let weight: T = noise::gaussian([cout, cin, k, k], &mut rng, &device);
+        let burns = tensor(Flex::conv2d_weight_backward(
+            primitive(x.clone()),
+            primitive(weight),
+            primitive(grad.clone()),
+            options.clone(),
+        ));
+        let products = batch * oh * ow;
+        for chunks in (1..=products).filter(|c| products % c == 0) {
+            let ours = tensor(conv2d_weight_grad_in_chunks::<Flex>(
+                primitive(x.clone()),
+                primitive(grad.clone()),
+                [k, k],
+                &options,
+                chunks,
+            ));
+            let difference = relative_difference(ours, burns.clone());
+            assert!(
+                difference <= TOLERANCE,
+                "{shape:?} in {chunks} chunks: {difference:.1e}"
+            );
+            tried += 1;
+        }
+    }
+    assert!(tried > 10, "only {tried} chunk counts tried");
+    // The WRN-10-1 shapes above run in chunks at their own batch: the split is exercised there.
+    assert!(weight_grad_chunks(4 * 28 * 28, 16 * 9) > 1);
 }
 
 /// The GPU's default forward convolution (`JEM_BENCH_GPU_CONV=auto`) takes burn's direct kernel

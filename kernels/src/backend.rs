@@ -142,7 +142,7 @@ pub(crate) fn portable_x_backward<B: FastConv + FastLinear>(
     through_activation::<B>(x, grad, slope)
 }
 
-/// The weight gradient from one matrix product ([`crate::conv2d_weight_grad_from_matmul`]) on
+/// The weight gradient from matrix products ([`crate::conv2d_weight_grad_from_matmul`]) on
 /// the activated input; burn's own where the construction does not apply.
 pub(crate) fn portable_weight_backward<B: FastConv + FastLinear>(
     x: FloatTensor<B>,

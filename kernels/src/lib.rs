@@ -93,7 +93,8 @@ pub use linear::{linear, FastLinear};
 pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
 pub use portable::{
     conv2d_from_matmul, conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul,
-    portable_gradients_apply,
+    conv2d_weight_grad_in_chunks, portable_gradients_apply, weight_grad_chunks,
+    WEIGHT_GRAD_MIN_CHUNK, WEIGHT_GRAD_PARTIAL_SUMS,
 };
 
 /// The raw forward kernel on NCHW slices (see [`ConvGeometry`]).

@@ -12,12 +12,13 @@ use burn::backend::autodiff::Autodiff;
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
 /// A backend with a matrix product and a linear layer of its own choosing. The defaults are
 /// burn's `float_matmul` and `linear` with its backward functions.
 pub trait FastLinear: Backend {
-    /// `lhs · rhs` for `[m, k]` and `[k, n]` matrices.
+    /// `lhs · rhs` for `[m, k]` and `[k, n]` matrices, or batched over leading axes
+    /// (`[g, m, k] · [g, k, n]`).
     fn fast_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_matmul(lhs, rhs)
     }
@@ -114,13 +115,16 @@ impl<B: FastLinear> Backward<B, 2> for MatmulBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let (lhs, rhs) = ops.state;
+        // The last two axes are the matrices' (leading ones batch them).
+        let transposed = |t: FloatTensor<B>| {
+            let d = t.shape().num_dims();
+            B::float_swap_dims(t, d - 2, d - 1)
+        };
         if let Some(node) = &ops.parents[0] {
-            let rhs_t = B::float_swap_dims(rhs, 0, 1);
-            grads.register::<B>(node.id, B::fast_matmul(grad.clone(), rhs_t));
+            grads.register::<B>(node.id, B::fast_matmul(grad.clone(), transposed(rhs)));
         }
         if let Some(node) = &ops.parents[1] {
-            let lhs_t = B::float_swap_dims(lhs, 0, 1);
-            grads.register::<B>(node.id, B::fast_matmul(lhs_t, grad));
+            grads.register::<B>(node.id, B::fast_matmul(transposed(lhs), grad));
         }
     }
 }

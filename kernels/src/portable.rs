@@ -15,9 +15,10 @@
 //!   stride (s − 1 zeros between its rows and columns), with the weight flipped in both spatial
 //!   axes and its two channel axes swapped; the rows x̄ adds for padding are cut away. Rows of x̄
 //!   that no output reads ((H + 2P − k) mod s of them, at the bottom) get zero.
-//! - weight gradient: for each tap (a, b), `Σ_{n,p,q} g[n,o,p,q] · x̄[n,i, s·p + a, s·q + b]`, one
-//!   product of the output gradient `[out, N·L]` with the unfolded input `[N·L, in·kh·kw]`; the
-//!   strided reads of x̄ are reshapes (`[…, oh, s, ow, s]`, keep index 0), not strided slices.
+//! - weight gradient: for each tap (a, b), `Σ_{n,p,q} g[n,o,p,q] · x̄[n,i, s·p + a, s·q + b]`, the
+//!   product of the output gradient `[out, N·L]` with the unfolded input `[N·L, in·kh·kw]`, its
+//!   long reduction split into chunks where the layer is narrow; the strided reads of x̄ are
+//!   reshapes (`[…, oh, s, ow, s]`, keep index 0), not strided slices.
 //!
 //! The convolution and the product are the backend's [`FastConv::fast_conv2d`] and
 //! [`FastLinear::fast_matmul`], so that a backend's choice of kernels (CUDA: true f32, not
@@ -25,7 +26,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor};
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::{FastConv, FastLinear};
 
@@ -185,8 +186,35 @@ pub fn conv2d_from_matmul<B: FastConv + FastLinear>(
     unwrap(y)
 }
 
-/// The gradient of `conv2d(x, weight)` with respect to its `[out, in, kh, kw]` weight, as one
-/// matrix product of the output gradient with the unfolded input.
+/// Products a chunk of the weight gradient's reduction sums at least, when
+/// [`weight_grad_chunks`] splits it.
+pub const WEIGHT_GRAD_MIN_CHUNK: usize = 256;
+
+/// Partial sums ([chunks] × out × in·kh·kw) [`weight_grad_chunks`] aims at: enough independent
+/// sums to occupy a GPU's cores, few enough that the partial sums stay small (4 MiB).
+pub const WEIGHT_GRAD_PARTIAL_SUMS: usize = 1 << 20;
+
+/// Into how many chunks [`conv2d_weight_grad_from_matmul`] splits the reduction of a weight
+/// gradient with `outputs` elements (out · in · kh · kw) over `products` terms each
+/// (batch · output pixels): the largest divisor of `products` that keeps chunks at least
+/// [`WEIGHT_GRAD_MIN_CHUNK`] long and the partial sums within [`WEIGHT_GRAD_PARTIAL_SUMS`];
+/// 1 (one product, no split) for a wide layer.
+///
+/// Why: a narrow layer's weight gradient has few elements (WRN-10-1's first convolution: 144)
+/// and long sums (50 176 at batch 64 on 28×28). As one matrix product it gives a GPU a few
+/// threads with long loops: on an H200 the weight gradients took about 90 % of a WRN-10-1 train
+/// step (docs/gpu.md). Chunked, they are a batch of short products and a sum over chunks.
+pub fn weight_grad_chunks(products: usize, outputs: usize) -> usize {
+    let most = (products / WEIGHT_GRAD_MIN_CHUNK).min(WEIGHT_GRAD_PARTIAL_SUMS / outputs.max(1));
+    (1..=most.max(1))
+        .rev()
+        .find(|&c| products.is_multiple_of(c))
+        .unwrap_or(1)
+}
+
+/// The gradient of `conv2d(x, weight)` with respect to its `[out, in, kh, kw]` weight: the
+/// output gradient `[out, N·L]` times the unfolded input `[N·L, in·kh·kw]`, its reduction split
+/// into [`weight_grad_chunks`] chunks.
 ///
 /// # Panics
 /// If the options have groups or dilation (see [`portable_gradients_apply`]), or if the shapes do
@@ -197,15 +225,77 @@ pub fn conv2d_weight_grad_from_matmul<B: FastConv + FastLinear>(
     kernel: [usize; 2],
     options: &ConvOptions<2>,
 ) -> FloatTensor<B> {
+    let [n, cin, _, _] = x.shape().dims();
+    let [_, out, oh, ow] = output_grad.shape().dims();
+    let chunks = weight_grad_chunks(n * oh * ow, out * cin * kernel[0] * kernel[1]);
+    conv2d_weight_grad_in_chunks::<B>(x, output_grad, kernel, options, chunks)
+}
+
+/// [`conv2d_weight_grad_from_matmul`] with the reduction over the batch and the output pixels
+/// (N·L terms) split into `chunks` equal chunks: one batched product `[chunks, out, N·L/chunks]
+/// · [chunks, N·L/chunks, in·kh·kw]` and a sum over chunks (1: one plain product).
+///
+/// # Panics
+/// If `chunks` does not divide N·L, if the options have groups or dilation (see
+/// [`portable_gradients_apply`]), or if the shapes do not belong to one convolution.
+pub fn conv2d_weight_grad_in_chunks<B: FastConv + FastLinear>(
+    x: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    kernel: [usize; 2],
+    options: &ConvOptions<2>,
+    chunks: usize,
+) -> FloatTensor<B> {
     let (x, grad) = (wrap::<B>(x), wrap::<B>(output_grad));
     let [n, cin, h, w] = x.dims();
     let [_, out, oh, ow] = grad.dims();
     let [kh, kw] = kernel;
     check_shapes(options, [h, w], [kh, kw], [oh, ow]);
+    let products = n * oh * ow;
+    assert!(
+        chunks > 0 && products % chunks == 0,
+        "{chunks} chunks do not divide the weight gradient's {products} products"
+    );
     let columns = unfold(x, kernel, [oh, ow], options);
-    let rows = grad.swap_dims(0, 1).reshape([out, n * oh * ow]);
-    let [rows, columns] = [rows, columns].map(|m| m.into_primitive().tensor());
-    let product =
-        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(rows, columns)));
-    unwrap(product.reshape([out, cin, kh, kw]))
+    let rows = grad.swap_dims(0, 1).reshape([out, products]);
+    let weight_grad = if chunks == 1 {
+        let [rows, columns] = [rows, columns].map(|m| m.into_primitive().tensor());
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fast_matmul(rows, columns)))
+    } else {
+        let chunk = products / chunks;
+        let rows = rows.reshape([out, chunks, chunk]).swap_dims(0, 1);
+        let columns = columns.reshape([chunks, chunk, cin * kh * kw]);
+        let [rows, columns] = [rows, columns].map(|m| m.into_primitive().tensor());
+        let partial =
+            Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(B::fast_matmul(rows, columns)));
+        partial.sum_dim(0).reshape([out, cin * kh * kw])
+    };
+    unwrap(weight_grad.reshape([out, cin, kh, kw]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn narrow_layers_split_their_weight_gradient_and_wide_or_short_ones_do_not() {
+        // WRN-10-1's first convolution at batch 64 on 28×28: 144 sums of 50 176 = 2¹⁰ · 49
+        // products, split into the most chunks of at least 256 products: 196 of 256.
+        assert_eq!(weight_grad_chunks(64 * 28 * 28, 16 * 9), 196);
+        // WRN-28-10's widest convolution: 3.7 million sums are already enough.
+        assert_eq!(weight_grad_chunks(64 * 8 * 8, 640 * 640 * 9), 1);
+        // Too short to split, or a prime length with no divisor to split it by.
+        assert_eq!(weight_grad_chunks(300, 9), 1);
+        assert_eq!(weight_grad_chunks(7919, 9), 1);
+        // Any length: a divisor, chunks of at least the minimum, partial sums within the bound.
+        for products in 1..3000 {
+            for outputs in [1, 9, 144, 4608, 1 << 19, 1 << 21] {
+                let chunks = weight_grad_chunks(products, outputs);
+                assert_eq!(products % chunks, 0, "{products} {outputs}");
+                if chunks > 1 {
+                    assert!(products / chunks >= WEIGHT_GRAD_MIN_CHUNK);
+                    assert!(chunks * outputs <= WEIGHT_GRAD_PARTIAL_SUMS);
+                }
+            }
+        }
+    }
 }
