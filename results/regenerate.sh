@@ -99,15 +99,19 @@ for part in ${parts[*]}; do
             --out results/sweeps/k-curve
         ;;
     k10)
-        # K = 10, the paper's setting, at the other two L∞ radii (ε = 0.2 is the k-curve's) under
-        # the same adaptive default, for the same three models. Many hours on two cores; it
-        # resumes batch by batch like k-curve, from a partial folder committed under results/.
-        if [ ! -e "$work/k10-linf" ] && [ -e results/sweeps/k10-linf ]; then
-            cp -r results/sweeps/k10-linf "$work/k10-linf"
-        fi
-        "$bin" robust --norm linf --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
-            --steps 10 --eps 0,0.1,0.3 --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k10-linf"
-        replace "$work/k10-linf" results/sweeps/k10-linf
+        # K = 10, the paper's setting, at the other two L∞ radii (ε = 0.2 is the k-curve's), then
+        # at the default L2 radii, under the same adaptive default, for the same three models.
+        # Many hours on two cores (L∞ about 10 min per batch of 10 digits); each sweep resumes
+        # batch by batch like k-curve, from a partial folder committed under results/.
+        for sweep in "linf 0,0.1,0.3" "l2 0,1,2,3"; do
+            read -r norm eps <<<"$sweep"
+            if [ ! -e "$work/k10-$norm" ] && [ -e "results/sweeps/k10-$norm" ]; then
+                cp -r "results/sweeps/k10-$norm" "$work/k10-$norm"
+            fi
+            "$bin" robust --norm "$norm" --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
+                --steps 10 --eps "$eps" --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k10-$norm"
+            replace "$work/k10-$norm" "results/sweeps/k10-$norm"
+        done
         ;;
     autoattack)
         # The strongest evaluation that runs here in reasonable time: AutoAttack's cascade on the
