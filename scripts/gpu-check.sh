@@ -83,7 +83,9 @@ run() {
     local started=$SECONDS
 
     # Phase 1, correctness, in parallel (the GPU has room; a device call has minutes): each
-    # agreement test in its own process, with either forward convolution (JEM_BENCH_GPU_CONV);
+    # agreement test in its own process, with the default forward convolution (auto: burn's
+    # direct kernel and the unfolded product, by layer) and with jem-kernels' tiled one
+    # (JEM_BENCH_GPU_CONV);
     # the baseline's K = 0 and K = 1 sweep cells against the committed CPU sweep; every other
     # command once on the GPU.
     local tests=(cpu_and_gpu_agree_on_every_convolution_gradient_of_the_wide_resnets
@@ -91,7 +93,7 @@ run() {
         cpu_and_gpu_agree_on_an_adam_step_and_a_jem_training_iteration
         outputs_name_the_gpu)
     local t conv
-    for conv in auto direct im2col; do
+    for conv in auto tiled; do
         for t in "${tests[@]}"; do
             step 150 "$work/agreement-$conv-$t.log" env RAYON_NUM_THREADS=4 JEM_BENCH_GPU_CONV=$conv \
                 "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
@@ -101,7 +103,7 @@ run() {
     k_sweep 1 "$work" "$out" &
     commands "$work" "$out" &
     wait
-    for conv in auto direct im2col; do
+    for conv in auto tiled; do
         for t in "${tests[@]}"; do
             echo "=== $t (JEM_BENCH_GPU_CONV=$conv)"
             cat "$work/agreement-$conv-$t.log"
@@ -116,8 +118,9 @@ run() {
     # results/perf/gpu.csv are kept and only the missing ones measured (--resume), so that
     # successive short GPU calls complete the table; delete that file to measure every row again
     # (after a change to the GPU kernels). The default convolution's rows (native: chosen per
-    # layer) come first, then the unfolded one's, then burn's direct one's: WRN-28-10's JEM
-    # iteration alone can take minutes on the direct one.
+    # layer) come first, then jem-kernels' tiled one's (the candidate for the default), then the
+    # unfolded one's, then burn's direct one's: WRN-28-10's JEM iteration alone can take minutes
+    # on the direct one.
     rm -rf target/autotune
     [ -f results/perf/gpu.csv ] && cp results/perf/gpu.csv "$out/gpu.csv"
     local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
@@ -127,7 +130,7 @@ run() {
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
             --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
             --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --resume \
-            --isa native,im2col,direct \
+            --isa native,tiled,im2col,direct \
             --out "$out"
     else
         echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"

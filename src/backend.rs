@@ -27,7 +27,7 @@ pub trait BenchBackend: jem_kernels::KernelsAutodiff {
     /// Which kernels compute: on the CPU, the instruction set of jem-kernels' direct
     /// convolution (`JEM_BENCH_ISA` caps it) and that of the matrix products (the
     /// `avx512-gemm` build feature and the CPU decide it), e.g. `avx2+gemm-avx2`; on CUDA, the
-    /// arithmetic and the forward convolution (`f32+auto`, `f32+direct`, `f32+im2col`:
+    /// arithmetic and the forward convolution (`f32+auto`, `f32+direct`, `f32+im2col`, `f32+tiled`:
     /// `JEM_BENCH_GPU_CONV`; jem-kernels' CUDA convolutions and products never use TF32).
     fn kernel_path() -> String;
 }

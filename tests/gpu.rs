@@ -462,13 +462,13 @@ mod on_gpu {
     /// Relative tolerance of one GPU result against the CPU's (see the file's comment).
     const F32: f32 = 1e-4;
 
-    /// d Σ(r · conv(act(x), w)) / dx and / dw through [`FastConv`] (the path a Wide-ResNet's
-    /// forward pass takes) on backend B.
+    /// conv(act(x), w) and d Σ(r · conv(act(x), w)) / dx and / dw through [`FastConv`] (the
+    /// path a Wide-ResNet's forward pass takes) on backend B.
     fn conv_gradients<B: KernelsAutodiff>(
         shape: &ConvShape,
         data: [&TensorData; 3],
         slope: Option<f64>,
-    ) -> (Vec<f32>, Vec<f32>) {
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let device = Default::default();
         let [x, w, r] = data.map(|d| Tensor::<B, 4>::from_data(d.clone(), &device));
         let (x, w) = (x.require_grad(), w.require_grad());
@@ -481,8 +481,9 @@ mod on_gpu {
             slope,
         );
         let y = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(y));
-        let grads = (y * r).sum().backward();
-        (host(x.grad(&grads).unwrap()), host(w.grad(&grads).unwrap()))
+        let grads = (y.clone() * r).sum().backward();
+        let dx = host(x.grad(&grads).unwrap());
+        (host(y), dx, host(w.grad(&grads).unwrap()))
     }
 
     #[test]
@@ -515,8 +516,8 @@ mod on_gpu {
                 let r = random([batch, shape.out_channels, oh, ow], &mut rng);
                 for slope in [None, Some(0.2)] {
                     let data = [&x, &weight, &r];
-                    let (cpu_dx, cpu_dw) = conv_gradients::<Cpu>(&shape, data, slope);
-                    let (gpu_dx, gpu_dw) = conv_gradients::<Gpu>(&shape, data, slope);
+                    let (cpu_y, cpu_dx, cpu_dw) = conv_gradients::<Cpu>(&shape, data, slope);
+                    let (gpu_y, gpu_dx, gpu_dw) = conv_gradients::<Gpu>(&shape, data, slope);
                     let case = format!(
                         "{name} conv {}→{} {k}×{k} stride {} on {h}×{w}, LeakyReLU {slope:?}",
                         shape.in_channels, shape.out_channels, shape.stride
@@ -525,6 +526,7 @@ mod on_gpu {
                         format!("{case}, input gradient"),
                         format!("{case}, weight gradient"),
                     );
+                    report.relative(&format!("{case}, output"), &cpu_y, &gpu_y, tolerance);
                     report.relative(&dx, &cpu_dx, &gpu_dx, tolerance);
                     report.relative(&dw, &cpu_dw, &gpu_dw, tolerance);
                 }

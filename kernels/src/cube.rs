@@ -25,6 +25,7 @@ use cubek::std::InputBinding;
 use crate::backend::{activated, portable_weight_backward, portable_x_backward};
 use crate::gpu_conv::{gpu_conv, GpuConv};
 use crate::portable::conv2d_from_matmul;
+use crate::tiled_conv::tiled_conv2d;
 use crate::{FastActivation, FastConv, FastLinear};
 
 /// burn's CUDA backend without fusion (f32 floats, i32 integers, u8 booleans): the backend
@@ -120,6 +121,16 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         let weight_shape: [usize; 4] = weight.shape().dims();
         let y = match gpu_conv().for_weight(weight_shape) {
             GpuConv::Im2col => conv2d_from_matmul::<Self>(x, weight, bias, &options),
+            GpuConv::Tiled if crate::portable_gradients_apply(&options) => {
+                let y = tiled_conv2d(x, weight, &options);
+                match bias {
+                    Some(bias) => {
+                        let n = bias.shape()[0];
+                        Self::float_add(y, Self::float_reshape(bias, Shape::new([1, n, 1, 1])))
+                    }
+                    None => y,
+                }
+            }
             _ => conv_forward(x, weight, bias, options, ConvStrategy::Direct)
                 .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
         };

@@ -17,6 +17,10 @@ pub enum GpuConv {
     /// The input unfolded (im2col) and one unit-tiled matrix product with the weight
     /// ([`crate::conv2d_from_matmul`]): more memory, and a kernel built for throughput.
     Im2col,
+    /// This crate's own kernel: the unfolded product computed in shared-memory tiles without
+    /// writing the unfolded input (src/tiled_conv.rs). Verified on a software Vulkan device;
+    /// not yet timed on a GPU, hence not chosen by `Auto`.
+    Tiled,
 }
 
 /// Under [`GpuConv::Auto`], the length of an output's sum (input channels × kernel area) from
@@ -27,7 +31,8 @@ pub enum GpuConv {
 /// the two; single layers have not been timed apart, and no network mixing both was timed.
 pub const IM2COL_MIN_TERMS: usize = 1024;
 
-/// The environment variable that chooses [`GpuConv`]: `auto` (default), `direct` or `im2col`.
+/// The environment variable that chooses [`GpuConv`]: `auto` (default), `direct`, `im2col` or
+/// `tiled`.
 pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
 
 static GPU_CONV: ProcessChoice<GpuConv> = ProcessChoice::new(&GpuConv::ALL);
@@ -44,7 +49,12 @@ pub fn gpu_conv() -> GpuConv {
 
 impl GpuConv {
     /// Every choice, the default first.
-    pub const ALL: [GpuConv; 3] = [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col];
+    pub const ALL: [GpuConv; 4] = [
+        GpuConv::Auto,
+        GpuConv::Direct,
+        GpuConv::Im2col,
+        GpuConv::Tiled,
+    ];
 
     /// The name [`GPU_CONV_VARIABLE`] takes and outputs record.
     pub fn name(self) -> &'static str {
@@ -52,11 +62,12 @@ impl GpuConv {
             GpuConv::Auto => "auto",
             GpuConv::Direct => "direct",
             GpuConv::Im2col => "im2col",
+            GpuConv::Tiled => "tiled",
         }
     }
 
-    /// The kernel that computes a convolution with `weight_shape` `[out, in, kh, kw]`:
-    /// [`GpuConv::Direct`] or [`GpuConv::Im2col`], never `Auto`.
+    /// The kernel that computes a convolution with `weight_shape` `[out, in, kh, kw]`: `Auto`
+    /// resolved to [`GpuConv::Direct`] or [`GpuConv::Im2col`], any other choice itself.
     pub fn for_weight(self, weight_shape: [usize; 4]) -> GpuConv {
         match self {
             GpuConv::Auto => {
@@ -90,7 +101,8 @@ impl GpuConv {
             .ok_or_else(|| {
                 format!(
                     "{GPU_CONV_VARIABLE}={value:?}: expected auto (the default: by layer width), \
-                     direct (burn's direct convolution) or im2col (unfolded input times the weight)"
+                     direct (burn's direct convolution), im2col (unfolded input times the weight) \
+                     or tiled (jem-kernels' own tiled implicit product)"
                 )
             })
     }
@@ -115,7 +127,7 @@ mod tests {
             GpuConv::Auto.for_weight([8, terms_at, 1, 1]),
             GpuConv::Im2col
         );
-        for forced in [GpuConv::Direct, GpuConv::Im2col] {
+        for forced in [GpuConv::Direct, GpuConv::Im2col, GpuConv::Tiled] {
             assert_eq!(forced.for_weight([640, 640, 3, 3]), forced);
             assert_eq!(forced.for_weight([16, 1, 3, 3]), forced);
         }
@@ -127,7 +139,14 @@ mod tests {
             assert_eq!(GpuConv::parse(conv.name()), Ok(conv));
         }
         let refused = GpuConv::parse("cudnn").unwrap_err();
-        for part in [GPU_CONV_VARIABLE, "\"cudnn\"", "auto", "direct", "im2col"] {
+        for part in [
+            GPU_CONV_VARIABLE,
+            "\"cudnn\"",
+            "auto",
+            "direct",
+            "im2col",
+            "tiled",
+        ] {
             assert!(refused.contains(part), "{refused:?} lacks {part:?}");
         }
     }

@@ -79,6 +79,8 @@ mod matmul;
 mod module;
 mod portable;
 mod process_choice;
+#[cfg(feature = "cubecl")]
+mod tiled_conv;
 
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};

@@ -1,0 +1,224 @@
+//! A forward convolution of this crate's own for burn's GPU backends: an implicit matrix product
+//! tiled through shared memory, in true f32 on the CUDA cores (`JEM_BENCH_GPU_CONV=tiled`).
+//!
+//! Why: burn's direct convolution is a loop per output element (about 2 TFLOP/s on an H200 for
+//! WRN-28-10), and the unfolded product ([`crate::conv2d_from_matmul`]) writes the unfolded
+//! input to memory first (9× the input for a 3×3 kernel) and spends launches on it. Here the
+//! unfolding happens while a tile is loaded: the output `[N·OH·OW, out]` is the product of the
+//! (implicit) unfolded input `[N·OH·OW, in·kh·kw]` and the weight `[in·kh·kw, out]`, computed
+//! in tiles of 64 output pixels × 16·`tn` output channels per cube of 16 × 16 units; each step
+//! stages 16 terms of the reduction of both operands in shared memory, each unit keeping
+//! 4 × `tn` sums in registers. A unit owns pixels `x, x + 16, x + 32, x + 48` of its tile (and
+//! channels `y, y + 16, …`), so neighbouring units read neighbouring shared-memory words and
+//! write neighbouring output pixels.
+
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use cubecl::prelude::*;
+
+/// Output pixels per cube (the tile's rows): 16 units × 4 pixels each.
+const TILE_PIXELS: usize = 64;
+/// Terms of the reduction staged in shared memory per step.
+const TILE_DEPTH: usize = 16;
+/// Units per cube along each axis (16 × 16 = 256 units).
+const UNITS: usize = 16;
+
+/// The geometry of one convolution, as the kernel reads it.
+#[derive(CubeLaunch, CubeType)]
+struct TiledConvArgs {
+    channels: usize,
+    height: usize,
+    width: usize,
+    out_channels: usize,
+    kernel_w: usize,
+    /// kernel_h · kernel_w.
+    kernel_area: usize,
+    out_w: usize,
+    /// out_h · out_w.
+    out_pixels: usize,
+    stride_h: usize,
+    stride_w: usize,
+    pad_h: usize,
+    pad_w: usize,
+    /// N · out_h · out_w: the product's rows.
+    rows: usize,
+    /// channels · kernel_area: the product's reduction.
+    depth: usize,
+}
+
+#[cube(launch_unchecked)]
+fn tiled_conv_kernel<F: Float>(
+    input: &Tensor<F>,
+    weight: &Tensor<F>,
+    output: &mut Tensor<F>,
+    args: &TiledConvArgs,
+    #[comptime] tn: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let tile_channels = comptime![UNITS * tn];
+    let unit = UNIT_POS as usize;
+    let (ux, uy) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * TILE_PIXELS;
+    let channel0 = CUBE_POS_Y as usize * tile_channels;
+
+    let mut pixels = SharedMemory::<F>::new(comptime![TILE_DEPTH * TILE_PIXELS]);
+    let mut weights = SharedMemory::<F>::new(comptime![TILE_DEPTH * UNITS * tn]);
+    let mut sums = Array::<F>::new(comptime![4 * tn]);
+    #[unroll]
+    for i in 0..comptime![4 * tn] {
+        sums[i] = F::from_int(0);
+    }
+
+    let mut k0 = 0usize;
+    while k0 < args.depth {
+        // The unfolded input's tile: 16 terms × 64 pixels, 4 per unit; zero outside the image
+        // (padding) and past the last row or term.
+        #[unroll]
+        for e in 0..4usize {
+            let index = unit + e * comptime![UNITS * UNITS];
+            let (term, pixel) = (index / TILE_PIXELS, index % TILE_PIXELS);
+            let (row, k) = (row0 + pixel, k0 + term);
+            let mut value = F::from_int(0);
+            if row < args.rows && k < args.depth {
+                let (image, at) = (row / args.out_pixels, row % args.out_pixels);
+                let (p, q) = (at / args.out_w, at % args.out_w);
+                let (c, tap) = (k / args.kernel_area, k % args.kernel_area);
+                let (a, b) = (tap / args.kernel_w, tap % args.kernel_w);
+                // Coordinates in the zero-padded input.
+                let (y, x) = (p * args.stride_h + a, q * args.stride_w + b);
+                if y >= args.pad_h
+                    && y < args.pad_h + args.height
+                    && x >= args.pad_w
+                    && x < args.pad_w + args.width
+                {
+                    let plane = (image * args.channels + c) * args.height;
+                    value = input[(plane + y - args.pad_h) * args.width + x - args.pad_w];
+                }
+            }
+            pixels[term * TILE_PIXELS + pixel] = value;
+        }
+        // The weight's tile: 16 terms × 16·tn channels, tn per unit.
+        #[unroll]
+        for e in 0..tn {
+            let index = unit + e * comptime![UNITS * UNITS];
+            let (term, channel) = (index / tile_channels, index % tile_channels);
+            let (o, k) = (channel0 + channel, k0 + term);
+            let mut value = F::from_int(0);
+            if o < args.out_channels && k < args.depth {
+                value = weight[o * args.depth + k];
+            }
+            weights[term * tile_channels + channel] = value;
+        }
+        sync_cube();
+        #[unroll]
+        for term in 0..TILE_DEPTH {
+            #[unroll]
+            for i in 0..4usize {
+                let a = pixels[term * TILE_PIXELS + ux + i * UNITS];
+                #[unroll]
+                for j in 0..tn {
+                    let w = weights[term * tile_channels + uy + j * UNITS];
+                    sums[i * tn + j] += a * w;
+                }
+            }
+        }
+        sync_cube();
+        k0 += TILE_DEPTH;
+    }
+
+    #[unroll]
+    for i in 0..4usize {
+        let row = row0 + ux + i * UNITS;
+        if row < args.rows {
+            let (image, at) = (row / args.out_pixels, row % args.out_pixels);
+            #[unroll]
+            for j in 0..tn {
+                let o = channel0 + uy + j * UNITS;
+                if o < args.out_channels {
+                    output[(image * args.out_channels + o) * args.out_pixels + at] =
+                        sums[i * tn + j];
+                }
+            }
+        }
+    }
+}
+
+/// Channels per unit for a layer with `out_channels` outputs: the smallest tile (16, 32 or 64
+/// channels) that covers them, so that a narrow layer does not compute padding.
+fn channels_per_unit(out_channels: usize) -> usize {
+    match out_channels {
+        0..=16 => 1,
+        17..=32 => 2,
+        _ => 4,
+    }
+}
+
+/// `conv2d(x, weight)` (no bias, one group, no dilation) for `[n, in, h, w]` f32 input and
+/// `[out, in, kh, kw]` weight: the tiled implicit product above. Returns `[n, out, oh, ow]`,
+/// contiguous.
+pub(crate) fn tiled_conv2d<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    options: &ConvOptions<2>,
+) -> CubeTensor<R> {
+    assert!(
+        options.groups == 1 && options.dilation == [1, 1],
+        "the tiled convolution takes one group and no dilation"
+    );
+    let (x, weight) = (into_contiguous(x), into_contiguous(weight));
+    let [n, channels, height, width] = x.shape().dims();
+    let [out_channels, _, kernel_h, kernel_w] = weight.shape().dims();
+    let ([stride_h, stride_w], [pad_h, pad_w]) = (options.stride, options.padding);
+    let out_h = (height + 2 * pad_h - kernel_h) / stride_h + 1;
+    let out_w = (width + 2 * pad_w - kernel_w) / stride_w + 1;
+    let output = empty_device_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([n, out_channels, out_h, out_w]),
+        DType::F32,
+    );
+    let rows = n * out_h * out_w;
+    let tn = channels_per_unit(out_channels);
+    let cube_count = CubeCount::Static(
+        rows.div_ceil(TILE_PIXELS) as u32,
+        out_channels.div_ceil(UNITS * tn) as u32,
+        1,
+    );
+    let args = TiledConvArgsLaunch::new(
+        channels,
+        height,
+        width,
+        out_channels,
+        kernel_w,
+        kernel_h * kernel_w,
+        out_w,
+        out_h * out_w,
+        stride_h,
+        stride_w,
+        pad_h,
+        pad_w,
+        rows,
+        channels * kernel_h * kernel_w,
+    );
+    let client = x.client.clone();
+    // Safety: every read and write is guarded by the bounds above (rows, depth, channels, the
+    // image), and the three tensors are contiguous with the shapes the arguments describe.
+    unsafe {
+        tiled_conv_kernel::launch_unchecked::<R>(
+            &client,
+            cube_count,
+            CubeDim::new_2d(UNITS as u32, UNITS as u32),
+            x.into_tensor_arg(),
+            weight.into_tensor_arg(),
+            output.clone().into_tensor_arg(),
+            args,
+            tn,
+            DType::F32.into(),
+        )
+    };
+    output
+}
