@@ -73,39 +73,48 @@ fn tiled_conv_kernel<F: Float>(
         sums[i] = F::from_int(0);
     }
 
+    // A unit loads the same pixel of every tile (`unit` mod 64) at terms `unit` / 64 + 4·e: its
+    // pixel's image and position are worked out once, not per term.
+    let pixel = unit % TILE_PIXELS;
+    let first_term = unit / TILE_PIXELS;
+    let row = row0 + pixel;
+    let (image, at) = (row / args.out_pixels, row % args.out_pixels);
+    let (y0, x0) = (
+        (at / args.out_w) * args.stride_h,
+        (at % args.out_w) * args.stride_w,
+    );
+    let image_start = image * args.channels * args.height;
+
     let mut k0 = 0usize;
     while k0 < args.depth {
         // The unfolded input's tile: 16 terms × 64 pixels, 4 per unit; zero outside the image
         // (padding) and past the last row or term.
         #[unroll]
         for e in 0..4usize {
-            let index = unit + e * comptime![UNITS * UNITS];
-            let (term, pixel) = (index / TILE_PIXELS, index % TILE_PIXELS);
-            let (row, k) = (row0 + pixel, k0 + term);
+            let term = first_term + e * comptime![UNITS * UNITS / TILE_PIXELS];
+            let k = k0 + term;
             let mut value = F::from_int(0);
             if row < args.rows && k < args.depth {
-                let (image, at) = (row / args.out_pixels, row % args.out_pixels);
-                let (p, q) = (at / args.out_w, at % args.out_w);
                 let (c, tap) = (k / args.kernel_area, k % args.kernel_area);
-                let (a, b) = (tap / args.kernel_w, tap % args.kernel_w);
                 // Coordinates in the zero-padded input.
-                let (y, x) = (p * args.stride_h + a, q * args.stride_w + b);
+                let (y, x) = (y0 + tap / args.kernel_w, x0 + tap % args.kernel_w);
                 if y >= args.pad_h
                     && y < args.pad_h + args.height
                     && x >= args.pad_w
                     && x < args.pad_w + args.width
                 {
-                    let plane = (image * args.channels + c) * args.height;
+                    let plane = image_start + c * args.height;
                     value = input[(plane + y - args.pad_h) * args.width + x - args.pad_w];
                 }
             }
             pixels[term * TILE_PIXELS + pixel] = value;
         }
-        // The weight's tile: 16 terms × 16·tn channels, tn per unit.
+        // The weight's tile: 16 terms × 16·tn channels, tn per unit; neighbouring units read
+        // neighbouring terms of one channel's row.
         #[unroll]
         for e in 0..tn {
             let index = unit + e * comptime![UNITS * UNITS];
-            let (term, channel) = (index / tile_channels, index % tile_channels);
+            let (term, channel) = (index % TILE_DEPTH, index / TILE_DEPTH);
             let (o, k) = (channel0 + channel, k0 + term);
             let mut value = F::from_int(0);
             if o < args.out_channels && k < args.depth {
