@@ -26,6 +26,7 @@ use crate::backend::{activated, portable_weight_backward, portable_x_backward};
 use crate::gpu_conv::{gpu_conv, GpuConv};
 use crate::portable::conv2d_from_matmul;
 use crate::tiled_conv::tiled_conv2d;
+use crate::tiled_weight_grad::tiled_weight_grad_partials;
 use crate::{FastActivation, FastConv, FastLinear};
 
 /// burn's CUDA backend without fusion (f32 floats, i32 integers, u8 booleans): the backend
@@ -158,7 +159,14 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope)
+        if gpu_conv() != GpuConv::Tiled || !crate::portable_gradients_apply(&options) {
+            return portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope);
+        }
+        let weight_shape: [usize; 4] = weight.shape().dims();
+        let input = activated::<Self>(x, input_slope);
+        let partial = tiled_weight_grad_partials(input, output_grad, weight_shape, &options);
+        let summed = Self::float_sum_dim(partial, 0);
+        Self::float_reshape(summed, Shape::new(weight_shape))
     }
 }
 

@@ -17,9 +17,10 @@ pub enum GpuConv {
     /// The input unfolded (im2col) and one unit-tiled matrix product with the weight
     /// ([`crate::conv2d_from_matmul`]): more memory, and a kernel built for throughput.
     Im2col,
-    /// This crate's own kernel: the unfolded product computed in shared-memory tiles without
-    /// writing the unfolded input (src/tiled_conv.rs). Verified on a software Vulkan device;
-    /// not yet timed on a GPU, hence not chosen by `Auto`.
+    /// This crate's own kernels: the unfolded product computed in shared-memory tiles without
+    /// writing the unfolded input (src/tiled_conv.rs), and the weight gradient the same way
+    /// (src/tiled_weight_grad.rs). Verified on a software Vulkan device; not yet timed on a
+    /// GPU, hence not chosen by `Auto`.
     Tiled,
 }
 

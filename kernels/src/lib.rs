@@ -81,6 +81,8 @@ mod portable;
 mod process_choice;
 #[cfg(feature = "cubecl")]
 mod tiled_conv;
+#[cfg(feature = "cubecl")]
+mod tiled_weight_grad;
 
 pub use activation::{leaky_relu, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};

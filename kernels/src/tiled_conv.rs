@@ -21,33 +21,33 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
 /// Output pixels per cube (the tile's rows): 16 units × 4 pixels each.
-const TILE_PIXELS: usize = 64;
+pub(crate) const TILE_PIXELS: usize = 64;
 /// Terms of the reduction staged in shared memory per step.
-const TILE_DEPTH: usize = 16;
+pub(crate) const TILE_DEPTH: usize = 16;
 /// Units per cube along each axis (16 × 16 = 256 units).
-const UNITS: usize = 16;
+pub(crate) const UNITS: usize = 16;
 
-/// The geometry of one convolution, as the kernel reads it.
+/// The geometry of one convolution, as the kernels read it.
 #[derive(CubeLaunch, CubeType)]
-struct TiledConvArgs {
-    channels: usize,
-    height: usize,
-    width: usize,
-    out_channels: usize,
-    kernel_w: usize,
+pub(crate) struct TiledConvArgs {
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub kernel_w: usize,
     /// kernel_h · kernel_w.
-    kernel_area: usize,
-    out_w: usize,
+    pub kernel_area: usize,
+    pub out_w: usize,
     /// out_h · out_w.
-    out_pixels: usize,
-    stride_h: usize,
-    stride_w: usize,
-    pad_h: usize,
-    pad_w: usize,
+    pub out_pixels: usize,
+    pub stride_h: usize,
+    pub stride_w: usize,
+    pub pad_h: usize,
+    pub pad_w: usize,
     /// N · out_h · out_w: the product's rows.
-    rows: usize,
+    pub rows: usize,
     /// channels · kernel_area: the product's reduction.
-    depth: usize,
+    pub depth: usize,
 }
 
 #[cube(launch_unchecked)]
@@ -158,11 +158,82 @@ fn tiled_conv_kernel<F: Float>(
 
 /// Channels per unit for a layer with `out_channels` outputs: the smallest tile (16, 32 or 64
 /// channels) that covers them, so that a narrow layer does not compute padding.
-fn channels_per_unit(out_channels: usize) -> usize {
+pub(crate) fn channels_per_unit(out_channels: usize) -> usize {
     match out_channels {
         0..=16 => 1,
         17..=32 => 2,
         _ => 4,
+    }
+}
+
+/// One convolution's sizes, from its input and weight shapes and options (one group, no
+/// dilation).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub out: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+impl Geometry {
+    pub fn new(input: [usize; 4], weight: [usize; 4], options: &ConvOptions<2>) -> Geometry {
+        assert!(
+            options.groups == 1 && options.dilation == [1, 1],
+            "the tiled convolution kernels take one group and no dilation"
+        );
+        let [batch, channels, height, width] = input;
+        let [out_channels, _, kh, kw] = weight;
+        let ([sh, sw], [ph, pw]) = (options.stride, options.padding);
+        Geometry {
+            batch,
+            channels,
+            height,
+            width,
+            out_channels,
+            kernel: [kh, kw],
+            out: [
+                (height + 2 * ph - kh) / sh + 1,
+                (width + 2 * pw - kw) / sw + 1,
+            ],
+            stride: options.stride,
+            padding: options.padding,
+        }
+    }
+
+    /// N · OH · OW: the output pixels (the forward product's rows, the weight gradient's
+    /// reduction).
+    pub fn rows(&self) -> usize {
+        self.batch * self.out[0] * self.out[1]
+    }
+
+    /// in · kh · kw: the forward product's reduction, the weight gradient's columns.
+    pub fn depth(&self) -> usize {
+        self.channels * self.kernel[0] * self.kernel[1]
+    }
+
+    pub fn args<R: CubeRuntime>(&self) -> TiledConvArgsLaunch<R> {
+        TiledConvArgsLaunch::new(
+            self.channels,
+            self.height,
+            self.width,
+            self.out_channels,
+            self.kernel[1],
+            self.kernel[0] * self.kernel[1],
+            self.out[1],
+            self.out[0] * self.out[1],
+            self.stride[0],
+            self.stride[1],
+            self.padding[0],
+            self.padding[1],
+            self.rows(),
+            self.depth(),
+        )
     }
 }
 
@@ -174,44 +245,20 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     weight: CubeTensor<R>,
     options: &ConvOptions<2>,
 ) -> CubeTensor<R> {
-    assert!(
-        options.groups == 1 && options.dilation == [1, 1],
-        "the tiled convolution takes one group and no dilation"
-    );
     let (x, weight) = (into_contiguous(x), into_contiguous(weight));
-    let [n, channels, height, width] = x.shape().dims();
-    let [out_channels, _, kernel_h, kernel_w] = weight.shape().dims();
-    let ([stride_h, stride_w], [pad_h, pad_w]) = (options.stride, options.padding);
-    let out_h = (height + 2 * pad_h - kernel_h) / stride_h + 1;
-    let out_w = (width + 2 * pad_w - kernel_w) / stride_w + 1;
+    let geometry = Geometry::new(x.shape().dims(), weight.shape().dims(), options);
+    let [out_h, out_w] = geometry.out;
     let output = empty_device_dtype(
         x.client.clone(),
         x.device.clone(),
-        Shape::new([n, out_channels, out_h, out_w]),
+        Shape::new([geometry.batch, geometry.out_channels, out_h, out_w]),
         DType::F32,
     );
-    let rows = n * out_h * out_w;
-    let tn = channels_per_unit(out_channels);
+    let tn = channels_per_unit(geometry.out_channels);
     let cube_count = CubeCount::Static(
-        rows.div_ceil(TILE_PIXELS) as u32,
-        out_channels.div_ceil(UNITS * tn) as u32,
+        geometry.rows().div_ceil(TILE_PIXELS) as u32,
+        geometry.out_channels.div_ceil(UNITS * tn) as u32,
         1,
-    );
-    let args = TiledConvArgsLaunch::new(
-        channels,
-        height,
-        width,
-        out_channels,
-        kernel_w,
-        kernel_h * kernel_w,
-        out_w,
-        out_h * out_w,
-        stride_h,
-        stride_w,
-        pad_h,
-        pad_w,
-        rows,
-        channels * kernel_h * kernel_w,
     );
     let client = x.client.clone();
     // Safety: every read and write is guarded by the bounds above (rows, depth, channels, the
@@ -224,7 +271,7 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
             x.into_tensor_arg(),
             weight.into_tensor_arg(),
             output.clone().into_tensor_arg(),
-            args,
+            geometry.args(),
             tn,
             DType::F32.into(),
         )
