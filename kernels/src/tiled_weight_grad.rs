@@ -137,9 +137,9 @@ fn tiled_weight_grad_kernel<F: Float>(
 
 /// The gradient of `conv2d(x, weight)` (one group, no dilation) with respect to its `[out, in,
 /// kh, kw]` weight, for `[n, in, h, w]` f32 input `x` and `[n, out, oh, ow]` output gradient:
-/// the tiled kernel above over [`weight_grad_chunks`] chunks of the pixels, then the sum of
-/// the chunks' partial sums. Returns `[chunks, out, in·kh·kw]` partial sums, to be summed over
-/// the first axis and reshaped to the weight's shape.
+/// the tiled kernel above over [`weight_grad_chunks`] chunks of the pixels. Returns the chunks'
+/// partial sums, `[chunks, out, in·kh·kw]`: their sum over the first axis, reshaped to the
+/// weight's shape, is the gradient.
 pub(crate) fn tiled_weight_grad_partials<R: CubeRuntime>(
     x: CubeTensor<R>,
     output_grad: CubeTensor<R>,
