@@ -123,18 +123,7 @@ fn tiled_conv_kernel<F: Float>(
             weights[term * tile_channels + channel] = value;
         }
         sync_cube();
-        #[unroll]
-        for term in 0..TILE_DEPTH {
-            #[unroll]
-            for i in 0..4usize {
-                let a = pixels[term * TILE_PIXELS + ux + i * UNITS];
-                #[unroll]
-                for j in 0..tn {
-                    let w = weights[term * tile_channels + uy + j * UNITS];
-                    sums[i * tn + j] += a * w;
-                }
-            }
-        }
+        accumulate_step::<F>(&pixels, &weights, &mut sums, ux, uy, tn);
         sync_cube();
         k0 += TILE_DEPTH;
     }
@@ -151,6 +140,32 @@ fn tiled_conv_kernel<F: Float>(
                     output[(image * args.out_channels + o) * args.out_pixels + at] =
                         sums[i * tn + j];
                 }
+            }
+        }
+    }
+}
+
+/// Adds one staged step to a unit's register tile: for each of the 16 staged terms, its 4 rows
+/// (`ux + 16·i` of the 64-wide `rows` tile) times its `tn` columns (`uy + 16·j` of the
+/// 16·`tn`-wide `columns` tile), into `sums[i·tn + j]`. Both tiled kernels share it.
+#[cube]
+pub(crate) fn accumulate_step<F: Float>(
+    rows: &SharedMemory<F>,
+    columns: &SharedMemory<F>,
+    sums: &mut Array<F>,
+    ux: usize,
+    uy: usize,
+    #[comptime] tn: usize,
+) {
+    let width = comptime![UNITS * tn];
+    #[unroll]
+    for term in 0..TILE_DEPTH {
+        #[unroll]
+        for i in 0..4usize {
+            let a = rows[term * TILE_PIXELS + ux + i * UNITS];
+            #[unroll]
+            for j in 0..tn {
+                sums[i * tn + j] += a * columns[term * width + uy + j * UNITS];
             }
         }
     }

@@ -18,7 +18,8 @@ use cubecl::prelude::*;
 
 use crate::portable::weight_grad_chunks;
 use crate::tiled_conv::{
-    channels_per_unit, Geometry, TiledConvArgs, TiledConvArgsLaunch, TILE_DEPTH, TILE_PIXELS, UNITS,
+    accumulate_step, channels_per_unit, Geometry, TiledConvArgs, TiledConvArgsLaunch, TILE_DEPTH,
+    TILE_PIXELS, UNITS,
 };
 
 #[cube(launch_unchecked)]
@@ -104,17 +105,7 @@ fn tiled_weight_grad_kernel<F: Float>(
             grads[step_pixel * tile_channels + channel] = value;
         }
         sync_cube();
-        #[unroll]
-        for p in 0..TILE_DEPTH {
-            #[unroll]
-            for i in 0..4usize {
-                let t = taps[p * TILE_PIXELS + ux + i * UNITS];
-                #[unroll]
-                for j in 0..tn {
-                    sums[i * tn + j] += t * grads[p * tile_channels + uy + j * UNITS];
-                }
-            }
-        }
+        accumulate_step::<F>(&taps, &grads, &mut sums, ux, uy, tn);
         sync_cube();
         m0 += TILE_DEPTH;
     }
