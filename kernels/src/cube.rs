@@ -165,7 +165,11 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         let weight_shape: [usize; 4] = weight.shape().dims();
         let input = activated::<Self>(x, input_slope);
         let partial = tiled_weight_grad_partials(input, output_grad, weight_shape, &options);
-        let summed = Self::float_sum_dim(partial, 0);
+        // One chunk (a wide layer) is the gradient already: no reduction launched.
+        let summed = match partial.shape()[0] {
+            1 => partial,
+            _ => Self::float_sum_dim(partial, 0),
+        };
         Self::float_reshape(summed, Shape::new(weight_shape))
     }
 }
