@@ -407,3 +407,47 @@ fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored(
     assert_eq!(rows[1][robust_col], "", "older rows gain an empty column");
     assert_eq!(rows[3][robust_col].parse::<f64>().unwrap(), robust[2]);
 }
+
+/// A warm start from a narrower network of the same depth is widened first (Net2WiderNet): at
+/// a learning rate too small to move it, the WRN-10-2 run ends with the test metrics of the
+/// embedded WRN-10-1 it started from, as a WRN-10-1 run from the same weights does. A warm
+/// start that cannot be widened (another depth) is refused before anything is written.
+#[test]
+fn a_narrower_warm_start_is_widened_without_changing_what_it_computes() {
+    let device = backend::device();
+    let run = |width: usize, depth: usize| {
+        let out = tempfile::tempdir().unwrap();
+        let cfg = TrainSpec {
+            width,
+            depth,
+            epochs: 1,
+            train_subset: Some(32),
+            lr: 1e-12,
+            init_from: Some("results/models/baseline".into()),
+            ..small_run(out.path())
+        };
+        let outcome = train::<Train, _>(&cfg, &mut ClassifierObjective, &device);
+        (outcome, out)
+    };
+    let (narrow, _kept) = run(1, 10);
+    let (wide, _kept_too) = run(2, 10);
+    let (narrow, wide) = (narrow.unwrap().test.unwrap(), wide.unwrap().test.unwrap());
+    assert_eq!(narrow.n, wide.n);
+    assert_eq!(narrow.accuracy, wide.accuracy);
+    assert!(
+        (narrow.nll - wide.nll).abs() < 1e-4 * narrow.nll.max(1e-3),
+        "{narrow:?} {wide:?}"
+    );
+
+    let (refused, folder) = run(1, 16);
+    let message = format!("{:#}", refused.unwrap_err());
+    assert!(
+        message.contains("init_from") && message.contains("widens"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read_dir(folder.path()).unwrap().count(),
+        0,
+        "{message}"
+    );
+}

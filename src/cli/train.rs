@@ -69,8 +69,10 @@ pub struct TrainFlags {
     /// Write a row to the iteration log every N iterations.
     #[arg(long, default_value_t = TrainSpec::default().log_every)]
     pub log_every: usize,
-    /// Start from the weights of this checkpoint (same architecture) instead of a random
-    /// initialisation, e.g. a JEM fine-tuned from the baseline.
+    /// Start from the weights of this checkpoint instead of a random initialisation, e.g. a JEM
+    /// fine-tuned from the baseline. Same architecture, or a narrower one of the same depth
+    /// whose width divides this run's: it is widened first without changing its logits
+    /// (Net2WiderNet, Chen et al. 2016), so a wider network continues where it stopped.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
     #[command(flatten)]

@@ -1,9 +1,10 @@
-//! The classifier f_θ: a Wide-ResNet as in the official JEM code, its checkpoints, and the
-//! import of PyTorch weights.
+//! The classifier f_θ: a Wide-ResNet as in the official JEM code, its checkpoints, the
+//! import of PyTorch weights, and its function-preserving widening.
 
 mod checkpoint;
 mod import;
 mod precision;
+mod widen;
 mod wrn;
 
 pub use checkpoint::{
@@ -12,4 +13,5 @@ pub use checkpoint::{
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
 pub use precision::{to_f32, Precision};
+pub use widen::{widen, widening_factor};
 pub use wrn::{ConvShape, InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};

@@ -84,8 +84,8 @@ pub struct TrainSpec {
     pub checkpoint_every: usize,
     /// Write a row to the iteration log every N iterations.
     pub log_every: usize,
-    /// Start from the weights of this checkpoint (same architecture) instead of a random
-    /// initialisation, e.g. a JEM fine-tuned from the baseline.
+    /// Start from the weights of this checkpoint instead of a random initialisation: the same
+    /// architecture, or a narrower one of the same depth, widened without changing its function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,
     pub jem: JemConfig,

@@ -54,6 +54,7 @@ const SHUFFLE: u64 = 1;
 const BATCH: u64 = 2;
 const OBJECTIVE: u64 = 3;
 const OBJECTIVE_INIT: u64 = 4;
+const WIDEN: u64 = 5;
 
 /// The optimiser of every training run: Adam with PyTorch's ε (the official JEM's).
 pub fn adam() -> AdamConfig {
@@ -163,7 +164,7 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         let mut warm = cfg
             .init_from
             .as_ref()
-            .map(|from| warm_start::<B>(from, &arch, device))
+            .map(|from| warm_start::<B>(from, &arch, stream_seed(cfg.seed, WIDEN, 0), device))
             .transpose()?;
         objective.prepare(&arch, &train, stream_seed(cfg.seed, OBJECTIVE_INIT, 0))?;
         crate::output_folder::claim(&cfg.out, "train")?;
@@ -543,22 +544,39 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
     }
 }
 
-/// The model initialised from another checkpoint's weights (`init_from`).
+/// The model initialised from another checkpoint's weights (`init_from`): the same
+/// architecture, or a narrower one of the same depth, widened to this run's width without
+/// changing what it computes (Net2WiderNet, `crate::model::widen`; `seed` splits its weights).
 fn warm_start<B: AutodiffBackend>(
     from: &std::path::Path,
     arch: &WideResNetConfig,
+    seed: u64,
     device: &B::Device,
 ) -> anyhow::Result<WideResNet<B>> {
     let value = from.display();
     let (init, sidecar) = Checkpoint::at(from)
         .load::<B>(device)
         .map_err(|e| crate::settings::refusal("init_from", &value, e))?;
-    if &sidecar.architecture != arch {
-        let problem = format!(
-            "its architecture {:?} differs from this run's {arch:?}",
-            sidecar.architecture
-        );
-        return Err(InvalidSetting::new("init_from", value.to_string(), &problem).into());
+    if &sidecar.architecture == arch {
+        return Ok(init);
     }
-    Ok(init)
+    match crate::model::widening_factor(&sidecar.architecture, arch) {
+        Ok(factor) => {
+            eprintln!(
+                "init_from: {} widened ×{factor} to {} (Net2WiderNet: the same logits, its \
+                 weights split at random among each channel's copies)",
+                sidecar.architecture.name(),
+                arch.name()
+            );
+            crate::model::widen(&init, arch, seed, device)
+        }
+        Err(why) => {
+            let problem = format!(
+                "its architecture {:?} is neither this run's {arch:?} nor one that widens to it \
+                 ({why})",
+                sidecar.architecture
+            );
+            Err(InvalidSetting::new("init_from", value.to_string(), &problem).into())
+        }
+    }
 }
