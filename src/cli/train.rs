@@ -43,7 +43,8 @@ pub struct TrainFlags {
     pub lr: f64,
     #[arg(long, default_value_t = TrainSpec::default().warmup_iters)]
     pub warmup_iters: usize,
-    /// Epochs at which the learning rate is multiplied by --decay-rate.
+    /// Epochs at which the learning rate is multiplied by --decay-rate, comma-separated
+    /// (e.g. `--decay-epochs 160,180`).
     #[arg(long, value_delimiter = ',', default_values_t = TrainSpec::default().decay_epochs)]
     pub decay_epochs: Vec<usize>,
     #[arg(long, default_value_t = TrainSpec::default().decay_rate)]
