@@ -194,7 +194,10 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
                 p
             }
             None => {
-                if let Some(init) = warm.take() {
+                if let Some((init, widened)) = warm.take() {
+                    if let Some(note) = widened {
+                        eprintln!("{note}");
+                    }
                     model = init;
                 }
                 // Generation 0: the divergence guard can always roll back to a saved state.
@@ -546,29 +549,30 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
 
 /// The model initialised from another checkpoint's weights (`init_from`): the same
 /// architecture, or a narrower one of the same depth, widened to this run's width without
-/// changing what it computes (Net2WiderNet, `crate::model::widen`; `seed` splits its weights).
+/// changing what it computes (Net2WiderNet, `crate::model::widen`; `seed` splits its weights),
+/// with a line saying so for the log if it was widened.
 fn warm_start<B: AutodiffBackend>(
     from: &std::path::Path,
     arch: &WideResNetConfig,
     seed: u64,
     device: &B::Device,
-) -> anyhow::Result<WideResNet<B>> {
+) -> anyhow::Result<(WideResNet<B>, Option<String>)> {
     let value = from.display();
     let (init, sidecar) = Checkpoint::at(from)
         .load::<B>(device)
         .map_err(|e| crate::settings::refusal("init_from", &value, e))?;
     if &sidecar.architecture == arch {
-        return Ok(init);
+        return Ok((init, None));
     }
     match crate::model::widening_factor(&sidecar.architecture, arch) {
         Ok(factor) => {
-            eprintln!(
+            let note = format!(
                 "init_from: {} widened ×{factor} to {} (Net2WiderNet: the same logits, its \
                  weights split at random among each channel's copies)",
                 sidecar.architecture.name(),
                 arch.name()
             );
-            crate::model::widen(&init, arch, seed, device)
+            Ok((crate::model::widen(&init, arch, seed, device)?, Some(note)))
         }
         Err(why) => {
             let problem = format!(
