@@ -189,6 +189,16 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // A bad JEM_BENCH_ISA or JEM_BENCH_GPU_CONV is an error before any work, before a device is
+    // even opened, not a silent fallback.
+    if let Err(e) = jem_kernels::isa_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = backend::gpu_settings_from_env() {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     // A CUDA build selects its default GPU too, so that a missing one is an error, not a panic.
     let spec = cli
         .device
@@ -199,16 +209,6 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;
         }
-    }
-    // A bad JEM_BENCH_ISA or JEM_BENCH_GPU_CONV is an error before any work, not a silent
-    // fallback.
-    if let Err(e) = jem_kernels::isa_from_env() {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
-    }
-    if let Err(e) = backend::gpu_settings_from_env() {
-        eprintln!("error: {e:#}");
-        return ExitCode::FAILURE;
     }
     // The one place that names the backend and device; everything below is generic over both.
     let device = backend::device();

@@ -19,8 +19,8 @@ pub enum GpuConv {
     Im2col,
     /// This crate's own kernels: the unfolded product computed in shared-memory tiles without
     /// writing the unfolded input (src/tiled_conv.rs), and the weight gradient the same way
-    /// (src/tiled_weight_grad.rs). Verified on a software Vulkan device; not yet timed on a
-    /// GPU, hence not chosen by `Auto`.
+    /// (src/tiled_weight_grad.rs). Agrees with the CPU on a software Vulkan device but not on
+    /// an NVIDIA GPU (see [`GpuConv::check_for_cuda`]), hence not chosen by `Auto`.
     Tiled,
 }
 
@@ -35,6 +35,10 @@ pub const IM2COL_MIN_TERMS: usize = 1024;
 /// The environment variable that chooses [`GpuConv`]: `auto` (default), `direct`, `im2col` or
 /// `tiled`.
 pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
+
+/// The environment variable that lets a CUDA build run a choice that failed its agreement
+/// tests on an NVIDIA GPU (`1`), to debug it; see [`GpuConv::check_for_cuda`].
+pub const UNVERIFIED_VARIABLE: &str = "JEM_BENCH_GPU_CONV_UNVERIFIED";
 
 static GPU_CONV: ProcessChoice<GpuConv> = ProcessChoice::new(&GpuConv::ALL);
 
@@ -81,6 +85,31 @@ impl GpuConv {
             }
             chosen => chosen,
         }
+    }
+
+    /// Whether this choice agreed with the CPU on an NVIDIA GPU (tests/gpu.rs on an H200).
+    /// `Tiled` did not: its outputs were wrong wherever an output plane's pixel count is not a
+    /// power of two (every 28×28 and 14×14 layer) and its weight gradients on every 3×3 layer,
+    /// while it agrees on a software Vulkan device, so a CUDA build refuses it.
+    pub fn agrees_on_cuda(self) -> bool {
+        !matches!(self, GpuConv::Tiled)
+    }
+
+    /// `Ok` where this choice may compute on CUDA: it agreed there, or `unverified_allowed`
+    /// ([`UNVERIFIED_VARIABLE`] set to `1`, for debugging the kernels). Otherwise an error that
+    /// says why and what to use instead.
+    pub fn check_for_cuda(self, unverified_allowed: bool) -> Result<(), String> {
+        if self.agrees_on_cuda() || unverified_allowed {
+            return Ok(());
+        }
+        Err(format!(
+            "{GPU_CONV_VARIABLE}={}: these kernels compute wrong convolutions on an NVIDIA GPU \
+             (on an H200: outputs wrong wherever an output plane is not a power of two in \
+             pixels, weight gradients wrong on 3×3 layers; docs/gpu.md); use auto (the \
+             default), direct or im2col, or set {UNVERIFIED_VARIABLE}=1 to run them anyway to \
+             debug them",
+            self.name()
+        ))
     }
 
     /// Reads [`GPU_CONV_VARIABLE`]: `None` when unset, an error naming the variable and the
@@ -132,6 +161,23 @@ mod tests {
             assert_eq!(forced.for_weight([640, 640, 3, 3]), forced);
             assert_eq!(forced.for_weight([16, 1, 3, 3]), forced);
         }
+    }
+
+    #[test]
+    fn cuda_refuses_the_choice_that_disagreed_there_unless_asked_to_debug_it() {
+        for conv in [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col] {
+            assert_eq!(conv.check_for_cuda(false), Ok(()));
+        }
+        let refused = GpuConv::Tiled.check_for_cuda(false).unwrap_err();
+        for part in [
+            "JEM_BENCH_GPU_CONV=tiled",
+            UNVERIFIED_VARIABLE,
+            "auto",
+            "docs/gpu.md",
+        ] {
+            assert!(refused.contains(part), "{refused:?} lacks {part:?}");
+        }
+        assert_eq!(GpuConv::Tiled.check_for_cuda(true), Ok(()));
     }
 
     #[test]
