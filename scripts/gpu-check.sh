@@ -208,11 +208,13 @@ commands() {
 # 45 MiB of the 64 MiB that travel.
 big=(results/train datasets/data results/samples results/reference results/ood)
 
+# `stash [PATH...]`: the PATHs go aside too (results/sweeps/linf among them, if named).
 stash() {
     mkdir -p .gpu-check/stash
     local d
-    for d in "${big[@]}" results/sweeps/*; do
-        [ "$d" = results/sweeps/linf ] && continue
+    for d in "${big[@]}" results/sweeps/* "$@"; do
+        [ "$d" = results/sweeps/linf ] && [[ " $* " != *" results/sweeps/linf "* ]] && continue
+        [ -e "$d" ] || continue
         mkdir -p ".gpu-check/stash/$(dirname "$d")"
         mv "$d" ".gpu-check/stash/$d" && echo "$d" >>.gpu-check/stash/moved
     done
@@ -228,11 +230,11 @@ unstash() {
 
 case "${1:-}" in
 build) build ;;
-stash) stash ;;
+stash) shift && stash "$@" ;;
 unstash) unstash ;;
 run) run "${2:-}" ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | stash | unstash | run [OUT]" >&2
+    echo "usage: scripts/gpu-check.sh build | stash [PATH...] | unstash | run [OUT]" >&2
     exit 2
     ;;
 esac
