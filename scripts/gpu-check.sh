@@ -69,6 +69,11 @@ step() {
 run() {
     local out=${1:-results/gpu}
     mkdir -p "$out"
+    # cubecl caches compiled kernels under target/ by kernel id, not by source: binaries built
+    # from other source (a new build) must not reuse what an earlier one compiled there.
+    if ! cmp -s "$bin/built-from.txt" target/built-from.txt; then
+        rm -rf target && mkdir -p target && cp "$bin/built-from.txt" target/built-from.txt
+    fi
     local work
     work=$(mktemp -d)
     xz -dc "$bin/jem-bench.xz" >"$work/jem-bench" && chmod +x "$work/jem-bench"
@@ -81,6 +86,8 @@ run() {
     } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
     local started=$SECONDS
+    # The convolutions timed: tiled joins them only where all its agreement tests passed here.
+    local timed=native,im2col,direct
 
     # GPU_CHECK_PHASES=timings skips phase 1: a second, short call on a machine still warm
     # completes the timing table without checking again what the first call checked.
@@ -114,6 +121,11 @@ run() {
         done >"$out/agreement.log"
         grep -E "test result|^\[agreement" "$out/agreement.log"
         echo "phase 1 (correctness) took $((SECONDS - started)) s"
+        if [ "$(cat "$work"/agreement-tiled-*.log | grep -c "test result: ok")" -eq "${#tests[@]}" ]; then
+            echo "tiled agrees on this GPU: timed too (JEM_BENCH_GPU_CONV_UNVERIFIED=1 for compare.py)"
+            timed=native,tiled,im2col,direct
+            export JEM_BENCH_GPU_CONV_UNVERIFIED=1
+        fi
     fi
 
     # Phase 2, timings, alone on the GPU, both sides in true f32, while time is left
@@ -123,9 +135,9 @@ run() {
     # successive short GPU calls complete the table; delete that file to measure every row again
     # (after a change to the GPU kernels). The default convolution's rows (native: chosen per
     # layer) come first, then the unfolded one's, then burn's direct one's: WRN-28-10's JEM
-    # iteration alone can take minutes on the direct one. jem-kernels' tiled kernels are not
-    # timed while they disagree with the CPU on CUDA (the agreement tests above still run them,
-    # to say where).
+    # iteration alone can take minutes on the direct one. jem-kernels' tiled kernels are timed
+    # (second) only where phase 1 found them agreeing with the CPU: a CUDA build refuses them
+    # otherwise, as they once computed wrong convolutions there.
     rm -rf target/autotune
     [ -f results/perf/gpu.csv ] && cp results/perf/gpu.csv "$out/gpu.csv"
     local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
@@ -135,7 +147,7 @@ run() {
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
             --bin "$work/jem-bench" --sides ours,pytorch --threads 1 --rounds 1 --reps 10 \
             --warmup 2 --max-seconds 1 --models 10-1,28-10:cifar --batch 64,256 --resume \
-            --isa native,im2col,direct \
+            --isa "$timed" \
             --out "$out"
     else
         echo "timings not run: python3 with torch, safetensors and CUDA not found" | tee "$out/compare.log"

@@ -60,7 +60,10 @@ build() {
     strip "$dir/jem-bench"
     rm -f "$dir/jem-bench.xz"
     xz -T2 -9 "$dir/jem-bench"
-    echo "built from: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!results' || echo ' with uncommitted changes')" >"$dir/built-from.txt"
+    {
+        echo "built from: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!results' || echo ' with uncommitted changes')"
+        echo "built on: $(date -u +%FT%TZ)"
+    } >"$dir/built-from.txt"
     ls -l "$dir"
 }
 
@@ -87,6 +90,11 @@ run() {
     local run_path
     run_path=$(cat "$dir/run-path")
     mkdir -p "$out" "$(dirname "$run_path")"
+    # cubecl caches compiled kernels under target/ by kernel id, not by source: binaries built
+    # from other source (a new build) must not reuse what an earlier one compiled there.
+    if ! cmp -s "$dir/built-from.txt" target/built-from.txt; then
+        rm -rf target && mkdir -p target && cp "$dir/built-from.txt" target/built-from.txt
+    fi
     rm -rf "$run_path" && cp -r "$dir/run" "$run_path"
     xz -dc "$dir/jem-bench.xz" >/tmp/jem-bench && chmod +x /tmp/jem-bench
     {

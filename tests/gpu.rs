@@ -57,7 +57,13 @@ fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec().unwrap()
 }
 
-/// max |a − b| / max |a|.
+/// Whether `x` and `y` differ by more than `atol`; a NaN on either side always does (`f32::max`
+/// and `>` would pass it silently).
+fn differs_beyond(x: f32, y: f32, atol: f32) -> bool {
+    !((x - y).abs() <= atol)
+}
+
+/// max |a − b| / max |a|; NaN where any element of either is NaN.
 fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -65,10 +71,15 @@ fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
         scale > 0.0,
         "the CPU's result is all zeros: nothing to compare"
     );
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
+    let worst = a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
+        let d = (x - y).abs();
+        if d.is_nan() || m.is_nan() {
+            f32::NAN
+        } else {
+            m.max(d)
+        }
+    });
+    worst / scale
 }
 
 /// Elements whose |a − b| exceeds `atol`, per thousand.
@@ -77,7 +88,7 @@ fn differing_per_mille(a: &[f32], b: &[f32], atol: f32) -> f64 {
     let n = a
         .iter()
         .zip(b)
-        .filter(|(x, y)| (*x - *y).abs() > atol)
+        .filter(|(x, y)| differs_beyond(**x, **y, atol))
         .count();
     1000.0 * n as f64 / a.len() as f64
 }
@@ -96,7 +107,7 @@ impl Report {
         let beyond = cpu
             .iter()
             .zip(gpu)
-            .filter(|(a, b)| (*a - *b).abs() > tolerance * scale)
+            .filter(|(a, b)| differs_beyond(**a, **b, tolerance * scale))
             .count();
         // Per image, where the result is one row per digit: a wrong batch index shows as
         // whole images, rounding as scattered elements.
@@ -108,7 +119,7 @@ impl Report {
                     cpu[r.clone()]
                         .iter()
                         .zip(&gpu[r])
-                        .any(|(a, b)| (*a - *b).abs() > tolerance * scale)
+                        .any(|(a, b)| differs_beyond(*a, *b, tolerance * scale))
                 })
                 .collect();
             format!(", in digits {differing:?}")
@@ -121,7 +132,7 @@ impl Report {
             cpu.len()
         );
         eprintln!("{line}");
-        if d > tolerance {
+        if !(d <= tolerance) {
             self.failures.push(line);
         }
     }
@@ -418,6 +429,21 @@ fn the_portable_gradients_agree_with_the_cpu_kernels_on_every_whole_network_case
     compare_network(&mut report, &own, &portable, 1e-4);
     compare_training(&mut report, &own_training, &portable_training);
     report.finish();
+}
+
+/// The comparison itself, on the CPU: a NaN on the GPU's side fails it (as a difference does),
+/// equal results pass; `f32::max` alone would have passed the NaN as 0.
+#[test]
+fn the_comparison_fails_on_a_nan_or_a_difference_and_passes_equal_results() {
+    let cpu = [1.0f32, -2.0, 0.5];
+    let mut report = Report::default();
+    report.relative("equal", &cpu, &cpu, 1e-4);
+    report.signs("equal", &cpu, &cpu, 1e-5);
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    report.relative("a NaN", &cpu, &[1.0, f32::NAN, 0.5], 1e-4);
+    report.relative("a difference", &cpu, &[1.0, -2.1, 0.5], 1e-4);
+    report.signs("a NaN", &cpu, &[f32::NAN, -2.0, 0.5], 1e-5);
+    assert_eq!(report.failures.len(), 3, "{:?}", report.failures);
 }
 
 #[cfg(not(any(feature = "cuda", feature = "wgpu")))]

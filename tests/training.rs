@@ -214,6 +214,16 @@ fn interrupted_run_resumes_to_the_same_result() {
         "{changes}"
     );
 
+    // Each start and resume names the backend it computed on, from the iteration it began at.
+    let backends = std::fs::read_to_string(target.join("backends.csv")).unwrap();
+    let lines: Vec<&str> = backends.lines().collect();
+    assert_eq!(
+        lines[..2],
+        ["iteration,backend", "0,burn-flex"],
+        "{backends}"
+    );
+    assert_eq!(lines.last(), Some(&"30,burn-flex"), "{backends}");
+
     // A state whose model record cannot be read (here cut short, as by an older layout) is
     // refused with an error naming the file, not a panic.
     let progress: serde_json::Value =

@@ -19,8 +19,8 @@ pub enum GpuConv {
     Im2col,
     /// This crate's own kernels: the unfolded product computed in shared-memory tiles without
     /// writing the unfolded input (src/tiled_conv.rs), and the weight gradient the same way
-    /// (src/tiled_weight_grad.rs). Agrees with the CPU on a software Vulkan device but not on
-    /// an NVIDIA GPU (see [`GpuConv::check_for_cuda`]), hence not chosen by `Auto`.
+    /// (src/tiled_weight_grad.rs). Agrees with the CPU on a software Vulkan device; on an
+    /// NVIDIA GPU not yet (see [`GpuConv::check_for_cuda`]), hence not chosen by `Auto`.
     Tiled,
 }
 
@@ -88,9 +88,11 @@ impl GpuConv {
     }
 
     /// Whether this choice agreed with the CPU on an NVIDIA GPU (tests/gpu.rs on an H200).
-    /// `Tiled` did not: its outputs were wrong wherever an output plane's pixel count is not a
-    /// power of two (every 28×28 and 14×14 layer) and its weight gradients on every 3×3 layer,
-    /// while it agrees on a software Vulkan device, so a CUDA build refuses it.
+    /// `Tiled` did not: its kernels wrote their outputs densely into memory that CUDA had
+    /// allocated with padded rows, so every layer whose rows were padded (output width 28, 14;
+    /// weight-gradient rows of 9, 144, 576 … terms) came out wrong, while a software Vulkan
+    /// device, which does not pad, agreed. The outputs are now allocated dense; until a GPU
+    /// run confirms it, a CUDA build refuses `Tiled`.
     pub fn agrees_on_cuda(self) -> bool {
         !matches!(self, GpuConv::Tiled)
     }
@@ -103,11 +105,10 @@ impl GpuConv {
             return Ok(());
         }
         Err(format!(
-            "{GPU_CONV_VARIABLE}={}: these kernels compute wrong convolutions on an NVIDIA GPU \
-             (on an H200: outputs wrong wherever an output plane is not a power of two in \
-             pixels, weight gradients wrong on 3×3 layers; docs/gpu.md); use auto (the \
-             default), direct or im2col, or set {UNVERIFIED_VARIABLE}=1 to run them anyway to \
-             debug them",
+            "{GPU_CONV_VARIABLE}={}: these kernels have not yet agreed with the CPU on an NVIDIA \
+             GPU (on an H200 they computed wrong convolutions; the cause is fixed but not yet \
+             checked there, docs/gpu.md); use auto (the default), direct or im2col, or set \
+             {UNVERIFIED_VARIABLE}=1 to run them anyway to check them",
             self.name()
         ))
     }

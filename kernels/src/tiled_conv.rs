@@ -15,7 +15,7 @@
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
@@ -263,7 +263,7 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     let (x, weight) = (into_contiguous(x), into_contiguous(weight));
     let geometry = Geometry::new(x.shape().dims(), weight.shape().dims(), options);
     let [out_h, out_w] = geometry.out;
-    let output = empty_device_dtype(
+    let output = empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
         Shape::new([geometry.batch, geometry.out_channels, out_h, out_w]),

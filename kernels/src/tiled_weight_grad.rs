@@ -11,7 +11,7 @@
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
@@ -151,7 +151,7 @@ pub(crate) fn tiled_weight_grad_partials<R: CubeRuntime>(
     );
     let (rows, depth, out_channels) = (geometry.rows(), geometry.depth(), geometry.out_channels);
     let chunks = weight_grad_chunks(rows, out_channels * depth);
-    let partial = empty_device_dtype(
+    let partial = empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
         Shape::new([chunks, out_channels, depth]),

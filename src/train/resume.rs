@@ -190,3 +190,22 @@ pub(super) fn roll_back(
     )?;
     Ok(back)
 }
+
+/// Appends `iteration,backend` to `out/backends.csv` each time a run starts or resumes, so that
+/// a run continued on another device (`scripts/gpu-train.sh`) says from which iteration each
+/// computed it.
+pub(super) fn record_backend(out: &std::path::Path, iteration: usize) -> anyhow::Result<()> {
+    let path = out.join("backends.csv");
+    let mut text = String::new();
+    if !path.exists() {
+        text.push_str("iteration,backend\n");
+    }
+    text.push_str(&format!("{iteration},{}\n", crate::backend::name()));
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("cannot append to {}", path.display()))
+}

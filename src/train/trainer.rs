@@ -19,7 +19,7 @@ use rand_distr::{Distribution, Normal};
 use super::augment::Augmentation;
 use super::log::{CsvLog, LogWindow};
 use super::objective::{Objective, Step};
-use super::resume::{check_resumable, record_changes, roll_back};
+use super::resume::{check_resumable, record_backend, record_changes, roll_back};
 use super::schedule::LrSchedule;
 use super::state::{Progress, StateDir};
 use super::TrainSpec;
@@ -209,6 +209,7 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
                 p
             }
         };
+        record_backend(&cfg.out, progress.global_iter)?;
 
         let mut header = vec![
             "iteration",
