@@ -146,8 +146,8 @@ pub fn name() -> String {
 
 /// Applies `JEM_BENCH_GPU_CONV` (`auto`, the default, `direct` or `im2col`: how a GPU build
 /// computes forward convolutions, all in true f32); an error for any other value, and for
-/// `tiled`, which computes wrong convolutions on CUDA (unless `JEM_BENCH_GPU_CONV_UNVERIFIED=1`),
-/// before any work. A CPU build ignores it.
+/// `tiled`, not yet shown to agree with the CPU on CUDA (unless
+/// `JEM_BENCH_GPU_CONV_UNVERIFIED=1`), before any work. A CPU build ignores it.
 pub fn gpu_settings_from_env() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(conv) = jem_kernels::GpuConv::from_env().map_err(anyhow::Error::msg)? {

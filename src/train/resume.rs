@@ -124,13 +124,7 @@ pub(super) fn record_changes(
         table.write_record([&iteration.to_string(), &k, &b.to_string(), &a.to_string()])?;
     }
     let text = table.into_inner().context("cannot format changes.csv")?;
-    use std::io::Write;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(&text))
-        .with_context(|| format!("cannot append to {}", path.display()))
+    append(&path, &text)
 }
 
 /// The saved state to return to after divergence was seen at `now`, with the learning rate
@@ -201,11 +195,16 @@ pub(super) fn record_backend(out: &std::path::Path, iteration: usize) -> anyhow:
         text.push_str("iteration,backend\n");
     }
     text.push_str(&format!("{iteration},{}\n", crate::backend::name()));
+    append(&path, text.as_bytes())
+}
+
+/// Appends `bytes` to the file at `path`, creating it if need be.
+fn append(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
         .with_context(|| format!("cannot append to {}", path.display()))
 }
