@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Continues a resumable training run on a machine with an NVIDIA GPU for a bounded time, from a
 # binary built on a machine without one, and brings its whole state back to resume here (or on
-# the next GPU). A JEM iteration is 10–30× faster on an H200 than on two CPU cores
-# (docs/gpu.md), and GPU time comes in short calls, so a long run is carried there and back.
+# the next GPU). GPU time comes in short calls and a JEM iteration is far cheaper there
+# (docs/gpu.md), so a long run is carried there and back.
 #
 #   scripts/gpu-train.sh build              # here: --features cuda, stripped and xz'd into
 #                                           # .gpu-train/jem-bench.xz (git-ignored)
