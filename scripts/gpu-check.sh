@@ -20,6 +20,11 @@
 # repository's results/models and results/sweeps/linf (the CPU sweep compared against) — not
 # results/train or datasets/data, which the binaries do not read.
 #
+# GPU_CHECK_PHASES chooses what runs: `all` (default), `timings` (phase 2 only: a second call on a
+# machine still warm), or `tiled` (only jem-kernels' tiled kernels: their four agreement tests
+# and, where all pass, their timing rows — about 3 minutes, leaving a short device budget for
+# training).
+#
 # Budget: about 7 minutes (GPU_CHECK_SECONDS, default 420, bounds the two phases together).
 # Each step has its own time limit and the script goes on to the next when one runs out, so a
 # slow step costs its own result only; every log says how it ended.
@@ -68,6 +73,14 @@ step() {
 
 run() {
     local out=${1:-results/gpu}
+    local phases=${GPU_CHECK_PHASES:-all}
+    case $phases in
+    all | timings | tiled) ;;
+    *)
+        echo "GPU_CHECK_PHASES=$phases: expected all, timings or tiled" >&2
+        return 2
+        ;;
+    esac
     mkdir -p "$out"
     # cubecl caches compiled kernels under target/ by kernel id, not by source: binaries built
     # from other source (a new build) must not reuse what an earlier one compiled there.
@@ -86,12 +99,14 @@ run() {
     } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
     local started=$SECONDS
-    # The convolutions timed: tiled joins them only where all its agreement tests passed here.
-    local timed=native,im2col,direct
+    # The convolutions timed: tiled joins them only where all its agreement tests passed here
+    # (and is the only one timed under GPU_CHECK_PHASES=tiled).
+    local timed=native,im2col,direct convs=(auto tiled)
+    [ "$phases" = tiled ] && timed="" convs=(tiled)
 
     # GPU_CHECK_PHASES=timings skips phase 1: a second, short call on a machine still warm
     # completes the timing table without checking again what the first call checked.
-    if [ "${GPU_CHECK_PHASES:-all}" != timings ]; then
+    if [ "$phases" != timings ]; then
         # Phase 1, correctness, in parallel (the GPU has room; a device call has minutes): each
         # agreement test in its own process, with the default forward convolution (auto: burn's
         # direct kernel and the unfolded product, by layer) and with jem-kernels' tiled one
@@ -103,17 +118,19 @@ run() {
             cpu_and_gpu_agree_on_an_adam_step_and_a_jem_training_iteration
             outputs_name_the_gpu)
         local t conv
-        for conv in auto tiled; do
+        for conv in "${convs[@]}"; do
             for t in "${tests[@]}"; do
                 step 150 "$work/agreement-$conv-$t.log" env RAYON_NUM_THREADS=4 JEM_BENCH_GPU_CONV=$conv \
                     "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
             done
         done
-        k_sweep 0 "$work" "$out" &
-        k_sweep 1 "$work" "$out" &
-        commands "$work" "$out" &
+        if [ "$phases" = all ]; then
+            k_sweep 0 "$work" "$out" &
+            k_sweep 1 "$work" "$out" &
+            commands "$work" "$out" &
+        fi
         wait
-        for conv in auto tiled; do
+        for conv in "${convs[@]}"; do
             for t in "${tests[@]}"; do
                 echo "=== $t (JEM_BENCH_GPU_CONV=$conv)"
                 cat "$work/agreement-$conv-$t.log"
@@ -124,6 +141,7 @@ run() {
         if [ "$(cat "$work"/agreement-tiled-*.log | grep -c "test result: ok")" -eq "${#tests[@]}" ]; then
             echo "tiled agrees on this GPU: timed too (JEM_BENCH_GPU_CONV_UNVERIFIED=1 for compare.py)"
             timed=native,tiled,im2col,direct
+            [ "$phases" = tiled ] && timed=tiled
             export JEM_BENCH_GPU_CONV_UNVERIFIED=1
         fi
     fi
@@ -141,7 +159,9 @@ run() {
     rm -rf target/autotune
     [ -f results/perf/gpu.csv ] && cp results/perf/gpu.csv "$out/gpu.csv"
     local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
-    if [ "$left" -lt 30 ]; then
+    if [ -z "$timed" ]; then
+        echo "timings not run: tiled did not agree with the CPU here" | tee "$out/compare.log"
+    elif [ "$left" -lt 30 ]; then
         echo "timings not run: $left s left" | tee "$out/compare.log"
     elif python3 -c 'import torch, safetensors; assert torch.cuda.is_available()' 2>/dev/null; then
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \
