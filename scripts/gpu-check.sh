@@ -99,10 +99,11 @@ run() {
     } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
     local started=$SECONDS
-    # The convolutions timed: tiled joins them only where all its agreement tests passed here
-    # (and is the only one timed under GPU_CHECK_PHASES=tiled).
-    local timed=native,im2col,direct convs=(auto tiled)
-    [ "$phases" = tiled ] && timed="" convs=(tiled)
+    # The convolutions checked, and those timed before and after tiled's agreement tests passed
+    # here: tiled joins the timings only then (and is all that GPU_CHECK_PHASES=tiled checks
+    # and times).
+    local convs=(auto tiled) timed=native,im2col,direct with_tiled=native,tiled,im2col,direct
+    [ "$phases" = tiled ] && convs=(tiled) timed="" with_tiled=tiled
 
     # GPU_CHECK_PHASES=timings skips phase 1: a second, short call on a machine still warm
     # completes the timing table without checking again what the first call checked.
@@ -140,8 +141,7 @@ run() {
         echo "phase 1 (correctness) took $((SECONDS - started)) s"
         if [ "$(cat "$work"/agreement-tiled-*.log | grep -c "test result: ok")" -eq "${#tests[@]}" ]; then
             echo "tiled agrees on this GPU: timed too (JEM_BENCH_GPU_CONV_UNVERIFIED=1 for compare.py)"
-            timed=native,tiled,im2col,direct
-            [ "$phases" = tiled ] && timed=tiled
+            timed=$with_tiled
             export JEM_BENCH_GPU_CONV_UNVERIFIED=1
         fi
     fi

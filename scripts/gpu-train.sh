@@ -80,13 +80,13 @@ pack() {
     for keep in ${GPU_TRAIN_KEEP:-}; do
         mkdir -p "$(dirname "$keep")" && cp ".gpu-check/stash/$keep" "$keep" && echo "$keep" >>"$dir/kept"
     done
-    du -sh "$dir" && echo "pack: $run at generation $(latest_generation "$dir/run"); carry [\"$dir\"]"
+    local bytes
+    bytes=$(du -sb "$dir" | cut -f1)
+    echo "pack: $run at generation $(latest_generation "$dir/run"), $((bytes / 1048576)) MiB; carry [\"$dir\"]"
     # A call carries 64 MiB with the tracked tree (about 4.5 MB once stashed). A larger run (a
     # wider network's weights and Adam moments beside the 31 MB replay buffer) goes in two calls
     # back to back on the same warm machine, which keeps ignored paths between calls: first
     # carry the binary alone, then the run (docs/gpu.md).
-    local bytes
-    bytes=$(du -sb "$dir" | cut -f1)
     if [ "$bytes" -gt $((59 * 1024 * 1024)) ]; then
         echo "pack: $dir is $((bytes / 1048576)) MiB, too much for one call with the tree: carry" \
             "[\"$dir/jem-bench.xz\", \"$dir/built-from.txt\"] in a first call (command: true)," \
