@@ -136,22 +136,36 @@ fn widen_weights<B: Backend>(
     rng: &mut StdRng,
 ) -> ConvWeights {
     let [wide_out, wide_in, _, _] = to.weight.dims();
-    let shares = split_shares(wide_out * cin * taps, wide_in / cin, rng);
-    let mut widened = vec![0.0; wide_out * wide_in * taps];
-    for o in 0..wide_out {
-        for i in 0..wide_in {
-            let (source, copy) = (i % cin, i / cin);
-            for t in 0..taps {
-                let narrow = weight[((o % out) * cin + source) * taps + t];
-                let share = shares[((o * cin + source) * taps + t) * (wide_in / cin) + copy];
-                widened[(o * wide_in + i) * taps + t] = narrow * share;
+    ConvWeights {
+        weight: split_inputs(weight, [out, cin, taps], [wide_out, wide_in], rng),
+        bias: bias.map(|b| (0..wide_out).map(|o| b[o % out]).collect()),
+    }
+}
+
+/// A weight laid out `[outer, inputs, inner]` widened to `[wide_outer, wide_inputs, inner]`: row
+/// `a` copies row `a mod outer`, and input `i` takes a share of input `i mod inputs`'s weight. A
+/// convolution is `[out, in, taps]`; burn's linear layer, `[in, out]`, is `[1, in, out]`. The
+/// shares are drawn in the weight's own order, so both layers draw as they always did.
+fn split_inputs(
+    weight: &[f32],
+    [outer, inputs, inner]: [usize; 3],
+    [wide_outer, wide_inputs]: [usize; 2],
+    rng: &mut StdRng,
+) -> Vec<f32> {
+    let copies = wide_inputs / inputs;
+    let shares = split_shares(wide_outer * inputs * inner, copies, rng);
+    let mut widened = vec![0.0; wide_outer * wide_inputs * inner];
+    for a in 0..wide_outer {
+        for i in 0..wide_inputs {
+            let (source, copy) = (i % inputs, i / inputs);
+            for t in 0..inner {
+                let narrow = weight[((a % outer) * inputs + source) * inner + t];
+                let share = shares[((a * inputs + source) * inner + t) * copies + copy];
+                widened[(a * wide_inputs + i) * inner + t] = narrow * share;
             }
         }
     }
-    ConvWeights {
-        weight: widened,
-        bias: bias.map(|b| (0..wide_out).map(|o| b[o % out]).collect()),
-    }
+    widened
 }
 
 fn set_conv<B: Backend>(to: &mut Conv2d<B>, widened: ConvWeights, device: &B::Device) {
@@ -166,8 +180,8 @@ fn set_conv<B: Backend>(to: &mut Conv2d<B>, widened: ConvWeights, device: &B::De
     }
 }
 
-/// The head reads the widened features: burn's weight is `[in, out]`, each input's share as in
-/// a convolution; the bias is unchanged.
+/// The head reads the widened features, each input's share as in a convolution; the bias is
+/// unchanged.
 fn widen_linear<B: Backend>(
     from: &Linear<B>,
     to: &mut Linear<B>,
@@ -176,16 +190,8 @@ fn widen_linear<B: Backend>(
 ) {
     let [features, classes] = from.weight.dims();
     let wide_features = to.weight.dims()[0];
-    let copies = wide_features / features;
     let weight = values(from.weight.val());
-    let shares = split_shares(features * classes, copies, rng);
-    let widened: Vec<f32> = (0..wide_features * classes)
-        .map(|k| {
-            let (i, c) = (k / classes, k % classes);
-            let (source, copy) = (i % features, i / features);
-            weight[source * classes + c] * shares[(source * classes + c) * copies + copy]
-        })
-        .collect();
+    let widened = split_inputs(&weight, [1, features, classes], [1, wide_features], rng);
     to.weight = Param::from_tensor(Tensor::from_data(
         TensorData::new(widened, [wide_features, classes]),
         device,
