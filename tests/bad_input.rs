@@ -501,34 +501,43 @@ fn messages_name_the_cause_once_in_the_projects_words() {
     assert_untouched(&out);
 }
 
-// 11. The default models are compiled in: `robust` works from any folder.
+// 11. The default models are compiled in: `robust` works from any folder; so does the
+//     reweighted JEM, which is embedded but not a default.
 #[test]
 fn the_embedded_models_work_from_any_folder() {
     let dir = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
-        .current_dir(dir.path())
-        .args([
-            "robust",
-            "--attacks",
-            "fgsm",
-            "--steps",
-            "0",
-            "--eps",
-            "0,0.1",
-        ])
-        .args(["--n-examples", "2", "--out", "sweep"])
-        .output()
-        .unwrap();
-    assert_ok(&o);
-    let rows = jem_bench::harness::read_tidy(&dir.path().join("sweep/robust.csv")).unwrap();
-    let models: std::collections::BTreeSet<_> = rows.iter().map(|r| r.model.as_str()).collect();
+    let sweep = |models: &[&str], out: &str| -> Vec<String> {
+        let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
+            .current_dir(dir.path())
+            .args([
+                "robust",
+                "--attacks",
+                "fgsm",
+                "--steps",
+                "0",
+                "--eps",
+                "0,0.1",
+            ])
+            .args(models)
+            .args(["--n-examples", "2", "--out", out])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let rows = jem_bench::harness::read_tidy(&dir.path().join(out).join("robust.csv")).unwrap();
+        let models: std::collections::BTreeSet<_> = rows.into_iter().map(|r| r.model).collect();
+        models.into_iter().collect()
+    };
     assert_eq!(
-        models.into_iter().collect::<Vec<_>>(),
+        sweep(&[], "defaults"),
         [
             "results/models/adv",
             "results/models/baseline",
             "results/models/jem"
         ]
+    );
+    assert_eq!(
+        sweep(&["--models", "results/models/jem-ce1000"], "ce1000"),
+        ["results/models/jem-ce1000"]
     );
 }
 

@@ -214,8 +214,19 @@ macro_rules! embedded {
     };
 }
 
-/// The embedded default models: baseline, JEM, adversarially trained, in that order.
-static EMBEDDED: [EmbeddedModel; 3] = [embedded!("baseline"), embedded!("jem"), embedded!("adv")];
+/// The embedded models: first the defaults (baseline, JEM, adversarially trained, in that
+/// order), then the others that any command can name from anywhere: the JEM whose log p(y|x)
+/// is weighted 1 000 : 1 against log p(x), the reweighted model compared with the paper's balance
+/// (docs/training-log.md).
+static EMBEDDED: [EmbeddedModel; 4] = [
+    embedded!("baseline"),
+    embedded!("jem"),
+    embedded!("adv"),
+    embedded!("jem-ce1000"),
+];
+
+/// How many of [`EMBEDDED`] are the defaults.
+const DEFAULTS: usize = 3;
 
 /// Sidecar format: 1 stored the linear head in burn's `[in, out]` layout, 2 (written now) stores
 /// every tensor as PyTorch's `state_dict` does (`linear.weight` is `[out, in]`).
@@ -223,8 +234,9 @@ pub const FORMAT_VERSION: u32 = 2;
 
 impl Checkpoint {
     /// Accepts `NAME`, `NAME.safetensors` or `NAME.json`. `results/models/{baseline,jem,adv}`
-    /// name the embedded default models: files at that path (relative to the working folder)
-    /// take precedence, else the copy compiled into the binary is used.
+    /// name the embedded default models and `results/models/jem-ce1000` one more: files at that
+    /// path (relative to the working folder) take precedence, else the copy compiled into the
+    /// binary is used.
     pub fn at(path: impl AsRef<Path>) -> Self {
         let path = path.as_ref();
         let stem = match path.extension().and_then(|e| e.to_str()) {
@@ -514,5 +526,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 /// paths sweeps record them under: what `robust` and `nonsense` use when no `--models` is given.
 /// They are always available (compiled in); files at those paths take precedence.
 pub fn embedded_models() -> Vec<PathBuf> {
-    EMBEDDED.iter().map(|m| PathBuf::from(m.path)).collect()
+    EMBEDDED[..DEFAULTS]
+        .iter()
+        .map(|m| PathBuf::from(m.path))
+        .collect()
 }
