@@ -71,7 +71,8 @@ enum Command {
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
     #[command(allow_negative_numbers = true)]
     Report(cli::harness::ReportArgs),
-    /// Join the folders of a sharded sweep (`robust --shard i/n`) into one.
+    /// Join finished sweep folders into one: the shards of a sweep (`robust --shard i/n`), or
+    /// sweeps that differ only in their models (`--rename` for a checkpoint that moved).
     #[command(allow_negative_numbers = true)]
     Merge(cli::harness::MergeArgs),
     /// Time one hot operation (forward, train step, input gradient, SGLD step, JEM training

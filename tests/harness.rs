@@ -15,13 +15,18 @@ fn cli() -> Command {
 }
 
 fn sweep(out: &Path) -> Command {
+    sweep_of("results/models/baseline", out)
+}
+
+/// The small sweep of `sweep`, of the models `models` (comma-separated).
+fn sweep_of(models: &str, out: &Path) -> Command {
     let mut c = cli();
     c.args([
         "robust",
         "--norm",
         "linf",
         "--models",
-        "results/models/baseline",
+        models,
         "--attacks",
         "pgd,fgsm",
         "--steps",
@@ -215,7 +220,61 @@ fn shards_merged_equal_the_whole_sweep() {
         .arg(partial.path())
         .output()
         .unwrap();
-    assert_fails_with(&o, "no shard holds the finished cell");
+    assert_fails_with(&o, "no folder holds the finished cell");
+}
+
+#[test]
+fn sweeps_of_other_models_merge_into_the_sweep_of_all_and_a_moved_checkpoint_keeps_its_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    let text = |p: &Path| p.display().to_string();
+    // The adversarially trained model, also at a path of its own.
+    let moved = at("moved");
+    for ext in ["safetensors", "json"] {
+        let from = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("results/models/adv.{ext}"));
+        std::fs::copy(from, moved.with_extension(ext)).unwrap();
+    }
+    run(&mut sweep_of("results/models/baseline", &at("baseline")));
+    run(&mut sweep_of("results/models/adv", &at("adv")));
+    run(&mut sweep_of(
+        &format!("{},results/models/baseline", text(&moved)),
+        &at("whole"),
+    ));
+    let merge = |args: &[&str], out: &Path| {
+        let mut c = cli();
+        c.arg("merge").args(args).arg("--out").arg(out);
+        c.output().unwrap()
+    };
+    let (baseline, adv) = (text(&at("baseline")), text(&at("adv")));
+    let rename = format!("results/models/adv={}", text(&moved));
+    let models = format!("{},results/models/baseline", text(&moved));
+    let o = merge(
+        &[&baseline, &adv, "--rename", &rename, "--models", &models],
+        &at("merged"),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The same rows and examples, model names included, as the sweep of both run at once.
+    assert_eq!(rows(&at("merged")), rows(&at("whole")));
+    let examples = |d: &Path| std::fs::read_to_string(d.join("examples.csv")).unwrap();
+    assert_eq!(examples(&at("merged")), examples(&at("whole")));
+    // … and the merged folder is that sweep's own: running it again resumes, computing nothing.
+    let o = sweep_of(&models, &at("merged")).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(rows(&at("merged")), rows(&at("whole")));
+
+    // A rename to a checkpoint with other weights is refused, and names them.
+    let wrong = format!("results/models/adv={}", "results/models/baseline");
+    let o = merge(&[&adv, "--rename", &wrong], &at("wrong"));
+    assert_fails_with(&o, "weights");
+    assert!(!at("wrong").exists());
+    // So are sweeps with other settings than the models', naming the setting.
+    let mut other = sweep_of("results/models/adv", &at("other"));
+    run(other.args(["--seed", "5"]));
+    let o = merge(&[&baseline, &text(&at("other"))], &at("mixed"));
+    assert_fails_with(&o, "seed");
+    // And a kept model that no folder swept.
+    let o = merge(&[&baseline, "--models", "results/models/jem"], &at("none"));
+    assert_fails_with(&o, "no folder swept");
 }
 
 #[test]

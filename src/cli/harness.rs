@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use jem_bench::backend::BenchBackend;
-use jem_bench::harness::{self, RegressSpec};
+use jem_bench::harness::{self, MergeSpec, RegressSpec};
 
 /// `jem-bench regress`: compares a sweep with a stored reference.
 #[derive(Debug, Clone, Args)]
@@ -66,20 +66,46 @@ impl ReportArgs {
     }
 }
 
-/// `jem-bench merge`: joins the folders of a sharded sweep into one, as if it had run whole.
+/// `jem-bench merge`: joins finished sweep folders into one, as if it had run whole: the shards
+/// of one sweep, or sweeps that differ only in their models.
 #[derive(Debug, Clone, Args)]
 pub struct MergeArgs {
-    /// The shards' output folders.
+    /// The sweep folders (shards of one sweep, or sweeps of other models with the same
+    /// settings).
     #[arg(required = true)]
-    pub shards: Vec<PathBuf>,
+    pub folders: Vec<PathBuf>,
     /// The merged folder.
     #[arg(long)]
     pub out: PathBuf,
+    /// The models to keep, comma-separated, in the order of the merged tables (names after
+    /// --rename; default: all, in the order the folders list them).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Option<Vec<String>>,
+    /// `OLD=NEW`: the cells of model OLD belong to the checkpoint now at NEW (it must hold the
+    /// weights the folders recorded for OLD). Repeatable.
+    #[arg(long, value_parser = parse_rename)]
+    pub rename: Vec<(String, String)>,
 }
 
 impl MergeArgs {
-    /// Merges on `device`, where the shards' models are loaded to check their weights.
+    /// Merges on `device`, where the models are loaded to check their weights.
     pub fn run<B: BenchBackend>(self, device: &B::Device) -> anyhow::Result<()> {
-        harness::merge::<B>(&self.shards, &self.out, device)
+        let spec = MergeSpec {
+            models: self.models,
+            renames: self.rename,
+        };
+        harness::merge::<B>(&self.folders, &spec, &self.out, device)
+    }
+}
+
+fn parse_rename(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((old, new)) if !old.is_empty() && !new.is_empty() && old != new => {
+            Ok((old.to_string(), new.to_string()))
+        }
+        _ => Err(format!(
+            "expected OLD=NEW, two different model paths (e.g. \
+             results/models/jem=results/models/jem-ce1000), got '{s}'"
+        )),
     }
 }

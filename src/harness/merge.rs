@@ -1,69 +1,201 @@
-//! `jem-bench merge`: the folders of a sharded sweep joined into one, as if it had run whole.
+//! `jem-bench merge`: finished sweep folders joined into one, as if it had run whole — the
+//! shards of one sweep, or sweeps that differ only in their models (a model swept later beside
+//! a published table). A model whose checkpoint moved to another path keeps its cells under
+//! the new name (`--rename`) when the weights there are the ones the folder recorded, and
+//! `--models` keeps some models and sets their order. No cell is computed again: a cell's
+//! numbers depend on its model, the settings and the seed, never on the other models of its
+//! sweep or on the path its checkpoint was read from.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use serde_json::Value;
 
-use super::outputs;
-use super::plan::{claim_folder, Plan};
+use super::outputs::{self, CellResult};
+use super::plan::{claim_folder, settings_differences, Plan};
 use super::progress::TerminalProgress;
 use super::spec::SweepSpec;
 use super::sweep::finish;
 use crate::backend::BenchBackend;
 use crate::output_folder::FolderLock;
 
-/// Joins the folders `shards` of a sharded sweep into `out`, as if it had run whole; their
-/// models are loaded onto `device` to check their weights.
+/// What [`merge`] keeps, and under which names.
+#[derive(Debug, Clone, Default)]
+pub struct MergeSpec {
+    /// The models of the merged sweep, in order (default: every model of the folders, in the
+    /// order they first appear); names after `renames`.
+    pub models: Option<Vec<String>>,
+    /// `(old, new)`: the cells of model `old` are the cells of the checkpoint now at `new`,
+    /// which must hold the weights the folders recorded for `old`.
+    pub renames: Vec<(String, String)>,
+}
+
+/// One input folder: its recorded settings, the identity its cells carry, and its models
+/// under their new names.
+struct Folder {
+    dir: PathBuf,
+    identity: String,
+    /// `(old name, new name)` of each model, in the folder's order.
+    models: Vec<(String, String)>,
+    /// The settings with everything that names or describes the models removed.
+    shared: Value,
+    spec: SweepSpec,
+}
+
+/// Joins the finished sweep folders `folders` into `out`, as `spec` says; every model is
+/// loaded onto `device` to check its weights against what the folders recorded.
 pub fn merge<B: BenchBackend>(
-    shards: &[PathBuf],
+    folders: &[PathBuf],
+    spec: &MergeSpec,
     out: &Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(!shards.is_empty(), "no shard folders to merge");
-    let read = |dir: &PathBuf| -> anyhow::Result<serde_json::Value> {
-        let p = dir.join("settings.json");
-        let text = std::fs::read_to_string(&p)
-            .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{}: unreadable", p.display()))
-    };
-    let settings = read(&shards[0])?;
-    for dir in &shards[1..] {
+    anyhow::ensure!(!folders.is_empty(), "no sweep folders to merge");
+    let folders = folders
+        .iter()
+        .map(|dir| Folder::read::<B>(dir, &spec.renames, device))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for f in &folders[1..] {
+        let differences = settings_differences(&folders[0].shared, &f.shared);
         anyhow::ensure!(
-            read(dir)? == settings,
-            "{} ran another sweep than {} (settings.json differ); only shards of one sweep merge",
-            dir.display(),
-            shards[0].display()
+            differences.is_empty(),
+            "{} ran other settings than {} ({}); only sweeps that differ in their models merge",
+            f.dir.display(),
+            folders[0].dir.display(),
+            differences.join("; ")
         );
     }
-    let spec: SweepSpec = serde_json::from_value(settings["args"].clone())
-        .context("settings.json: `args` is not a robust sweep's arguments")?;
-    let plan = Plan::<B, _>::from_args(&spec, out, device)?;
-    anyhow::ensure!(
-        plan.settings(&spec) == settings,
-        "the shards were made by another jem-bench or from other models; rerun them"
-    );
+    let mut available: Vec<&str> = Vec::new();
+    for (_, new) in folders.iter().flat_map(|f| &f.models) {
+        if !available.contains(&new.as_str()) {
+            available.push(new);
+        }
+    }
+    let models: Vec<String> = match &spec.models {
+        Some(chosen) => {
+            for m in chosen {
+                anyhow::ensure!(
+                    available.contains(&m.as_str()),
+                    "--models names {m}, which no folder swept (they hold {})",
+                    available.join(", ")
+                );
+            }
+            chosen.clone()
+        }
+        None => available.iter().map(|s| s.to_string()).collect(),
+    };
+    let mut joined = folders[0].spec.clone();
+    joined.models = models.iter().map(PathBuf::from).collect();
+    // The default models in their order are what a sweep without --models records.
+    if joined.models == crate::model::embedded_models() {
+        joined.models.clear();
+    }
+    let plan = Plan::<B, _>::from_args(&joined, out, device)?;
+    let settings = plan.settings(&joined);
+    let identity = plan.identity(&joined);
     crate::output_folder::claim(out, "robust")?;
     let lock = FolderLock::acquire(out, "sweep.lock")?;
-    claim_folder(out, &settings, &plan.identity(&spec), &[], &lock)?;
-    let identity = plan.identity(&spec);
+    claim_folder(out, &settings, &identity, &[], &lock)?;
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
-        let found = shards
-            .iter()
-            .map(|dir| outputs::load_cell(dir, cell, &identity))
-            .collect::<anyhow::Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .next()
-            .with_context(|| {
-                format!(
-                    "no shard holds the finished cell {}: finish that shard first",
-                    cell.id()
-                )
-            })?;
-        outputs::save_cell(out, &found)?;
-        results.push(found);
+        let mut found = None;
+        for f in &folders {
+            let Some((old, _)) = f.models.iter().find(|(_, new)| *new == cell.model) else {
+                continue;
+            };
+            let as_recorded = super::Cell {
+                model: old.clone(),
+                ..cell.clone()
+            };
+            if let Some(result) = outputs::load_cell(&f.dir, &as_recorded, &f.identity)? {
+                found = Some(result);
+                break;
+            }
+        }
+        let found = found.with_context(|| {
+            format!(
+                "no folder holds the finished cell {}: finish that sweep (or shard) first",
+                cell.id()
+            )
+        })?;
+        let result = renamed(found, cell, &identity);
+        outputs::save_cell(out, &result)?;
+        results.push(result);
     }
     outputs::write_csvs(out, &results)?;
     finish(&plan, &results, &TerminalProgress::default(), 0).map(|_| ())
+}
+
+impl Folder {
+    /// Reads `dir`'s settings and checks them against what this jem-bench computes for the
+    /// same sweep with its models renamed: the same settings, and the same weights at the new
+    /// paths.
+    fn read<B: BenchBackend>(
+        dir: &Path,
+        renames: &[(String, String)],
+        device: &B::Device,
+    ) -> anyhow::Result<Self> {
+        let path = dir.join("settings.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
+        let saved: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: unreadable", path.display()))?;
+        let mut spec: SweepSpec =
+            serde_json::from_value(saved["args"].clone()).with_context(|| {
+                format!(
+                    "{}: `args` is not a robust sweep's arguments",
+                    path.display()
+                )
+            })?;
+        let recorded: Vec<String> = serde_json::from_value(saved["models"].clone())
+            .with_context(|| format!("{}: `models` is not a list of names", path.display()))?;
+        let rename = |m: &String| {
+            renames
+                .iter()
+                .find(|(old, _)| old == m)
+                .map_or_else(|| m.clone(), |(_, new)| new.clone())
+        };
+        let models: Vec<(String, String)> =
+            recorded.iter().map(|m| (m.clone(), rename(m))).collect();
+        spec.models = models.iter().map(|(_, new)| PathBuf::from(new)).collect();
+        let plan = Plan::<B, _>::from_args(&spec, dir, device)
+            .with_context(|| format!("{}: its models cannot be loaded", dir.display()))?;
+        let now = plan.settings(&spec);
+        let mut expected = saved.clone();
+        expected["models"] = serde_json::to_value(&spec.models)?;
+        expected["args"]["models"] = serde_json::to_value(&spec.models)?;
+        let differences = settings_differences(&expected, &now);
+        anyhow::ensure!(
+            differences.is_empty(),
+            "{} cannot be merged as recorded ({}): a checkpoint that changed since is swept \
+             again, and a sweep of another jem-bench is rerun",
+            dir.display(),
+            differences.join("; ")
+        );
+        let mut shared = saved.clone();
+        for key in ["models", "weights", "subjects"] {
+            shared[key] = Value::Null;
+        }
+        shared["args"]["models"] = Value::Null;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            identity: crate::digest::of(saved.to_string().as_bytes()),
+            models,
+            shared,
+            spec,
+        })
+    }
+}
+
+/// `result` as the cell `cell` of the sweep `identity`: its model under its new name.
+fn renamed(mut result: CellResult, cell: &super::Cell, identity: &str) -> CellResult {
+    result.cell = cell.clone();
+    result.identity = identity.to_string();
+    for row in &mut result.rows {
+        row.model = cell.model.clone();
+    }
+    for example in &mut result.examples {
+        example.model = cell.model.clone();
+    }
+    result
 }

@@ -3,7 +3,7 @@
 //! summary with the sanity checks (after Carlini et al. 2019), and a terminal table.
 //!
 //! Robustness-curve plots and `report` (regenerating summary, table and plots from CSV),
-//! `--shard` with `merge`, and `regress` against a stored reference.
+//! `--shard` with `merge` (which also joins sweeps of other models), and `regress` against a stored reference.
 
 mod attack_config;
 mod cell_run;
@@ -25,7 +25,7 @@ mod sweep;
 
 pub use crate::settings::InvalidSetting;
 pub use cells::{AttackKind, Cell, CellAttack};
-pub use merge::merge;
+pub use merge::{merge, MergeSpec};
 pub use outputs::{read_tidy, ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use own_attack::OwnAttack;
 pub use progress::TerminalProgress;
