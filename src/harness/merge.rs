@@ -39,6 +39,8 @@ struct Folder {
     models: Vec<(String, String)>,
     /// The settings with everything that names or describes the models removed.
     shared: Value,
+    /// The sweep ran without --models (the default models).
+    defaults: bool,
     spec: SweepSpec,
 }
 
@@ -86,8 +88,8 @@ pub fn merge<B: BenchBackend>(
     };
     let mut joined = folders[0].spec.clone();
     joined.models = models.iter().map(PathBuf::from).collect();
-    // The default models in their order are what a sweep without --models records.
-    if joined.models == crate::model::embedded_models() {
+    // A sweep of the default models recorded them as no --models at all: so does its merge.
+    if folders[0].defaults && joined.models == crate::model::embedded_models() {
         joined.models.clear();
     }
     let plan = Plan::<B, _>::from_args(&joined, out, device)?;
@@ -157,6 +159,7 @@ impl Folder {
         };
         let models: Vec<(String, String)> =
             recorded.iter().map(|m| (m.clone(), rename(m))).collect();
+        let defaults = spec.models.is_empty();
         spec.models = models.iter().map(|(_, new)| PathBuf::from(new)).collect();
         let plan = Plan::<B, _>::from_args(&spec, dir, device)
             .with_context(|| format!("{}: its models cannot be loaded", dir.display()))?;
@@ -182,6 +185,7 @@ impl Folder {
             identity: crate::digest::of(saved.to_string().as_bytes()),
             models,
             shared,
+            defaults,
             spec,
         })
     }

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Makes the JEM trained at the paper's 1 : 1 balance (run `aq`, docs/training-log.md) the embedded
+# `results/models/jem`, and the weight-1 000 JEM embedded before it `results/models/jem-ce1000`,
+# without sweeping again what does not change: every committed sweep keeps its cells of the other
+# models and of the old JEM (renamed, `jem-bench merge --rename`, which checks the weights), and
+# only the new JEM is swept, alone, with each part's own flags (the same as results/regenerate.sh,
+# which computes the same folders from scratch).
+#
+#   bash results/swap-jem.sh sweep [PART...]   # the new JEM's sweeps, resumable, into runs/swap/
+#   bash results/swap-jem.sh status            # which of them are finished
+#   bash results/swap-jem.sh merge [PART...]   # each finished part joined into its committed folder
+#
+# PART: reference linf l2 autoattack k1-eot k-curve k10-linf k10-l2 (default: all, in that order,
+# the cheapest and most read first). `merge` needs the new JEM's files at results/models/jem
+# (`swap-jem.sh install` puts them there and the old ones at results/models/jem-ce1000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+new=results/train/jem-attempts/aq/model # the new JEM, swept under this path until merged
+old=results/models/jem                  # the path it takes, and the old JEM's until then
+kept=results/models/jem-ce1000          # the old JEM's path after the swap
+bin=target/release/jem-bench
+work=runs/swap
+all=(reference linf l2 autoattack k1-eot k-curve k10-linf k10-l2)
+
+# Each part: the committed folder, the models it keeps in order (after the swap), and the flags
+# of its sweep in results/regenerate.sh but --models and --out.
+part() {
+    case "$1" in
+    reference) dest=results/reference/linf-small models=baseline,jem,adv
+        flags=(--norm linf --attacks pgd,fgsm --steps 0,1 --eps 0,0.1,0.2,0.3 --n-examples 50
+            --pgd-steps 10 --chains 2 --recheck-chains 4) ;;
+    linf | l2) dest=results/sweeps/$1 models=default flags=(--norm "$1") ;;
+    autoattack) dest=results/sweeps/autoattack-linf models=default
+        flags=(--norm linf --attacks autoattack --steps 0 --jobs 1) ;;
+    k1-eot) dest=results/sweeps/linf-k1-full-eot4 models=jem,jem-ce1000,baseline
+        flags=(--norm linf --attacks apgd-ce --steps 1 --grad full --eot 4 --eps 0,0.1,0.2,0.3
+            --n-examples 100 --jobs 2) ;;
+    k-curve) dest=results/sweeps/k-curve-linf models=jem,jem-ce1000,baseline
+        flags=(--norm linf --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2) ;;
+    k10-linf) dest=results/sweeps/k10-linf models=jem,jem-ce1000,baseline
+        flags=(--norm linf --steps 10 --eps 0,0.1,0.3 --n-examples 100 --batch-size 10 --jobs 2) ;;
+    k10-l2) dest=results/sweeps/k10-l2 models=jem,jem-ce1000,baseline
+        flags=(--norm l2 --steps 10 --eps 0,1,2,3 --n-examples 100 --batch-size 10 --jobs 2) ;;
+    *) echo "unknown part '$1': expected one of ${all[*]}" >&2; exit 2 ;;
+    esac
+    [ "$models" = default ] && models=baseline,jem,adv
+    models=$(echo "$models" | sed 's#\([^,]*\)#results/models/\1#g')
+}
+
+# The sweep of the new JEM for a part (k10-l2 has no committed folder: the old JEM and the
+# baseline are swept there too, under the paths they keep).
+sweep() {
+    part "$1"
+    local sweep_models=$new
+    [ "$1" = k10-l2 ] && sweep_models=$new,$kept,results/models/baseline
+    mkdir -p "$work"
+    "$bin" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1"
+}
+
+finished() { [ -e "$work/$1/summary.json" ] && ! ls -d "$work/$1/cells/"*.batches >/dev/null 2>&1; }
+
+merge() {
+    part "$1"
+    finished "$1" || { echo "$1: the new JEM's sweep is not finished (swap-jem.sh sweep $1)" >&2; exit 1; }
+    local from=("$work/$1")
+    [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}")
+    rm -rf "$work/$1-merged"
+    "$bin" merge "${from[@]}" --rename "$old=$kept" --rename "$new=$old" --models "$models" \
+        --out "$work/$1-merged"
+    rm -rf "$dest.old" && { [ ! -e "$dest" ] || mv "$dest" "$dest.old"; }
+    cp -r "$work/$1-merged" "$dest" && rm -rf "$dest.old"
+}
+
+cmd=${1:-}
+shift || true
+parts=("${@:-${all[@]}}")
+case "$cmd" in
+sweep) cargo build --release; for p in "${parts[@]}"; do sweep "$p"; done ;;
+status) for p in "${parts[@]}"; do
+        part "$p"
+        if finished "$p"; then echo "$p: finished"; elif [ -e "$work/$p" ]; then echo "$p: started";
+        else echo "$p: not started"; fi
+    done ;;
+install)
+    cmp -s results/models/jem.safetensors "$kept.safetensors" \
+        || { echo "results/models/jem is not the old JEM any more: nothing to install" >&2; exit 1; }
+    cp "$new.json" results/models/jem.json && cp "$new.safetensors" results/models/jem.safetensors ;;
+merge) cargo build --release; for p in "${parts[@]}"; do merge "$p"; done ;;
+*) echo "usage: swap-jem.sh sweep|status|install|merge [PART...]" >&2; exit 2 ;;
+esac
