@@ -221,6 +221,7 @@ fn shards_merged_equal_the_whole_sweep() {
         .output()
         .unwrap();
     assert_fails_with(&o, "no folder holds the finished cell");
+    assert!(!partial.path().join("settings.json").exists());
 }
 
 #[test]

@@ -95,9 +95,7 @@ pub fn merge<B: BenchBackend>(
     let plan = Plan::<B, _>::from_args(&joined, out, device)?;
     let settings = plan.settings(&joined);
     let identity = plan.identity(&joined);
-    crate::output_folder::claim(out, "robust")?;
-    let lock = FolderLock::acquire(out, "sweep.lock")?;
-    claim_folder(out, &settings, &identity, &[], &lock)?;
+    // Every cell is found before anything is written: a missing one leaves no folder.
     let mut results = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
         let mut found = None;
@@ -120,9 +118,13 @@ pub fn merge<B: BenchBackend>(
                 cell.id()
             )
         })?;
-        let result = renamed(found, cell, &identity);
-        outputs::save_cell(out, &result)?;
-        results.push(result);
+        results.push(renamed(found, cell, &identity));
+    }
+    crate::output_folder::claim(out, "robust")?;
+    let lock = FolderLock::acquire(out, "sweep.lock")?;
+    claim_folder(out, &settings, &identity, &[], &lock)?;
+    for result in &results {
+        outputs::save_cell(out, result)?;
     }
     outputs::write_csvs(out, &results)?;
     finish(&plan, &results, &TerminalProgress::default(), 0).map(|_| ())
