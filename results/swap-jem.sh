@@ -8,11 +8,14 @@
 #
 #   bash results/swap-jem.sh sweep [PART...]   # the new JEM's sweeps, resumable, into runs/swap/
 #   bash results/swap-jem.sh status            # which of them are finished
+#   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
 #   bash results/swap-jem.sh merge [PART...]   # each finished part joined into its committed folder
 #
-# PART: reference linf l2 autoattack k1-eot k-curve k10-linf k10-l2 (default: all, in that order,
-# the cheapest and most read first). `merge` needs the new JEM's files at results/models/jem
-# (`swap-jem.sh install` puts them there and the old ones at results/models/jem-ce1000).
+# PART: linf l2 k-curve k10-linf k10-l2 (default: all, in that order, the most read first). The
+# folders that an older jem-bench made (its settings.json lacks what a merge checks: the
+# reference sweep, autoattack-linf, linf-k1-full-eot4) and the tables that are not sweeps
+# (nonsense, calibration, OOD, samples) are made again after `install`, by
+# `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` (an hour or two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,21 +24,13 @@ old=results/models/jem                  # the path it takes, and the old JEM's u
 kept=results/models/jem-ce1000          # the old JEM's path after the swap
 bin=target/release/jem-bench
 work=runs/swap
-all=(reference linf l2 autoattack k1-eot k-curve k10-linf k10-l2)
+all=(linf l2 k-curve k10-linf k10-l2)
 
 # Each part: the committed folder, the models it keeps in order (after the swap), and the flags
 # of its sweep in results/regenerate.sh but --models and --out.
 part() {
     case "$1" in
-    reference) dest=results/reference/linf-small models=baseline,jem,adv
-        flags=(--norm linf --attacks pgd,fgsm --steps 0,1 --eps 0,0.1,0.2,0.3 --n-examples 50
-            --pgd-steps 10 --chains 2 --recheck-chains 4) ;;
     linf | l2) dest=results/sweeps/$1 models=default flags=(--norm "$1") ;;
-    autoattack) dest=results/sweeps/autoattack-linf models=default
-        flags=(--norm linf --attacks autoattack --steps 0 --jobs 1) ;;
-    k1-eot) dest=results/sweeps/linf-k1-full-eot4 models=jem,jem-ce1000,baseline
-        flags=(--norm linf --attacks apgd-ce --steps 1 --grad full --eot 4 --eps 0,0.1,0.2,0.3
-            --n-examples 100 --jobs 2) ;;
     k-curve) dest=results/sweeps/k-curve-linf models=jem,jem-ce1000,baseline
         flags=(--norm linf --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2) ;;
     k10-linf) dest=results/sweeps/k10-linf models=jem,jem-ce1000,baseline
@@ -65,6 +60,11 @@ merge() {
     finished "$1" || { echo "$1: the new JEM's sweep is not finished (swap-jem.sh sweep $1)" >&2; exit 1; }
     local from=("$work/$1")
     [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}")
+    if [ "$1" = linf ] && [ ! -e results/sweeps/jem-ce1000-linf ]; then
+        # The old JEM's default L∞ sweep keeps a folder of its own, beside the 1 : 1 one's.
+        "$bin" merge "$dest" --rename "$old=$kept" --models "$kept" --out "$work/jem-ce1000-linf"
+        cp -r "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
+    fi
     rm -rf "$work/$1-merged"
     "$bin" merge "${from[@]}" --rename "$old=$kept" --rename "$new=$old" --models "$models" \
         --out "$work/$1-merged"
