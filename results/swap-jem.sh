@@ -8,6 +8,8 @@
 #
 #   bash results/swap-jem.sh sweep [PART...]   # the new JEM's sweeps, resumable, into runs/swap/
 #   bash results/swap-jem.sh status            # which of them are finished
+#   bash results/swap-jem.sh save [PART...]    # them as they stand into results/train/jem-attempts/
+#                                              # aq/sweeps (to commit; `sweep` continues from there)
 #   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
 #   bash results/swap-jem.sh merge [PART...]   # each finished part joined into its committed folder
 #
@@ -43,20 +45,37 @@ part() {
     models=$(echo "$models" | sed 's#\([^,]*\)#results/models/\1#g')
 }
 
+# Where a session commits the new JEM's sweeps, finished or not, for the next to continue.
+committed=results/train/jem-attempts/aq/sweeps
+
 # The sweep of the new JEM for a part (k10-l2 has no committed folder: the old JEM and the
-# baseline are swept there too, under the paths they keep).
+# baseline are swept there too, under the paths they keep), continued from its committed copy.
 sweep() {
     part "$1"
     local sweep_models=$new
     [ "$1" = k10-l2 ] && sweep_models=$new,$kept,results/models/baseline
-    mkdir -p "$work"
+    resume "$1"
     "$bin" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1"
+}
+
+# The part's committed copy into the work folder, where none is there yet.
+resume() {
+    mkdir -p "$work"
+    [ -e "$work/$1" ] || [ ! -e "$committed/$1" ] || cp -r "$committed/$1" "$work/$1"
+}
+
+# `save PART`: the part's sweep as it stands, copied to the committed folder (to commit).
+save() {
+    [ -e "$work/$1" ] || return 0
+    rm -rf "$committed/$1" && mkdir -p "$committed" && cp -r "$work/$1" "$committed/$1"
+    rm -f "$committed/$1/sweep.lock"
 }
 
 finished() { [ -e "$work/$1/summary.json" ] && ! ls -d "$work/$1/cells/"*.batches >/dev/null 2>&1; }
 
 merge() {
     part "$1"
+    resume "$1"
     finished "$1" || { echo "$1: the new JEM's sweep is not finished (swap-jem.sh sweep $1)" >&2; exit 1; }
     local from=("$work/$1")
     [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}")
@@ -78,7 +97,7 @@ parts=("${@:-${all[@]}}")
 case "$cmd" in
 sweep) cargo build --release; for p in "${parts[@]}"; do sweep "$p"; done ;;
 status) for p in "${parts[@]}"; do
-        part "$p"
+        part "$p" && resume "$p"
         if finished "$p"; then echo "$p: finished"; elif [ -e "$work/$p" ]; then echo "$p: started";
         else echo "$p: not started"; fi
     done ;;
@@ -87,5 +106,6 @@ install)
         || { echo "results/models/jem is not the old JEM any more: nothing to install" >&2; exit 1; }
     cp "$new.json" results/models/jem.json && cp "$new.safetensors" results/models/jem.safetensors ;;
 merge) cargo build --release; for p in "${parts[@]}"; do merge "$p"; done ;;
-*) echo "usage: swap-jem.sh sweep|status|install|merge [PART...]" >&2; exit 2 ;;
+save) for p in "${parts[@]}"; do part "$p" && save "$p"; done ;;
+*) echo "usage: swap-jem.sh sweep|status|save|install|merge [PART...]" >&2; exit 2 ;;
 esac
