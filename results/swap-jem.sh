@@ -13,11 +13,13 @@
 #   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
 #   bash results/swap-jem.sh merge [PART...]   # each finished part joined into its committed folder
 #
-# PART: linf l2 k-curve k10-linf k10-l2 (default: all, in that order, the most read first). The
-# folders that an older jem-bench made (its settings.json lacks what a merge checks: the
-# reference sweep, autoattack-linf, linf-k1-full-eot4) and the tables that are not sweeps
-# (nonsense, calibration, OOD, samples) are made again after `install`, by
-# `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` (an hour or two).
+# PART: linf l2 k10-l2 k-curve k10-linf (default: all, in that order: the most read first; linf
+# and l2 run unbatched, so give each a stretch of about 1.5 h on two cores, the others resume
+# batch by batch). The folders that an older jem-bench made (their settings.json lacks what a
+# merge checks: the reference sweep, autoattack-linf, linf-k1-full-eot4) and the tables that are
+# not sweeps (nonsense, calibration, OOD, samples) are made again after `install`, by
+# `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` with its model
+# lists updated (the 1 : 1 JEM `ad` replaced by jem-ce1000; an hour or two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +28,7 @@ old=results/models/jem                  # the path it takes, and the old JEM's u
 kept=results/models/jem-ce1000          # the old JEM's path after the swap
 bin=target/release/jem-bench
 work=runs/swap
-all=(linf l2 k-curve k10-linf k10-l2)
+all=(linf l2 k10-l2 k-curve k10-linf)
 
 # Each part: the committed folder, the models it keeps in order (after the swap), and the flags
 # of its sweep in results/regenerate.sh but --models and --out.

@@ -273,9 +273,18 @@ fn sweeps_of_other_models_merge_into_the_sweep_of_all_and_a_moved_checkpoint_kee
     run(other.args(["--seed", "5"]));
     let o = merge(&[&baseline, &text(&at("other"))], &at("mixed"));
     assert_fails_with(&o, "seed");
-    // And a kept model that no folder swept.
+    // And a kept or renamed model that no folder swept.
     let o = merge(&[&baseline, "--models", "results/models/jem"], &at("none"));
-    assert_fails_with(&o, "no folder swept");
+    assert_fails_with(&o, "which no folder swept");
+    let o = merge(
+        &[&baseline, "--rename", "results/models/jem=x"],
+        &at("none"),
+    );
+    assert_fails_with(
+        &o,
+        "--rename names results/models/jem, which no folder swept",
+    );
+    assert!(!at("none").exists());
 }
 
 #[test]

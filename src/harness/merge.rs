@@ -57,6 +57,14 @@ pub fn merge<B: BenchBackend>(
         .iter()
         .map(|dir| Folder::read::<B>(dir, &spec.renames, device))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    for (old, _) in &spec.renames {
+        anyhow::ensure!(
+            folders
+                .iter()
+                .any(|f| f.models.iter().any(|(m, _)| m == old)),
+            "--rename names {old}, which no folder swept"
+        );
+    }
     for f in &folders[1..] {
         let differences = settings_differences(&folders[0].shared, &f.shared);
         anyhow::ensure!(
