@@ -8,6 +8,18 @@ use std::process::{Command, Output};
 use jem_bench::backend::{self, Inference};
 use jem_bench::model::{weights_digest, Checkpoint};
 
+/// A sweep small enough for a test: FGSM at K = 0, ε 0 and 0.1 (models, examples and folder
+/// added by each test).
+const TINY_FGSM_SWEEP: [&str; 7] = [
+    "robust",
+    "--attacks",
+    "fgsm",
+    "--steps",
+    "0",
+    "--eps",
+    "0,0.1",
+];
+
 fn cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -292,15 +304,7 @@ fn identical_weights_saved_twice_are_the_same_weights() {
     let out = dir.path().join("sweep");
     let sweep = |out: &Path| {
         cli()
-            .args([
-                "robust",
-                "--attacks",
-                "fgsm",
-                "--steps",
-                "0",
-                "--eps",
-                "0,0.1",
-            ])
+            .args(TINY_FGSM_SWEEP)
             .args(["--n-examples", "3", "--models"])
             .arg(&a)
             .arg("--out")
@@ -509,15 +513,7 @@ fn the_embedded_models_work_from_any_folder() {
     let sweep = |models: &[&str], out: &str| -> Vec<String> {
         let o = Command::new(env!("CARGO_BIN_EXE_jem-bench"))
             .current_dir(dir.path())
-            .args([
-                "robust",
-                "--attacks",
-                "fgsm",
-                "--steps",
-                "0",
-                "--eps",
-                "0,0.1",
-            ])
+            .args(TINY_FGSM_SWEEP)
             .args(models)
             .args(["--n-examples", "2", "--out", out])
             .output()
@@ -1340,15 +1336,7 @@ fn cells_are_reused_only_by_the_sweep_that_computed_them() {
     let out = dir.path().join("sweep");
     let run = |n: &str| {
         cli()
-            .args([
-                "robust",
-                "--attacks",
-                "fgsm",
-                "--steps",
-                "0",
-                "--eps",
-                "0,0.1",
-            ])
+            .args(TINY_FGSM_SWEEP)
             .args(["--n-examples", n, "--models"])
             .arg(&model)
             .arg("--out")
