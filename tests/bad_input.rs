@@ -1164,19 +1164,11 @@ fn output_folders_belong_to_the_command_that_made_them() {
     let commands: Vec<(&str, Vec<&str>)> = vec![
         (
             "robust",
-            vec![
-                "robust",
-                "--attacks",
-                "fgsm",
-                "--steps",
-                "0",
-                "--eps",
-                "0,0.1",
-                "--n-examples",
-                "5",
-                "--models",
-                model,
-            ],
+            [
+                &TINY_FGSM_SWEEP[..],
+                &["--n-examples", "5", "--models", model],
+            ]
+            .concat(),
         ),
         (
             "calibrate",
