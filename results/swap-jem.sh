@@ -79,18 +79,19 @@ merge() {
     part "$1"
     resume "$1"
     finished "$1" || { echo "$1: the new JEM's sweep is not finished (swap-jem.sh sweep $1)" >&2; exit 1; }
-    local from=("$work/$1")
-    [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}")
+    # The committed folder, where there is one, with the old JEM's cells renamed.
+    local from=("$work/$1") renames=(--rename "$new=$old")
+    [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}") renames+=(--rename "$old=$kept")
     if [ "$1" = linf ] && [ ! -e results/sweeps/jem-ce1000-linf ]; then
         # The old JEM's default L∞ sweep keeps a folder of its own, beside the 1 : 1 one's.
         "$bin" merge "$dest" --rename "$old=$kept" --models "$kept" --out "$work/jem-ce1000-linf"
         cp -r "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
+        rm -f results/sweeps/jem-ce1000-linf/sweep.lock
     fi
     rm -rf "$work/$1-merged"
-    "$bin" merge "${from[@]}" --rename "$old=$kept" --rename "$new=$old" --models "$models" \
-        --out "$work/$1-merged"
+    "$bin" merge "${from[@]}" "${renames[@]}" --models "$models" --out "$work/$1-merged"
     rm -rf "$dest.old" && { [ ! -e "$dest" ] || mv "$dest" "$dest.old"; }
-    cp -r "$work/$1-merged" "$dest" && rm -rf "$dest.old"
+    cp -r "$work/$1-merged" "$dest" && rm -rf "$dest.old" "$dest/sweep.lock"
 }
 
 cmd=${1:-}
