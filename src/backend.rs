@@ -30,6 +30,12 @@ pub trait BenchBackend: jem_kernels::KernelsAutodiff {
     /// arithmetic and the forward convolution (`f32+auto`, `f32+direct`, `f32+im2col`, `f32+tiled`:
     /// `JEM_BENCH_GPU_CONV`; jem-kernels' CUDA convolutions and products never use TF32).
     fn kernel_path() -> String;
+
+    /// How many shards a JEM step splits its SGLD chains into when the run leaves the count to
+    /// the machine (`--sgld-threads 0`): one per core on the CPU, where a shard's batch
+    /// computes on one core; one on a GPU, where shards only multiply small kernel launches
+    /// that contend for the same device.
+    fn default_sgld_shards() -> usize;
 }
 
 impl BenchBackend for Autodiff<burn::backend::Flex> {
@@ -39,6 +45,10 @@ impl BenchBackend for Autodiff<burn::backend::Flex> {
 
     fn kernel_path() -> String {
         format!("{}+gemm-{}", jem_kernels::isa(), jem_kernels::gemm_isa())
+    }
+
+    fn default_sgld_shards() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 }
 
@@ -50,6 +60,10 @@ impl BenchBackend for Autodiff<jem_kernels::Cuda> {
 
     fn kernel_path() -> String {
         format!("f32+{}", jem_kernels::gpu_conv().name())
+    }
+
+    fn default_sgld_shards() -> usize {
+        1
     }
 }
 

@@ -444,8 +444,9 @@ fn time_op<B: BenchBackend>(
 }
 
 /// One JEM training iteration after another, as `train --kind jem` runs them, with the
-/// official settings and the SGLD shards on as many threads as the rest of the row
-/// (training's default, one per core, would ignore `RAYON_NUM_THREADS`).
+/// official settings and, on the CPU, the SGLD shards on as many threads as the rest of the
+/// row (training's default, one per core, would ignore `RAYON_NUM_THREADS`); on a GPU one shard,
+/// as training runs it there.
 fn time_jem_iteration<B: BenchBackend>(
     args: &BenchSpec,
     cfg: &WideResNetConfig,
@@ -455,7 +456,11 @@ fn time_jem_iteration<B: BenchBackend>(
     device: &B::Device,
 ) -> anyhow::Result<Vec<f64>> {
     let config = JemConfig {
-        sgld_threads: rayon_threads(),
+        sgld_threads: if B::default_sgld_shards() == 1 {
+            1
+        } else {
+            rayon_threads()
+        },
         ..JemConfig::default()
     };
     let mut objective = JemObjective::new(config, f64::INFINITY);

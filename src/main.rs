@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use jem_bench::backend::{self, Inference, Train};
+use jem_bench::backend::{self, BenchBackend, Inference, Train};
 use jem_bench::metrics;
 use jem_bench::model::{
     import_pytorch, stored_normalization, to_f32, Checkpoint, PytorchNaming, Sidecar,
@@ -260,7 +260,8 @@ fn run_train(cfg: TrainSpec, device: &backend::Device) -> anyhow::Result<()> {
     let outcome = match cfg.kind {
         TrainKind::Baseline => train::train::<Train, _>(&cfg, &mut ClassifierObjective, device)?,
         TrainKind::Jem => {
-            let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap);
+            let mut jem = JemObjective::new(cfg.jem.clone(), cfg.guard.guard_max_energy_gap)
+                .with_default_shards(Train::default_sgld_shards());
             train::train::<Train, _>(&cfg, &mut jem, device)?
         }
         TrainKind::Adv => {

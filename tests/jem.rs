@@ -436,6 +436,36 @@ fn sharded_sgld_matches_one_thread() {
     }
 }
 
+/// A run that leaves the SGLD shard count to the machine (`sgld_threads` 0) gets the count its
+/// backend asks for (one on a GPU, where shards only multiply kernel launches; one per core on
+/// the CPU); a count the run names wins.
+#[test]
+fn an_unset_shard_count_is_the_backends_default() {
+    use jem_bench::backend::BenchBackend;
+    use jem_bench::train::JemConfig;
+
+    let jem = |threads: usize| {
+        JemObjective::new(
+            JemConfig {
+                sgld_threads: threads,
+                ..JemConfig::default()
+            },
+            1e4,
+        )
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(jem(0).sgld_shards(), cores);
+    let backends = if cfg!(feature = "cuda") { 1 } else { cores };
+    assert_eq!(
+        Train::default_sgld_shards(),
+        backends,
+        "one per core on the CPU, one on CUDA"
+    );
+    assert_eq!(jem(0).with_default_shards(1).sgld_shards(), 1);
+    assert_eq!(jem(0).with_default_shards(0).sgld_shards(), 1);
+    assert_eq!(jem(3).with_default_shards(1).sgld_shards(), 3);
+}
+
 /// `sample --from-class-gaussian --steps 0` starts row k from class k's Gaussian: the baseline
 /// classifier reads most starts as their row's class, where uniform noise reads as one class
 /// for every row.

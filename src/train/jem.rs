@@ -43,7 +43,8 @@ pub struct JemConfig {
     /// against 17 for data: the official loss then wipes out its accuracy.
     #[serde(default)]
     pub energy_reg: f64,
-    /// Threads that share the SGLD chains of a step (0: one per core). Every chain gets the
+    /// Threads that share the SGLD chains of a step (0: the machine's choice, one per core on
+    /// the CPU and one on a GPU: [`JemObjective::with_default_shards`]). Every chain gets the
     /// same noise whatever the count, but a shard's batch size moves the last bit of some
     /// results, so runs with different counts drift apart: the count is a setting of the run.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -141,6 +142,8 @@ pub struct JemObjective {
     max_energy_gap: f64,
     /// Set up by [`Objective::prepare`], once the data's shape is known.
     chains: Option<Chains>,
+    /// SGLD shards where `config.sgld_threads` is 0.
+    default_shards: usize,
 }
 
 struct Chains {
@@ -155,6 +158,23 @@ impl JemObjective {
             config,
             max_energy_gap,
             chains: None,
+            default_shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+
+    /// The number of SGLD shards where the run leaves it to the machine (`sgld_threads` 0;
+    /// one per core unless set): a GPU backend computes a step best as one batch.
+    pub fn with_default_shards(mut self, shards: usize) -> Self {
+        self.default_shards = shards.max(1);
+        self
+    }
+
+    /// How many shards a step splits its SGLD chains into: the run's `sgld_threads`, else the
+    /// machine's default ([`with_default_shards`](Self::with_default_shards)).
+    pub fn sgld_shards(&self) -> usize {
+        match self.config.sgld_threads {
+            0 => self.default_shards,
+            t => t,
         }
     }
 
@@ -225,10 +245,7 @@ impl<B: KernelsAutodiff> Objective<B> for JemObjective {
         // Advance persistent chains with the current parameters frozen: input gradients only.
         let sgld_start = Instant::now();
         let reinit = self.config.reinit_freq;
-        let threads = match self.config.sgld_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            t => t,
-        };
+        let threads = self.sgld_shards();
         let chains = self.chains();
         let draw = chains.buffer.draw(n, reinit, &chains.init, &mut rng);
         let x0 = Tensor::<B::InnerBackend, 4>::from_data(
