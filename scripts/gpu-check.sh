@@ -20,10 +20,8 @@
 # repository's results/models and results/sweeps/linf (the CPU sweep compared against) — not
 # results/train or datasets/data, which the binaries do not read.
 #
-# GPU_CHECK_PHASES chooses what runs: `all` (default), `timings` (phase 2 only: a second call on a
-# machine still warm), or `tiled` (only jem-kernels' tiled kernels: their four agreement tests
-# and, where all pass, their timing rows — about 3 minutes, leaving a short device budget for
-# training).
+# GPU_CHECK_PHASES chooses what runs: `all` (default) or `timings` (phase 2 only: a second call
+# on a machine still warm).
 #
 # Budget: about 7 minutes (GPU_CHECK_SECONDS, default 420, bounds the two phases together).
 # Each step has its own time limit and the script goes on to the next when one runs out, so a
@@ -75,9 +73,9 @@ run() {
     local out=${1:-results/gpu}
     local phases=${GPU_CHECK_PHASES:-all}
     case $phases in
-    all | timings | tiled) ;;
+    all | timings) ;;
     *)
-        echo "GPU_CHECK_PHASES=$phases: expected all, timings or tiled" >&2
+        echo "GPU_CHECK_PHASES=$phases: expected all or timings" >&2
         return 2
         ;;
     esac
@@ -99,19 +97,17 @@ run() {
     } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
     local started=$SECONDS
-    # The convolutions checked, and those timed before and after tiled's agreement tests passed
-    # here: tiled joins the timings only then (and is all that GPU_CHECK_PHASES=tiled checks
-    # and times).
-    local convs=(auto tiled) timed=native,im2col,direct with_tiled=native,tiled,im2col,direct
-    [ "$phases" = tiled ] && convs=(tiled) timed="" with_tiled=tiled
+    # The forward convolutions checked (the default, jem-kernels' tiled kernels, and burn's
+    # kernels chosen per layer) and those timed (every one, the default first).
+    local convs=(tiled auto) timed=tiled,auto,im2col,direct
 
     # GPU_CHECK_PHASES=timings skips phase 1: a second, short call on a machine still warm
     # completes the timing table without checking again what the first call checked.
     if [ "$phases" != timings ]; then
         # Phase 1, correctness, in parallel (the GPU has room; a device call has minutes): each
-        # agreement test in its own process, with the default forward convolution (auto: burn's
-        # direct kernel and the unfolded product, by layer) and with jem-kernels' tiled one
-        # (JEM_BENCH_GPU_CONV);
+        # agreement test in its own process, with the default forward convolution (jem-kernels'
+        # tiled kernels) and with burn's (auto: its direct kernel and the unfolded product, by
+        # layer; JEM_BENCH_GPU_CONV);
         # the baseline's K = 0 and K = 1 sweep cells against the committed CPU sweep; every other
         # command once on the GPU.
         local tests=(cpu_and_gpu_agree_on_every_convolution_gradient_of_the_wide_resnets
@@ -125,11 +121,9 @@ run() {
                     "$work/gpu-tests" --ignored --exact "on_gpu::$t" --nocapture --test-threads 1 &
             done
         done
-        if [ "$phases" = all ]; then
-            k_sweep 0 "$work" "$out" &
-            k_sweep 1 "$work" "$out" &
-            commands "$work" "$out" &
-        fi
+        k_sweep 0 "$work" "$out" &
+        k_sweep 1 "$work" "$out" &
+        commands "$work" "$out" &
         wait
         for conv in "${convs[@]}"; do
             for t in "${tests[@]}"; do
@@ -139,11 +133,6 @@ run() {
         done >"$out/agreement.log"
         grep -E "test result|^\[agreement" "$out/agreement.log"
         echo "phase 1 (correctness) took $((SECONDS - started)) s"
-        if [ "$(cat "$work"/agreement-tiled-*.log | grep -c "test result: ok")" -eq "${#tests[@]}" ]; then
-            echo "tiled agrees on this GPU: timed too (JEM_BENCH_GPU_CONV_UNVERIFIED=1 for compare.py)"
-            timed=$with_tiled
-            export JEM_BENCH_GPU_CONV_UNVERIFIED=1
-        fi
     fi
 
     # Phase 2, timings, alone on the GPU, both sides in true f32, while time is left
@@ -151,17 +140,13 @@ run() {
     # contention are dropped first; the compiled kernels are kept. The rows already in
     # results/perf/gpu.csv are kept and only the missing ones measured (--resume), so that
     # successive short GPU calls complete the table; delete that file to measure every row again
-    # (after a change to the GPU kernels). The default convolution's rows (native: chosen per
-    # layer) come first, then the unfolded one's, then burn's direct one's: WRN-28-10's JEM
-    # iteration alone can take minutes on the direct one. jem-kernels' tiled kernels are timed
-    # (second) only where phase 1 found them agreeing with the CPU: a CUDA build refuses them
-    # otherwise, as they once computed wrong convolutions there.
+    # (after a change to the GPU kernels). The default convolution's rows (tiled) come first,
+    # then burn's chosen per layer (auto), the unfolded product's, and burn's direct kernel's
+    # last: WRN-28-10's JEM iteration alone can take minutes on the direct one.
     rm -rf target/autotune
     [ -f results/perf/gpu.csv ] && cp results/perf/gpu.csv "$out/gpu.csv"
     local left=$((${GPU_CHECK_SECONDS:-420} - (SECONDS - started)))
-    if [ -z "$timed" ]; then
-        echo "timings not run: tiled did not agree with the CPU here" | tee "$out/compare.log"
-    elif [ "$left" -lt 30 ]; then
+    if [ "$left" -lt 30 ]; then
         echo "timings not run: $left s left" | tee "$out/compare.log"
     elif python3 -c 'import torch, safetensors; assert torch.cuda.is_available()' 2>/dev/null; then
         step "$left" "$out/compare.log" python3 benches/pytorch/compare.py --device cuda \

@@ -158,16 +158,12 @@ pub fn name() -> String {
     }
 }
 
-/// Applies `JEM_BENCH_GPU_CONV` (`auto`, the default, `direct` or `im2col`: how a GPU build
-/// computes forward convolutions, all in true f32); an error for any other value, and for
-/// `tiled`, not yet shown to agree with the CPU on CUDA (unless
-/// `JEM_BENCH_GPU_CONV_UNVERIFIED=1`), before any work. A CPU build ignores it.
+/// Applies `JEM_BENCH_GPU_CONV` (`tiled`, the default, `auto`, `direct` or `im2col`: how a GPU
+/// build computes forward convolutions, all in true f32); an error for any other value, before
+/// any work. A CPU build ignores it.
 pub fn gpu_settings_from_env() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(conv) = jem_kernels::GpuConv::from_env().map_err(anyhow::Error::msg)? {
-        let debugging =
-            std::env::var_os(jem_kernels::UNVERIFIED_VARIABLE).is_some_and(|v| v == "1");
-        conv.check_for_cuda(debugging).map_err(anyhow::Error::msg)?;
         jem_kernels::set_gpu_conv(conv);
     }
     Ok(())

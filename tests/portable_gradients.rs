@@ -275,11 +275,11 @@ fn the_weight_gradient_in_chunks_matches_burns_for_every_chunk_count() {
     assert!(weight_grad_chunks(4 * 28 * 28, 16 * 9) > 1);
 }
 
-/// The GPU's default forward convolution (`JEM_BENCH_GPU_CONV=auto`) takes burn's direct kernel
-/// on every layer of WRN-10-1 — the network whose direct-kernel timings it was chosen by — and
-/// the unfolded product on every 3×3 layer of WRN-28-10 but the first two (docs/gpu.md).
+/// burn's kernels chosen per layer on a GPU (`JEM_BENCH_GPU_CONV=auto`) take the direct kernel
+/// on every layer of WRN-10-1 — the network whose direct-kernel timings the rule was chosen by —
+/// and the unfolded product on every 3×3 layer of WRN-28-10 but the first two (docs/gpu.md).
 #[test]
-fn the_default_gpu_convolution_is_direct_on_wrn_10_1_and_unfolded_on_wrn_28_10s_wide_layers() {
+fn the_auto_gpu_convolution_is_direct_on_wrn_10_1_and_unfolded_on_wrn_28_10s_wide_layers() {
     use jem_kernels::GpuConv;
     let choice = |s: &ConvShape| {
         GpuConv::Auto.for_weight([s.out_channels, s.in_channels, s.kernel, s.kernel])

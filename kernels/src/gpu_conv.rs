@@ -1,27 +1,28 @@
-//! How the GPU backends compute a forward convolution: burn's direct kernel or the unfolded
-//! input times the weight, chosen per layer by default. Kept apart from the GPU backends
+//! How the GPU backends compute a forward convolution: this crate's tiled kernels by default,
+//! or burn's direct kernel or the unfolded input times the weight. Kept apart from the GPU backends
 //! themselves so that every build (and its tests) has the choice, with or without a GPU
 //! backend compiled in.
 
 use crate::process_choice::ProcessChoice;
 
-/// How the GPU backends compute a forward convolution (both kernels in true f32).
+/// How the GPU backends compute a forward convolution (every kernel in true f32). All four
+/// agree with the CPU on an NVIDIA H200 and on a software Vulkan device (tests/gpu.rs,
+/// docs/gpu.md); they differ in speed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuConv {
-    /// Per convolution, by the length of its sums (the default): burn's direct kernel where
-    /// each output sums fewer than [`IM2COL_MIN_TERMS`] products, the unfolded product where
-    /// it sums more.
+    /// This crate's own kernels (the default): the unfolded product computed in shared-memory
+    /// tiles without writing the unfolded input (src/tiled_conv.rs), and the weight gradient
+    /// the same way (src/tiled_weight_grad.rs). The fastest of the four on every row timed on
+    /// an H200 (results/perf/gpu.csv).
+    Tiled,
+    /// Per convolution, by the length of its sums: burn's direct kernel where each output sums
+    /// fewer than [`IM2COL_MIN_TERMS`] products, the unfolded product where it sums more.
     Auto,
     /// burn's direct convolution kernel: a loop per output element.
     Direct,
     /// The input unfolded (im2col) and one unit-tiled matrix product with the weight
     /// ([`crate::conv2d_from_matmul`]): more memory, and a kernel built for throughput.
     Im2col,
-    /// This crate's own kernels: the unfolded product computed in shared-memory tiles without
-    /// writing the unfolded input (src/tiled_conv.rs), and the weight gradient the same way
-    /// (src/tiled_weight_grad.rs). Agrees with the CPU on a software Vulkan device; on an
-    /// NVIDIA GPU not yet (see [`GpuConv::check_for_cuda`]), hence not chosen by `Auto`.
-    Tiled,
 }
 
 /// Under [`GpuConv::Auto`], the length of an output's sum (input channels × kernel area) from
@@ -32,13 +33,9 @@ pub enum GpuConv {
 /// the two; single layers have not been timed apart, and no network mixing both was timed.
 pub const IM2COL_MIN_TERMS: usize = 1024;
 
-/// The environment variable that chooses [`GpuConv`]: `auto` (default), `direct`, `im2col` or
-/// `tiled`.
+/// The environment variable that chooses [`GpuConv`]: `tiled` (default), `auto`, `direct` or
+/// `im2col`.
 pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
-
-/// The environment variable that lets a CUDA build run a choice that failed its agreement
-/// tests on an NVIDIA GPU (`1`), to debug it; see [`GpuConv::check_for_cuda`].
-pub const UNVERIFIED_VARIABLE: &str = "JEM_BENCH_GPU_CONV_UNVERIFIED";
 
 static GPU_CONV: ProcessChoice<GpuConv> = ProcessChoice::new(&GpuConv::ALL);
 
@@ -47,18 +44,18 @@ pub fn set_gpu_conv(conv: GpuConv) {
     GPU_CONV.set(conv);
 }
 
-/// How the GPU backends compute forward convolutions (see [`set_gpu_conv`]; `Auto` until set).
+/// How the GPU backends compute forward convolutions (see [`set_gpu_conv`]; `Tiled` until set).
 pub fn gpu_conv() -> GpuConv {
-    GPU_CONV.get().unwrap_or(GpuConv::Auto)
+    GPU_CONV.get().unwrap_or(GpuConv::Tiled)
 }
 
 impl GpuConv {
     /// Every choice, the default first.
     pub const ALL: [GpuConv; 4] = [
+        GpuConv::Tiled,
         GpuConv::Auto,
         GpuConv::Direct,
         GpuConv::Im2col,
-        GpuConv::Tiled,
     ];
 
     /// The name [`GPU_CONV_VARIABLE`] takes and outputs record.
@@ -87,32 +84,6 @@ impl GpuConv {
         }
     }
 
-    /// Whether this choice agreed with the CPU on an NVIDIA GPU (tests/gpu.rs on an H200).
-    /// `Tiled` did not: its kernels wrote their outputs densely into memory that CUDA had
-    /// allocated with padded rows, so every layer whose rows were padded (output width 28, 14;
-    /// weight-gradient rows of 9, 144, 576 … terms) came out wrong, while a software Vulkan
-    /// device, which does not pad, agreed. The outputs are now allocated dense; until a GPU
-    /// run confirms it, a CUDA build refuses `Tiled`.
-    pub fn agrees_on_cuda(self) -> bool {
-        !matches!(self, GpuConv::Tiled)
-    }
-
-    /// `Ok` where this choice may compute on CUDA: it agreed there, or `unverified_allowed`
-    /// ([`UNVERIFIED_VARIABLE`] set to `1`, for debugging the kernels). Otherwise an error that
-    /// says why and what to use instead.
-    pub fn check_for_cuda(self, unverified_allowed: bool) -> Result<(), String> {
-        if self.agrees_on_cuda() || unverified_allowed {
-            return Ok(());
-        }
-        Err(format!(
-            "{GPU_CONV_VARIABLE}={}: these kernels have not yet agreed with the CPU on an NVIDIA \
-             GPU (on an H200 they computed wrong convolutions; the cause is fixed but not yet \
-             checked there, docs/gpu.md); use auto (the default), direct or im2col, or set \
-             {UNVERIFIED_VARIABLE}=1 to run them anyway to check them",
-            self.name()
-        ))
-    }
-
     /// Reads [`GPU_CONV_VARIABLE`]: `None` when unset, an error naming the variable and the
     /// values it takes when it holds anything else.
     pub fn from_env() -> Result<Option<GpuConv>, String> {
@@ -131,9 +102,10 @@ impl GpuConv {
             .find(|c| c.name() == value)
             .ok_or_else(|| {
                 format!(
-                    "{GPU_CONV_VARIABLE}={value:?}: expected auto (the default: by layer width), \
-                     direct (burn's direct convolution), im2col (unfolded input times the weight) \
-                     or tiled (jem-kernels' own tiled implicit product)"
+                    "{GPU_CONV_VARIABLE}={value:?}: expected tiled (the default: jem-kernels' \
+                     own tiled implicit product), auto (burn's kernels chosen by layer width), \
+                     direct (burn's direct convolution) or im2col (unfolded input times the \
+                     weight)"
                 )
             })
     }
@@ -162,23 +134,6 @@ mod tests {
             assert_eq!(forced.for_weight([640, 640, 3, 3]), forced);
             assert_eq!(forced.for_weight([16, 1, 3, 3]), forced);
         }
-    }
-
-    #[test]
-    fn cuda_refuses_the_choice_that_disagreed_there_unless_asked_to_debug_it() {
-        for conv in [GpuConv::Auto, GpuConv::Direct, GpuConv::Im2col] {
-            assert_eq!(conv.check_for_cuda(false), Ok(()));
-        }
-        let refused = GpuConv::Tiled.check_for_cuda(false).unwrap_err();
-        for part in [
-            "JEM_BENCH_GPU_CONV=tiled",
-            UNVERIFIED_VARIABLE,
-            "auto",
-            "docs/gpu.md",
-        ] {
-            assert!(refused.contains(part), "{refused:?} lacks {part:?}");
-        }
-        assert_eq!(GpuConv::Tiled.check_for_cuda(true), Ok(()));
     }
 
     #[test]

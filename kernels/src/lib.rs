@@ -91,9 +91,7 @@ pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeom
 pub use cube::Cuda;
 #[cfg(feature = "wgpu")]
 pub use cube::Wgpu;
-pub use gpu_conv::{
-    gpu_conv, set_gpu_conv, GpuConv, GPU_CONV_VARIABLE, IM2COL_MIN_TERMS, UNVERIFIED_VARIABLE,
-};
+pub use gpu_conv::{gpu_conv, set_gpu_conv, GpuConv, GPU_CONV_VARIABLE, IM2COL_MIN_TERMS};
 pub use isa::{gemm_isa, isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
 pub use linear::{linear, FastLinear};
 pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
