@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 new=results/train/jem-attempts/aq/model # the new JEM, swept under this path until merged
 old=results/models/jem                  # the path it takes, and the old JEM's until then
 kept=results/models/jem-ce1000          # the old JEM's path after the swap
-bin=target/release/jem-bench
+bin=${JEM_BENCH_BIN:-target/release/jem-bench} # another build while this one is rebuilt
 work=runs/swap
 all=(linf l2 k10-l2 k-curve k10-linf)
 
