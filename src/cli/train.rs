@@ -154,7 +154,8 @@ pub struct JemFlags {
     /// against 17 for data: the official loss then wipes out its accuracy.
     #[arg(long, default_value_t = JemConfig::default().energy_reg)]
     pub energy_reg: f64,
-    /// Threads that share the SGLD chains of a step (0: one per core). Every chain gets the
+    /// Threads that share the SGLD chains of a step (0: one per core on the CPU, one on a GPU,
+    /// where shards only multiply kernel launches). Every chain gets the
     /// same noise whatever the count, but a shard's batch size moves the last bit of some
     /// results, so runs with different counts drift apart: the count is a setting of the run.
     #[arg(long, default_value_t = JemConfig::default().sgld_threads)]
