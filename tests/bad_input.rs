@@ -8,17 +8,8 @@ use std::process::{Command, Output};
 use jem_bench::backend::{self, Inference};
 use jem_bench::model::{weights_digest, Checkpoint};
 
-/// A sweep small enough for a test: FGSM at K = 0, ε 0 and 0.1 (models, examples and folder
-/// added by each test).
-const TINY_FGSM_SWEEP: [&str; 7] = [
-    "robust",
-    "--attacks",
-    "fgsm",
-    "--steps",
-    "0",
-    "--eps",
-    "0,0.1",
-];
+mod common;
+use common::TINY_FGSM_SWEEP;
 
 fn cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
@@ -59,16 +50,10 @@ fn assert_ok(o: &Output) -> String {
 /// the number); list flags in `extra` add to these.
 fn small_sweep(out: &Path, extra: &[&str]) -> Output {
     let mut c = cli();
-    c.args([
-        "robust",
-        "--models",
-        "results/models/baseline",
-        "--attacks",
-        "fgsm",
-    ])
-    .args(["--steps", "0", "--eps", "0,0.1", "--out"])
-    .arg(out)
-    .args(extra);
+    c.args(TINY_FGSM_SWEEP)
+        .args(["--models", "results/models/baseline", "--out"])
+        .arg(out)
+        .args(extra);
     if !extra.contains(&"--n-examples") {
         c.args(["--n-examples", "5"]);
     }
@@ -1051,15 +1036,7 @@ fn a_sweep_refuses_a_model_whose_logits_overflow() {
     .unwrap();
     let out = dir.path().join("sweep");
     let o = cli()
-        .args([
-            "robust",
-            "--steps",
-            "0",
-            "--attacks",
-            "fgsm",
-            "--eps",
-            "0,0.1",
-        ])
+        .args(TINY_FGSM_SWEEP)
         .args(["--n-examples", "5", "--models"])
         .arg(&stem)
         .arg("--out")
@@ -1097,20 +1074,17 @@ fn closed_or_full_stdout_loses_no_result_and_does_not_panic() {
             ),
             (
                 s(&[
-                    "robust",
-                    "--models",
-                    "results/models/baseline",
-                    "--attacks",
-                    "fgsm",
-                    "--steps",
-                    "0",
-                    "--eps",
-                    "0,0.1",
-                    "--n-examples",
-                    "5",
-                    "--out",
-                    &o,
-                ]),
+                    &TINY_FGSM_SWEEP[..],
+                    &[
+                        "--models",
+                        "results/models/baseline",
+                        "--n-examples",
+                        "5",
+                        "--out",
+                        &o,
+                    ],
+                ]
+                .concat()),
                 Some("robust.csv"),
             ),
             (

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use jem_bench::harness::{read_tidy, TidyRow};
 
+mod common;
+
 /// The `jem-bench` binary, run from the repository root (where the models' paths start).
 fn cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
@@ -529,19 +531,11 @@ fn sweeps_of_other_weights_under_the_same_path_are_refused() {
     let out = dir.path().join("sweep");
     let small = |out: &Path| {
         let mut c = cli();
-        c.args([
-            "robust",
-            "--attacks",
-            "fgsm",
-            "--steps",
-            "0",
-            "--eps",
-            "0,0.1",
-        ])
-        .args(["--n-examples", "4", "--models"])
-        .arg(&model)
-        .arg("--out")
-        .arg(out);
+        c.args(common::TINY_FGSM_SWEEP)
+            .args(["--n-examples", "4", "--models"])
+            .arg(&model)
+            .arg("--out")
+            .arg(out);
         c.output().unwrap()
     };
     let o = small(&out);

@@ -8,6 +8,18 @@ use jem_bench::batches::{self, to_vec};
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
 
+/// A sweep small enough for a test: FGSM at K = 0, ε 0 and 0.1 (models, examples and folder
+/// added by each test).
+pub const TINY_FGSM_SWEEP: [&str; 7] = [
+    "robust",
+    "--attacks",
+    "fgsm",
+    "--steps",
+    "0",
+    "--eps",
+    "0,0.1",
+];
+
 /// Logits of a run's best checkpoint (`DIR/model`) on three test digits: equal weights give
 /// equal logits.
 pub fn best_logits(dir: &Path) -> Vec<f32> {
