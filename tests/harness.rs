@@ -141,6 +141,22 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
 }
 
 #[test]
+fn a_sweep_logged_to_a_file_reports_each_finished_cell_on_a_line() {
+    // Captured stderr is not a terminal: no bar, one line per cell with the time left.
+    let dir = tempfile::tempdir().unwrap();
+    let o = sweep(&dir.path().join("sweep")).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains(" elapsed, ")).collect();
+    assert_eq!(lines.len(), 4, "one line per cell of the four:\n{err}");
+    for (i, line) in lines.iter().enumerate() {
+        assert!(line.contains(&format!("{}/4 cells, about ", i + 1)), "{line}");
+        assert!(line.contains("last: ") && line.contains("robust "), "{line}");
+    }
+    assert!(lines[3].contains("about 0 s left"), "{}", lines[3]);
+}
+
+#[test]
 fn tidy_csv_round_trips_its_schema_and_rejects_a_broken_row() {
     let dir = tempfile::tempdir().unwrap();
     let row = TidyRow {

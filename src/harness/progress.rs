@@ -1,10 +1,14 @@
 //! A sweep's progress on a terminal ([`TerminalProgress`]): the estimate before the first cell,
 //! a bar on stderr weighted by each cell's estimated cost, and the table at the end — what
-//! `jem-bench robust`, `merge` and `regress` show. Library callers get silence unless they
-//! pass it (or their own [`SweepObserver`]).
+//! `jem-bench robust`, `merge` and `regress` show. Where stderr is not a terminal (a sweep left
+//! running under `nohup`, a CI log) the bar would draw nothing for hours, so each finished cell
+//! prints one line there instead. Library callers get silence unless they pass it (or their own
+//! [`SweepObserver`]).
 
 use std::cell::{Cell, RefCell};
+use std::io::IsTerminal;
 use std::path::Path;
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -18,11 +22,40 @@ pub struct TerminalProgress {
     bar: RefCell<Option<ProgressBar>>,
     cells: Cell<usize>,
     done: Cell<usize>,
+    /// Lines instead of a bar: set when the sweep starts with stderr not a terminal.
+    lines: Cell<bool>,
+    started: Cell<Option<Instant>>,
+    /// Estimated seconds of the cells to run, and of those finished so far.
+    estimated_total: Cell<f64>,
+    estimated_done: Cell<f64>,
 }
 
 impl TerminalProgress {
     fn prefix(&self) -> String {
         format!("{}/{} cells", self.done.get(), self.cells.get())
+    }
+
+    /// The plain line of a finished cell: elapsed time, cells, time left (elapsed time scaled
+    /// by the estimated cost still to run, as the bar's own remaining time), the last row.
+    fn line(&self, last: &str) -> String {
+        let elapsed = self
+            .started
+            .get()
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let (total, done) = (self.estimated_total.get(), self.estimated_done.get());
+        let left = if done > 0.0 {
+            format!(
+                ", about {} left",
+                estimate::duration(elapsed * (total - done).max(0.0) / done)
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "{} elapsed, {}{left}; {last}",
+            estimate::duration(elapsed),
+            self.prefix()
+        )
     }
 }
 
@@ -48,23 +81,33 @@ impl SweepObserver for TerminalProgress {
         );
         self.cells.set(estimates.len() + finished_before);
         self.done.set(finished_before);
+        self.lines.set(!std::io::stderr().is_terminal());
+        self.started.set(Some(Instant::now()));
+        self.estimated_total.set(total);
+        self.estimated_done.set(0.0);
         bar.set_prefix(self.prefix());
         *self.bar.borrow_mut() = Some(bar);
     }
 
     fn cell_finished(&self, result: &CellResult, estimated_seconds: f64) {
         self.done.set(self.done.get() + 1);
+        self.estimated_done
+            .set(self.estimated_done.get() + estimated_seconds);
+        let last = result.rows.last().map_or(String::new(), |row| {
+            format!(
+                "last: {} {} K={} ε={} robust {:.1} %",
+                row.attack,
+                row.model,
+                row.k,
+                row.eps,
+                100.0 * row.robust_accuracy
+            )
+        });
+        if self.lines.get() {
+            eprintln!("{}", self.line(&last));
+        }
         if let Some(bar) = self.bar.borrow().as_ref() {
-            if let Some(row) = result.rows.last() {
-                bar.set_message(format!(
-                    "last: {} {} K={} ε={} robust {:.1} %",
-                    row.attack,
-                    row.model,
-                    row.k,
-                    row.eps,
-                    100.0 * row.robust_accuracy
-                ));
-            }
+            bar.set_message(last);
             bar.set_prefix(self.prefix());
             bar.inc((1000.0 * estimated_seconds).ceil() as u64);
         }
