@@ -150,8 +150,14 @@ fn a_sweep_logged_to_a_file_reports_each_finished_cell_on_a_line() {
     let lines: Vec<&str> = err.lines().filter(|l| l.contains(" elapsed, ")).collect();
     assert_eq!(lines.len(), 4, "one line per cell of the four:\n{err}");
     for (i, line) in lines.iter().enumerate() {
-        assert!(line.contains(&format!("{}/4 cells, about ", i + 1)), "{line}");
-        assert!(line.contains("last: ") && line.contains("robust "), "{line}");
+        assert!(
+            line.contains(&format!("{}/4 cells, about ", i + 1)),
+            "{line}"
+        );
+        assert!(
+            line.contains("last: ") && line.contains("robust "),
+            "{line}"
+        );
     }
     assert!(lines[3].contains("about 0 s left"), "{}", lines[3]);
 }
