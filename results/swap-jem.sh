@@ -13,9 +13,11 @@
 #   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
 #   bash results/swap-jem.sh merge [PART...]   # each finished part joined into its committed folder
 #
-# PART: linf l2 k10-l2 k-curve k10-linf (default: all, in that order: the most read first; linf
-# and l2 run unbatched, so give each a stretch of about 1.5 h on two cores, the others resume
-# batch by batch). The folders that an older jem-bench made (their settings.json lacks what a
+# PART: linf l2 k-curve k10-linf k10-l2 (default: all, in that order: the most read first, then
+# those that sweep the new JEM alone, so that the swap can be made before the three-model K = 10
+# L2 sweep, which `merge k10-l2` joins after it as well; linf and l2 run unbatched, so give each
+# a stretch of about three hours on two cores, the others resume batch by batch). The folders
+# that an older jem-bench made (their settings.json lacks what a
 # merge checks: the reference sweep, autoattack-linf, linf-k1-full-eot4) and the tables that are
 # not sweeps (nonsense, calibration, OOD, samples) are made again after `install`, by
 # `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` with its model
@@ -28,7 +30,7 @@ old=results/models/jem                  # the path it takes, and the old JEM's u
 kept=results/models/jem-ce1000          # the old JEM's path after the swap
 bin=${JEM_BENCH_BIN:-target/release/jem-bench} # another build while this one is rebuilt
 work=runs/swap
-all=(linf l2 k10-l2 k-curve k10-linf)
+all=(linf l2 k-curve k10-linf k10-l2)
 
 # Each part: the committed folder, the models it keeps in order (after the swap), and the flags
 # of its sweep in results/regenerate.sh but --models and --out.
