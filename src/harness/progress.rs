@@ -6,9 +6,7 @@
 //! [`SweepObserver`]).
 
 use std::cell::{Cell, RefCell};
-use std::io::IsTerminal;
 use std::path::Path;
-use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -22,12 +20,6 @@ pub struct TerminalProgress {
     bar: RefCell<Option<ProgressBar>>,
     cells: Cell<usize>,
     done: Cell<usize>,
-    /// Lines instead of a bar: set when the sweep starts with stderr not a terminal.
-    lines: Cell<bool>,
-    started: Cell<Option<Instant>>,
-    /// Estimated seconds of the cells to run, and of those finished so far.
-    estimated_total: Cell<f64>,
-    estimated_done: Cell<f64>,
 }
 
 impl TerminalProgress {
@@ -36,17 +28,16 @@ impl TerminalProgress {
     }
 
     /// The plain line of a finished cell: elapsed time, cells, time left (elapsed time scaled
-    /// by the estimated cost still to run, as the bar's own remaining time), the last row.
-    fn line(&self, last: &str) -> String {
-        let elapsed = self
-            .started
-            .get()
-            .map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let (total, done) = (self.estimated_total.get(), self.estimated_done.get());
-        let left = if done > 0.0 {
+    /// by the estimated cost still to run, as the bar's own remaining time), the last row. The
+    /// bar keeps the clock and the estimated milliseconds run, drawn or not.
+    fn line(&self, bar: &ProgressBar, last: &str) -> String {
+        let elapsed = bar.elapsed().as_secs_f64();
+        let (total, done) = (bar.length().unwrap_or(0), bar.position());
+        let left = if done > 0 {
+            let fraction_left = total.saturating_sub(done) as f64 / done as f64;
             format!(
                 ", about {} left",
-                estimate::duration(elapsed * (total - done).max(0.0) / done)
+                estimate::duration(elapsed * fraction_left)
             )
         } else {
             String::new()
@@ -81,18 +72,12 @@ impl SweepObserver for TerminalProgress {
         );
         self.cells.set(estimates.len() + finished_before);
         self.done.set(finished_before);
-        self.lines.set(!std::io::stderr().is_terminal());
-        self.started.set(Some(Instant::now()));
-        self.estimated_total.set(total);
-        self.estimated_done.set(0.0);
         bar.set_prefix(self.prefix());
         *self.bar.borrow_mut() = Some(bar);
     }
 
     fn cell_finished(&self, result: &CellResult, estimated_seconds: f64) {
         self.done.set(self.done.get() + 1);
-        self.estimated_done
-            .set(self.estimated_done.get() + estimated_seconds);
         let last = result.rows.last().map_or(String::new(), |row| {
             format!(
                 "last: {} {} K={} ε={} robust {:.1} %",
@@ -103,13 +88,14 @@ impl SweepObserver for TerminalProgress {
                 100.0 * row.robust_accuracy
             )
         });
-        if self.lines.get() {
-            eprintln!("{}", self.line(&last));
-        }
         if let Some(bar) = self.bar.borrow().as_ref() {
-            bar.set_message(last);
-            bar.set_prefix(self.prefix());
             bar.inc((1000.0 * estimated_seconds).ceil() as u64);
+            bar.set_prefix(self.prefix());
+            // A hidden bar (stderr not a terminal) draws nothing for hours: print a line.
+            if bar.is_hidden() {
+                eprintln!("{}", self.line(bar, &last));
+            }
+            bar.set_message(last);
         }
     }
 
