@@ -100,8 +100,14 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
     // And make sure the state "killed inside a cell" is covered: drop the last finished cell
     // and leave a half-written file behind, as an interrupted atomic write would.
     let cells = parts.path().join("cells");
+    // (Beside the cells' files, the killed cell's kept batches: `CELL.batches/`.)
     let mut finished: Vec<_> = std::fs::read_dir(&cells)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
         .unwrap_or_default();
     finished.sort();
     if let Some(last) = finished.last() {
@@ -1030,11 +1036,18 @@ fn report_draws_robust_accuracy_against_k() {
 }
 
 /// A convergence check interrupted mid-way resumes from the re-attacks it kept: a part found in
-/// the cell's batch folder is read back, not computed again. (The part here is doctored to say
-/// every sampled survivor broke, which no rerun would compute, so the cell's record shows
-/// whether it was read.)
+/// the cell's batch folder is read back, not computed again — in a cell run in batches and in
+/// one run whole alike (an unbatched cell's check can take hours too). (The part here is
+/// doctored to say every sampled survivor broke, which no rerun would compute, so the cell's
+/// record shows whether it was read.)
 #[test]
 fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
+    for batching in [&["--batch-size", "4"][..], &[]] {
+        interrupted_convergence_check_resumes(batching);
+    }
+}
+
+fn interrupted_convergence_check_resumes(batching: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let sweep = || {
         let mut c = cli();
@@ -1056,7 +1069,8 @@ fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
             "6",
         ])
         .args(["--pgd-steps", "2", "--chains", "2", "--recheck-chains", "3"])
-        .args(["--batch-size", "4", "--out"])
+        .args(batching)
+        .arg("--out")
         .arg(dir.path());
         c
     };
@@ -1105,7 +1119,8 @@ fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(
         checked(&resumed),
-        (Some(sampled as u64), Some(sampled as u64))
+        (Some(sampled as u64), Some(sampled as u64)),
+        "{batching:?}"
     );
     assert!(
         !kept.exists(),

@@ -102,7 +102,6 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let last = stages.last().expect("every cell runs an attack");
     let convergence = if probe.stochastic && spec.convergence_sample > 0 {
-        let keep = kept_batches(out, spec, cell, n);
         convergence_checks(
             spec,
             cell,
@@ -111,7 +110,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             last,
             &grid,
             &batch,
-            keep.as_deref(),
+            &outputs::batches_dir(out, cell),
             identity,
         )?
     } else {
@@ -148,19 +147,6 @@ fn batch_len(spec: &SweepSpec, n: usize) -> usize {
     spec.batch_size.unwrap_or(n).max(1)
 }
 
-/// Where a cell of `n` examples keeps its finished parts: in several batches, each batch (and
-/// each re-attack of its convergence check) is kept as it finishes, so a killed sweep resumes
-/// mid-cell (an AutoAttack cascade on 1 000 images runs for hours on two cores); in one batch,
-/// nowhere.
-fn kept_batches(
-    out: &std::path::Path,
-    spec: &SweepSpec,
-    cell: &Cell,
-    n: usize,
-) -> Option<std::path::PathBuf> {
-    (n.div_ceil(batch_len(spec, n)) > 1).then(|| outputs::batches_dir(out, cell))
-}
-
 /// Per attack (several for a preset's cascade), per ε of `grid` (ascending; or once, for a
 /// minimum-perturbation attack): every one of the cell's `n` examples' outcome, batch after
 /// batch. Returns the stages joined over the batches, the seconds all batches took (those an
@@ -181,9 +167,12 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
     let chunks: Vec<&[usize]> = all.chunks(batch_len(spec, n)).collect();
-    let keep = kept_batches(out, spec, cell, n);
+    // Each batch is kept as it finishes, a single one too: a killed sweep resumes mid-cell (an
+    // AutoAttack cascade on 1 000 images runs for hours on two cores, and so does one adaptive
+    // cell through K > 0 SGLD steps on 100, its attack and then its convergence check).
+    let keep = outputs::batches_dir(out, cell);
     let mut seconds_now = 0.0;
-    let parts = outputs::resumable_batches(keep.as_deref(), identity, chunks.len(), |j| {
+    let parts = outputs::resumable_batches(&keep, identity, chunks.len(), |j| {
         let batch_started = Instant::now();
         let (x, y) = batch(chunks[j]);
         let batch_args = SweepSpec {

@@ -42,9 +42,8 @@ pub(super) fn standing(
 /// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
 /// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
-/// attack that had converged breaks (almost) none of them. With `keep` (the cell's batch
-/// folder of the sweep `identity`), each re-attack is kept there as it finishes and read back
-/// by a rerun.
+/// attack that had converged breaks (almost) none of them. Each re-attack is kept in `keep`
+/// (the cell's batch folder of the sweep `identity`) as it finishes and read back by a rerun.
 #[allow(clippy::too_many_arguments)] // the cell's context, as `run_cell` holds it
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
@@ -54,7 +53,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     last: &Stage,
     grid: &[f32],
     batch: &dyn Fn(&[usize]) -> Examples<B>,
-    keep: Option<&Path>,
+    keep: &Path,
     identity: &str,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
     use rand::seq::SliceRandom;
@@ -97,9 +96,9 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         samples.push((eps, survivors));
     }
     let strengths = [&more_eot, &more_iterations];
-    let dir = keep.map(|k| k.join("convergence"));
+    let dir = keep.join("convergence");
     let broken: Vec<Vec<bool>> =
-        outputs::resumable_batches(dir.as_deref(), identity, 2 * samples.len(), |j| {
+        outputs::resumable_batches(&dir, identity, 2 * samples.len(), |j| {
             let (eps, survivors) = &samples[j / 2];
             let (x, y) = batch(survivors);
             let stages = attack_batch(strengths[j % 2], cell, build, defended, x, y, &[*eps])?;

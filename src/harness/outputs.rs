@@ -379,17 +379,13 @@ pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
 /// the moment it is done and reading back, instead of computing again, those an interrupted
 /// run of the same sweep left there (the folder's settings, `--batch-size` and the seed among
 /// them, are checked before any cell runs, so a batch file is what `compute` would return).
-/// With `dir` absent nothing is kept. The folder is removed by [`remove_batches`] once the
-/// cell's own file is written.
+/// The folder is removed by [`remove_batches`] once the cell's own file is written.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
-    dir: Option<&Path>,
+    dir: &Path,
     identity: &str,
     count: usize,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
 ) -> anyhow::Result<Vec<T>> {
-    let Some(dir) = dir else {
-        return (0..count).map(compute).collect();
-    };
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // The batches belong to one sweep, as the cell files do.
     let owner = dir.join("identity");
@@ -540,11 +536,11 @@ mod tests {
     fn an_interrupted_cell_resumes_at_its_first_unfinished_batch() {
         let dir = tempfile::tempdir().unwrap();
         let kept = dir.path().join("cell.batches");
-        let whole: Vec<Vec<f64>> = resumable_batches(None, "sweep", 5, |j| Ok(batch(j))).unwrap();
+        let whole: Vec<Vec<f64>> = (0..5).map(batch).collect();
 
         // The first run dies in batch 3: batches 0–2 are on disk.
         let mut computed = Vec::new();
-        let died = resumable_batches(Some(&kept), "sweep", 5, |j| {
+        let died = resumable_batches(&kept, "sweep", 5, |j| {
             computed.push(j);
             anyhow::ensure!(j < 3, "killed in batch {j}");
             Ok(batch(j))
@@ -555,7 +551,7 @@ mod tests {
         // The same command again computes only batches 3 and 4, and ends where a run that
         // was never interrupted ends.
         computed.clear();
-        let resumed = resumable_batches(Some(&kept), "sweep", 5, |j| {
+        let resumed = resumable_batches(&kept, "sweep", 5, |j| {
             computed.push(j);
             Ok(batch(j))
         })
@@ -565,7 +561,7 @@ mod tests {
 
         // A damaged batch file is an error that names it, not a silent recomputation.
         std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
-        let err = resumable_batches(Some(&kept), "sweep", 5, |j| Ok(batch(j))).unwrap_err();
+        let err = resumable_batches(&kept, "sweep", 5, |j| Ok(batch(j))).unwrap_err();
         let message = format!("{err:#}");
         assert!(
             message.contains("1.json") && message.contains("delete it"),
@@ -573,7 +569,7 @@ mod tests {
         );
 
         // Another sweep's batches are never read as this one's.
-        let err = resumable_batches(Some(&kept), "another sweep", 5, |j| Ok(batch(j)))
+        let err = resumable_batches(&kept, "another sweep", 5, |j| Ok(batch(j)))
             .unwrap_err()
             .to_string();
         assert!(err.contains("another sweep"), "{err}");
