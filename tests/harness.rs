@@ -147,25 +147,53 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
 }
 
 #[test]
-fn a_sweep_logged_to_a_file_reports_each_finished_cell_on_a_line() {
-    // Captured stderr is not a terminal: no bar, one line per cell with the time left.
+fn a_sweep_logged_to_a_file_reports_each_finished_part_and_cell_on_a_line() {
+    // Captured stderr is not a terminal: no bar, one line per cell with the time left, and one
+    // per kept part of a cell that has several (its attack, then its convergence check).
     let dir = tempfile::tempdir().unwrap();
-    let o = sweep(&dir.path().join("sweep")).output().unwrap();
+    let out = dir.path().join("sweep");
+    let o = sweep(&out).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.contains(" elapsed, ")).collect();
-    assert_eq!(lines.len(), 4, "one line per cell of the four:\n{err}");
-    for (i, line) in lines.iter().enumerate() {
+    let rows = rows(&out);
+    let cells: Vec<&str> = err.lines().filter(|l| l.contains("; last: ")).collect();
+    assert_eq!(cells.len(), 4, "one line per cell of the four:\n{err}");
+    for (i, line) in cells.iter().enumerate() {
         assert!(
-            line.contains(&format!("{}/4 cells, about ", i + 1)),
+            line.contains(&format!(" elapsed, {}/4 cells, about ", i + 1)),
             "{line}"
         );
-        assert!(
-            line.contains("last: ") && line.contains("robust "),
-            "{line}"
-        );
+        assert!(line.contains("robust "), "{line}");
     }
-    assert!(lines[3].contains("about 0 s left"), "{}", lines[3]);
+    assert!(cells[3].contains("about 0 s left"), "{}", cells[3]);
+    // The K = 1 cells are stochastic, so each is checked for convergence after its attack: a
+    // line for the attack, then one per re-attack (two per ε with survivors to check), in
+    // order. A K = 0 cell is one part, reported by its cell's line alone.
+    let parts: Vec<&str> = err.lines().filter(|l| l.contains(" done in ")).collect();
+    assert!(!parts.iter().any(|l| l.contains(" K=0: ")), "{err}");
+    for attack in ["pgd", "fgsm"] {
+        let of_cell: Vec<&str> = parts
+            .iter()
+            .filter_map(|l| l.split_once(&format!("; {attack} results/models/baseline K=1: ")))
+            .map(|(_, what)| what)
+            .collect();
+        assert!(
+            of_cell
+                .first()
+                .is_some_and(|w| w.starts_with("attack done in ")),
+            "{err}"
+        );
+        let checks = &of_cell[1..];
+        let checked = rows
+            .iter()
+            .filter(|r| r.attack == attack && r.k == 1 && r.check_sampled.is_some())
+            .count();
+        assert_eq!(checks.len(), 2 * checked, "{err}");
+        for (j, what) in checks.iter().enumerate() {
+            let expected = format!("convergence check {}/{} done in ", j + 1, checks.len());
+            assert!(what.starts_with(&expected), "{what}\n{err}");
+        }
+    }
 }
 
 #[test]

@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 use super::attack_config::Configured;
 use super::cells::{Cell, CellAttack};
 use super::convergence::convergence_checks;
+use super::estimate;
 use super::outputs::{self, CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
 use super::own_attack::{gradient_use, OwnAttack};
 use super::robustness;
-use super::spec::SweepSpec;
+use super::spec::{CellPart, PartKind, SweepSpec};
 use super::subject::Subject;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -62,6 +63,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     own: &[OwnAttack<B, N>],
     cell: &Cell,
     eps_grid: &[f32],
+    report: &dyn Fn(CellPart),
 ) -> anyhow::Result<CellResult> {
     let started = Instant::now();
     let device = subject.device();
@@ -87,7 +89,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     let mut grid = eps_grid.to_vec();
     grid.sort_by(f32::total_cmp);
     let (stages, batch_seconds, seconds_now) = attack_in_batches(
-        out, identity, spec, cell, &build, &defended, &grid, n, &batch,
+        out, identity, spec, cell, &build, &defended, &grid, n, &batch, report,
     )?;
     let all: Vec<usize> = (0..n).collect();
     if spec.save_adversarials {
@@ -112,6 +114,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             &batch,
             &outputs::batches_dir(out, cell),
             identity,
+            report,
         )?
     } else {
         Vec::new()
@@ -162,6 +165,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     grid: &[f32],
     n: usize,
     batch: &impl Fn(&[usize]) -> Examples<B>,
+    report: &dyn Fn(CellPart),
 ) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
@@ -188,6 +192,14 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
         }
         let seconds = batch_started.elapsed().as_secs_f64();
         seconds_now += seconds;
+        report(CellPart {
+            cell: cell.clone(),
+            kind: PartKind::AttackBatch,
+            index: j,
+            count: chunks.len(),
+            seconds,
+            share: 1.0 / (1.0 + estimate::check_factor(spec, cell)) / chunks.len() as f64,
+        });
         Ok(BatchResult { seconds, stages })
     })?;
     let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();

@@ -6,13 +6,15 @@
 //! cores).
 
 use std::path::Path;
+use std::time::Instant;
 
 use jem_attacks::{AttackOutcome, Model, Norm};
 
 use super::cell_run::{attack_batch, batch_seed, Build, Examples, Stage};
 use super::cells::Cell;
+use super::estimate;
 use super::outputs;
-use super::spec::SweepSpec;
+use super::spec::{CellPart, PartKind, SweepSpec};
 use crate::backend::BenchBackend;
 
 /// One ε of a cell's convergence check (see [`SweepSpec::convergence_sample`]).
@@ -55,6 +57,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     batch: &dyn Fn(&[usize]) -> Examples<B>,
     keep: &Path,
     identity: &str,
+    report: &dyn Fn(CellPart),
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
@@ -97,18 +100,35 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     }
     let strengths = [&more_eot, &more_iterations];
     let dir = keep.join("convergence");
-    let broken: Vec<Vec<bool>> =
-        outputs::resumable_batches(&dir, identity, 2 * samples.len(), |j| {
-            let (eps, survivors) = &samples[j / 2];
-            let (x, y) = batch(survivors);
-            let stages = attack_batch(strengths[j % 2], cell, build, defended, x, y, &[*eps])?;
-            let last = stages.last().expect("every cell runs an attack");
-            let (at, outcome) = &last.outcomes[0];
-            Ok(standing(outcome, *at, spec.norm, *eps)
-                .into_iter()
-                .map(|ok| !ok)
-                .collect())
-        })?;
+    // Each re-attack's share of the cell's estimated cost, which counts a whole sample at
+    // every ε > 0: 4× the EOT draws cost twice what 2× the iterations cost.
+    let factor = estimate::check_factor(spec, cell);
+    let at_eps = grid.iter().filter(|&&e| e > 0.0).count().max(1) as f64;
+    let share = |j: usize| {
+        let strength = if j % 2 == 0 { 4.0 } else { 2.0 };
+        factor / (1.0 + factor) / at_eps * strength / 6.0
+    };
+    let parts = 2 * samples.len();
+    let broken: Vec<Vec<bool>> = outputs::resumable_batches(&dir, identity, parts, |j| {
+        let started = Instant::now();
+        let (eps, survivors) = &samples[j / 2];
+        let (x, y) = batch(survivors);
+        let stages = attack_batch(strengths[j % 2], cell, build, defended, x, y, &[*eps])?;
+        let last = stages.last().expect("every cell runs an attack");
+        let (at, outcome) = &last.outcomes[0];
+        report(CellPart {
+            cell: cell.clone(),
+            kind: PartKind::ConvergenceCheck,
+            index: j,
+            count: parts,
+            seconds: started.elapsed().as_secs_f64(),
+            share: share(j),
+        });
+        Ok(standing(outcome, *at, spec.norm, *eps)
+            .into_iter()
+            .map(|ok| !ok)
+            .collect())
+    })?;
     let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
     let checks = samples
         .iter()

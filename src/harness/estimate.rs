@@ -70,6 +70,17 @@ pub fn gradients_per_example(
         .sum()
 }
 
+/// The convergence check's cost relative to the cell's attack: a stochastic cell (K > 0)
+/// attacks up to its sample of the `n` examples again, with 4× the EOT draws and with 2× the
+/// iterations; 0 where no check runs.
+pub fn check_factor(spec: &SweepSpec, cell: &Cell) -> f64 {
+    if cell.k == 0 || spec.convergence_sample == 0 || spec.n_examples == 0 {
+        return 0.0;
+    }
+    let n = spec.n_examples as f64;
+    (4.0 + 2.0) * (spec.convergence_sample as f64).min(n) / n
+}
+
 /// Seconds one example's loss gradient takes through `model`, from the second of two timed
 /// gradients of the batch `x` (the first warms caches and allocation pools up).
 pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
@@ -148,6 +159,22 @@ mod tests {
             gradients_per_example(&spec, &cell(AttackKind::ApgdT, 0), 1, 2, no_own),
             100.0
         );
+    }
+
+    #[test]
+    fn a_convergence_check_costs_its_sample_at_six_times_the_attack() {
+        // 20 of 100 examples again with 4× the draws, and again with 2× the iterations.
+        let spec = SweepSpec::default();
+        assert_eq!((spec.n_examples, spec.convergence_sample), (100, 20));
+        let f = check_factor(&spec, &cell(AttackKind::Adaptive, 1));
+        assert!((f - 1.2).abs() < 1e-12, "{f}");
+        // No check at K = 0 (deterministic); a sample larger than the examples is all of them.
+        assert_eq!(check_factor(&spec, &cell(AttackKind::Adaptive, 0)), 0.0);
+        let few = SweepSpec {
+            n_examples: 10,
+            ..spec.clone()
+        };
+        assert_eq!(check_factor(&few, &cell(AttackKind::Pgd, 1)), 6.0);
     }
 
     #[test]

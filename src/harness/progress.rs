@@ -1,18 +1,21 @@
 //! A sweep's progress on a terminal ([`TerminalProgress`]): the estimate before the first cell,
 //! a bar on stderr weighted by each cell's estimated cost, and the table at the end — what
-//! `jem-bench robust`, `merge` and `regress` show. Where stderr is not a terminal (a sweep left
-//! running under `nohup`, a CI log) the bar would draw nothing for hours, so each finished cell
+//! `jem-bench robust`, `merge` and `regress` show. The bar moves as each kept part of a cell
+//! finishes (a batch, a re-attack of the convergence check), not only when the cell does: an
+//! adaptive cell through SGLD steps runs for hours. Where stderr is not a terminal (a sweep left
+//! running under `nohup`, a CI log) the bar would draw nothing, so each finished part and cell
 //! prints one line there instead. Library callers get silence unless they pass it (or their own
 //! [`SweepObserver`]).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::estimate;
 use super::outputs::CellResult;
-use super::spec::{Shard, SweepObserver};
+use super::spec::{CellPart, Shard, SweepObserver};
 
 /// Draws the bar on stderr and prints the table on stdout.
 #[derive(Default)]
@@ -20,6 +23,8 @@ pub struct TerminalProgress {
     bar: RefCell<Option<ProgressBar>>,
     cells: Cell<usize>,
     done: Cell<usize>,
+    /// Per running cell (by id), the estimated milliseconds its finished parts advanced the bar.
+    advanced: RefCell<HashMap<String, u64>>,
 }
 
 impl TerminalProgress {
@@ -27,10 +32,10 @@ impl TerminalProgress {
         format!("{}/{} cells", self.done.get(), self.cells.get())
     }
 
-    /// The plain line of a finished cell: elapsed time, cells, time left (elapsed time scaled
-    /// by the estimated cost still to run, as the bar's own remaining time), the last row. The
-    /// bar keeps the clock and the estimated milliseconds run, drawn or not.
-    fn line(&self, bar: &ProgressBar, last: &str) -> String {
+    /// The plain line of a finished part or cell: elapsed time, cells, time left (elapsed time
+    /// scaled by the estimated cost still to run, as the bar's own remaining time), then `what`.
+    /// The bar keeps the clock and the estimated milliseconds run, drawn or not.
+    fn line(&self, bar: &ProgressBar, what: &str) -> String {
         let elapsed = bar.elapsed().as_secs_f64();
         let (total, done) = (bar.length().unwrap_or(0), bar.position());
         let left = if done > 0 {
@@ -43,7 +48,7 @@ impl TerminalProgress {
             String::new()
         };
         format!(
-            "{} elapsed, {}{left}; {last}",
+            "{} elapsed, {}{left}; {what}",
             estimate::duration(elapsed),
             self.prefix()
         )
@@ -76,6 +81,35 @@ impl SweepObserver for TerminalProgress {
         *self.bar.borrow_mut() = Some(bar);
     }
 
+    fn part_finished(&self, part: &CellPart, estimated_seconds: f64) {
+        let Some(bar) = self.bar.borrow().clone() else {
+            return;
+        };
+        let total = (1000.0 * estimated_seconds).ceil() as u64;
+        let mut advanced = self.advanced.borrow_mut();
+        let so_far = advanced.entry(part.cell.id()).or_default();
+        // Never past the cell's estimate: what is left of it is counted when the cell finishes.
+        let step = ((1000.0 * estimated_seconds * part.share).ceil() as u64)
+            .min(total.saturating_sub(*so_far));
+        *so_far += step;
+        bar.inc(step);
+        if part.share >= 1.0 {
+            // The whole cell: its own line follows at once.
+            return;
+        }
+        let what = format!(
+            "{} {} K={}: {part} done in {}",
+            part.cell.attack.name(),
+            part.cell.model,
+            part.cell.k,
+            estimate::duration(part.seconds)
+        );
+        if bar.is_hidden() {
+            eprintln!("{}", self.line(&bar, &what));
+        }
+        bar.set_message(what);
+    }
+
     fn cell_finished(&self, result: &CellResult, estimated_seconds: f64) {
         self.done.set(self.done.get() + 1);
         let last = result.rows.last().map_or(String::new(), |row| {
@@ -88,8 +122,14 @@ impl SweepObserver for TerminalProgress {
                 100.0 * row.robust_accuracy
             )
         });
+        let advanced = self
+            .advanced
+            .borrow_mut()
+            .remove(&result.cell.id())
+            .unwrap_or(0);
         if let Some(bar) = self.bar.borrow().as_ref() {
-            bar.inc((1000.0 * estimated_seconds).ceil() as u64);
+            let total = (1000.0 * estimated_seconds).ceil() as u64;
+            bar.inc(total.saturating_sub(advanced));
             bar.set_prefix(self.prefix());
             // A hidden bar (stderr not a terminal) draws nothing for hours: print a line.
             if bar.is_hidden() {

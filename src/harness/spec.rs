@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use jem_attacks::{GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
-use super::cells::AttackKind;
+use super::cells::{AttackKind, Cell};
 use super::outputs::CellResult;
 use crate::defended::DefenceSpec;
 use crate::settings::{self, InvalidSetting};
@@ -117,6 +117,9 @@ pub trait SweepObserver {
     /// Before the first cell: the estimated seconds of each cell to run (in the order they
     /// start) and how many cells were finished by an earlier run.
     fn starting(&self, _estimates: &[f64], _finished_before: usize) {}
+    /// A part of a running cell finished and was kept (see [`CellPart`]); `estimated_seconds`
+    /// is what the whole cell had been estimated at.
+    fn part_finished(&self, _part: &CellPart, _estimated_seconds: f64) {}
     /// A cell finished and was saved; `estimated_seconds` is what it had been estimated at.
     fn cell_finished(&self, _result: &CellResult, _estimated_seconds: f64) {}
     /// The outputs are written: the table of the sweep in `out`, and how many cells ran now
@@ -124,6 +127,42 @@ pub trait SweepObserver {
     fn finished(&self, _out: &Path, _table: &str, _ran: usize, _cells: usize) {}
     /// This shard has no cells of a sweep of `cells` cells.
     fn nothing_to_do(&self, _shard: Shard, _cells: usize) {}
+}
+
+/// A part of a cell that is kept as it finishes, so that a killed sweep resumes after it: a
+/// batch of the cell's attack, or one re-attack of its convergence check (one ε, more EOT
+/// draws or more iterations). A cell of hours reports its progress part by part.
+#[derive(Debug, Clone)]
+pub struct CellPart {
+    pub cell: Cell,
+    /// A batch of the attack, or a re-attack of the convergence check.
+    pub kind: PartKind,
+    /// Which part of its kind (from 0), of how many.
+    pub index: usize,
+    pub count: usize,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Its share of the cell's estimated cost (the shares of a cell's parts add up to at most 1).
+    pub share: f64,
+}
+
+/// What a [`CellPart`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartKind {
+    AttackBatch,
+    ConvergenceCheck,
+}
+
+impl std::fmt::Display for CellPart {
+    /// `attack batch 3/10` (`attack` where there is one batch) or `convergence check 2/6`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            PartKind::AttackBatch if self.count == 1 => return f.write_str("attack"),
+            PartKind::AttackBatch => "attack batch",
+            PartKind::ConvergenceCheck => "convergence check",
+        };
+        write!(f, "{what} {}/{}", self.index + 1, self.count)
+    }
 }
 
 /// Reports nothing.

@@ -16,7 +16,7 @@ use super::outputs::{self, CellResult, TidyRow};
 use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
-use super::spec::{Runner, SweepObserver, SweepSpec};
+use super::spec::{CellPart, Runner, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
@@ -108,7 +108,9 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
 
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let (tx, rx) = mpsc::channel::<(usize, anyhow::Result<CellResult>)>();
+    // Workers send each kept part of a cell and each finished cell; this thread reports and
+    // saves them (an observer need not be shareable between threads).
+    let (tx, rx) = mpsc::channel::<(usize, Message)>();
     let jobs = runner.jobs.get().clamp(1, pending.len().max(1));
     std::thread::scope(|scope| -> anyhow::Result<()> {
         for _ in 0..jobs {
@@ -122,6 +124,10 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                         break;
                     };
                     let cell = mine[i];
+                    let report = |part: CellPart| {
+                        // A closed channel means the sweep failed; the cell's own error follows.
+                        let _ = tx.send((i, Message::Part(part)));
+                    };
                     let result = run_cell(
                         out,
                         identity,
@@ -130,15 +136,27 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                         &plan.own,
                         cell,
                         &plan.eps_grid,
+                        &report,
                     );
-                    if tx.send((i, result)).is_err() {
+                    if tx.send((i, Message::Finished(result))).is_err() {
                         break;
                     }
                 }
             });
         }
         drop(tx);
-        for (i, result) in rx {
+        for (i, message) in rx {
+            let at = pending
+                .iter()
+                .position(|&p| p == i)
+                .expect("a pending cell");
+            let result = match message {
+                Message::Part(part) => {
+                    runner.observer.part_finished(&part, estimates[at]);
+                    continue;
+                }
+                Message::Finished(result) => result,
+            };
             let r = match result {
                 Ok(r) => r,
                 Err(e) => {
@@ -149,10 +167,6 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             };
             outputs::save_cell(&out, &r)?;
             outputs::remove_batches(&out, &r.cell)?;
-            let at = pending
-                .iter()
-                .position(|&p| p == i)
-                .expect("a pending cell");
             runner.observer.cell_finished(&r, estimates[at]);
             done[i] = Some(r);
             outputs::write_csvs(&out, done.iter().flatten())?;
@@ -161,6 +175,14 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     })?;
     let results: Vec<CellResult> = done.into_iter().flatten().collect();
     finish(plan, &results, runner.observer, pending.len())
+}
+
+/// What a worker sends about the cell it runs.
+enum Message {
+    /// A part of the cell was kept.
+    Part(CellPart),
+    /// The cell finished (or failed).
+    Finished(anyhow::Result<CellResult>),
 }
 
 /// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
@@ -211,15 +233,8 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             attack.map_or(0.0, |o| o.gradients_per_eps(eot))
         };
         let gradients = estimate::gradients_per_example(spec, cell, eps, classes, own);
-        // The convergence check of a stochastic cell attacks up to its sample again, with 4×
-        // the EOT draws and with 2× the iterations.
         let n = spec.n_examples as f64;
-        let check = if cell.k > 0 && spec.convergence_sample > 0 {
-            (4.0 + 2.0) * (spec.convergence_sample as f64).min(n) / n
-        } else {
-            0.0
-        };
-        out.push(seconds * gradients * n * (1.0 + check));
+        out.push(seconds * gradients * n * (1.0 + estimate::check_factor(spec, cell)));
     }
     Ok(out)
 }
