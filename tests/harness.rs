@@ -149,7 +149,7 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
 #[test]
 fn a_sweep_logged_to_a_file_reports_each_finished_part_and_cell_on_a_line() {
     // Captured stderr is not a terminal: no bar, one line per cell with the time left, and one
-    // per kept part of a cell that has several (its attack, then its convergence check).
+    // per kept part of a cell (its attack, then its convergence check).
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("sweep");
     let o = sweep(&out).output().unwrap();
@@ -166,15 +166,13 @@ fn a_sweep_logged_to_a_file_reports_each_finished_part_and_cell_on_a_line() {
         assert!(line.contains("robust "), "{line}");
     }
     assert!(cells[3].contains("about 0 s left"), "{}", cells[3]);
-    // The K = 1 cells are stochastic, so each is checked for convergence after its attack: a
-    // line for the attack, then one per re-attack (two per ε with survivors to check), in
-    // order. A K = 0 cell is one part, reported by its cell's line alone.
+    // Each cell reports its attack (one batch), and a K = 1 cell, stochastic, then each
+    // re-attack of its convergence check (two per ε with survivors to check), in order.
     let parts: Vec<&str> = err.lines().filter(|l| l.contains(" done in ")).collect();
-    assert!(!parts.iter().any(|l| l.contains(" K=0: ")), "{err}");
-    for attack in ["pgd", "fgsm"] {
+    for (attack, k) in [("pgd", 0), ("fgsm", 0), ("pgd", 1), ("fgsm", 1)] {
         let of_cell: Vec<&str> = parts
             .iter()
-            .filter_map(|l| l.split_once(&format!("; {attack} results/models/baseline K=1: ")))
+            .filter_map(|l| l.split_once(&format!("; {attack} results/models/baseline K={k}: ")))
             .map(|(_, what)| what)
             .collect();
         assert!(
@@ -186,9 +184,10 @@ fn a_sweep_logged_to_a_file_reports_each_finished_part_and_cell_on_a_line() {
         let checks = &of_cell[1..];
         let checked = rows
             .iter()
-            .filter(|r| r.attack == attack && r.k == 1 && r.check_sampled.is_some())
+            .filter(|r| r.attack == attack && r.k == k && r.check_sampled.is_some())
             .count();
         assert_eq!(checks.len(), 2 * checked, "{err}");
+        assert_eq!(checked > 0, k == 1, "{err}");
         for (j, what) in checks.iter().enumerate() {
             let expected = format!("convergence check {}/{} done in ", j + 1, checks.len());
             assert!(what.starts_with(&expected), "{what}\n{err}");

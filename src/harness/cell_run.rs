@@ -63,7 +63,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     own: &[OwnAttack<B, N>],
     cell: &Cell,
     eps_grid: &[f32],
-    report: &dyn Fn(CellPart),
+    report: &dyn Fn(CellPart) -> anyhow::Result<()>,
 ) -> anyhow::Result<CellResult> {
     let started = Instant::now();
     let device = subject.device();
@@ -165,7 +165,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     grid: &[f32],
     n: usize,
     batch: &impl Fn(&[usize]) -> Examples<B>,
-    report: &dyn Fn(CellPart),
+    report: &dyn Fn(CellPart) -> anyhow::Result<()>,
 ) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
@@ -176,7 +176,9 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // cell through K > 0 SGLD steps on 100, its attack and then its convergence check).
     let keep = outputs::batches_dir(out, cell);
     let mut seconds_now = 0.0;
-    let parts = outputs::resumable_batches(&keep, identity, chunks.len(), |j| {
+    let eps = grid.iter().filter(|&&e| e > 0.0).count();
+    let share = 1.0 / (1.0 + estimate::check_factor(spec, cell, eps)) / chunks.len() as f64;
+    let compute = |j| {
         let batch_started = Instant::now();
         let (x, y) = batch(chunks[j]);
         let batch_args = SweepSpec {
@@ -192,16 +194,19 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
         }
         let seconds = batch_started.elapsed().as_secs_f64();
         seconds_now += seconds;
+        Ok(BatchResult { seconds, stages })
+    };
+    let kept = |j, seconds| {
         report(CellPart {
             cell: cell.clone(),
             kind: PartKind::AttackBatch,
             index: j,
             count: chunks.len(),
             seconds,
-            share: 1.0 / (1.0 + estimate::check_factor(spec, cell)) / chunks.len() as f64,
-        });
-        Ok(BatchResult { seconds, stages })
-    })?;
+            share,
+        })
+    };
+    let parts = outputs::resumable_batches(&keep, identity, chunks.len(), compute, kept)?;
     let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
     let mut stages: Vec<Stage> = Vec::new();
     for part in parts {

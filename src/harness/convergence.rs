@@ -6,7 +6,6 @@
 //! cores).
 
 use std::path::Path;
-use std::time::Instant;
 
 use jem_attacks::{AttackOutcome, Model, Norm};
 
@@ -16,6 +15,11 @@ use super::estimate;
 use super::outputs;
 use super::spec::{CellPart, PartKind, SweepSpec};
 use crate::backend::BenchBackend;
+
+/// How many times the attack's EOT draws the first re-attack of the check takes.
+pub(super) const MORE_EOT: usize = 4;
+/// How many times the attack's iterations (steps, queries) the second re-attack takes.
+pub(super) const MORE_ITERATIONS: usize = 2;
 
 /// One ε of a cell's convergence check (see [`SweepSpec::convergence_sample`]).
 pub(super) struct ConvergenceCheck {
@@ -57,21 +61,21 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     batch: &dyn Fn(&[usize]) -> Examples<B>,
     keep: &Path,
     identity: &str,
-    report: &dyn Fn(CellPart),
+    report: &dyn Fn(CellPart) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     let more_eot = SweepSpec {
-        eot: Some(4 * spec.eot_at(cell.k)),
+        eot: Some(MORE_EOT * spec.eot_at(cell.k)),
         seed: crate::seeds::splitmix64(spec.seed ^ 0xC0_4EE7),
         ..spec.clone()
     };
     let more_iterations = SweepSpec {
-        apgd_iterations: 2 * spec.apgd_iterations,
-        pgd_steps: 2 * spec.pgd_steps,
-        fab_iterations: 2 * spec.fab_iterations,
-        square_queries: 2 * spec.square_queries,
-        boundary_steps: 2 * spec.boundary_steps,
+        apgd_iterations: MORE_ITERATIONS * spec.apgd_iterations,
+        pgd_steps: MORE_ITERATIONS * spec.pgd_steps,
+        fab_iterations: MORE_ITERATIONS * spec.fab_iterations,
+        square_queries: MORE_ITERATIONS * spec.square_queries,
+        boundary_steps: MORE_ITERATIONS * spec.boundary_steps,
         seed: crate::seeds::splitmix64(spec.seed ^ 0x17E7),
         ..spec.clone()
     };
@@ -101,34 +105,36 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     let strengths = [&more_eot, &more_iterations];
     let dir = keep.join("convergence");
     // Each re-attack's share of the cell's estimated cost, which counts a whole sample at
-    // every ε > 0: 4× the EOT draws cost twice what 2× the iterations cost.
-    let factor = estimate::check_factor(spec, cell);
-    let at_eps = grid.iter().filter(|&&e| e > 0.0).count().max(1) as f64;
+    // every ε > 0, each strength in proportion to the gradients it takes.
+    let eps = grid.iter().filter(|&&e| e > 0.0).count();
+    let factor = estimate::check_factor(spec, cell, eps);
     let share = |j: usize| {
-        let strength = if j % 2 == 0 { 4.0 } else { 2.0 };
-        factor / (1.0 + factor) / at_eps * strength / 6.0
+        let strength = [MORE_EOT, MORE_ITERATIONS][j % 2] as f64;
+        factor / (1.0 + factor) / eps.max(1) as f64 * strength / (MORE_EOT + MORE_ITERATIONS) as f64
     };
     let parts = 2 * samples.len();
-    let broken: Vec<Vec<bool>> = outputs::resumable_batches(&dir, identity, parts, |j| {
-        let started = Instant::now();
+    let compute = |j: usize| {
         let (eps, survivors) = &samples[j / 2];
         let (x, y) = batch(survivors);
         let stages = attack_batch(strengths[j % 2], cell, build, defended, x, y, &[*eps])?;
         let last = stages.last().expect("every cell runs an attack");
         let (at, outcome) = &last.outcomes[0];
+        Ok(standing(outcome, *at, spec.norm, *eps)
+            .into_iter()
+            .map(|ok| !ok)
+            .collect())
+    };
+    let kept = |j, seconds| {
         report(CellPart {
             cell: cell.clone(),
             kind: PartKind::ConvergenceCheck,
             index: j,
             count: parts,
-            seconds: started.elapsed().as_secs_f64(),
+            seconds,
             share: share(j),
-        });
-        Ok(standing(outcome, *at, spec.norm, *eps)
-            .into_iter()
-            .map(|ok| !ok)
-            .collect())
-    })?;
+        })
+    };
+    let broken: Vec<Vec<bool>> = outputs::resumable_batches(&dir, identity, parts, compute, kept)?;
     let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
     let checks = samples
         .iter()

@@ -12,6 +12,7 @@ use jem_attacks::{AttackLoss, Model};
 use rand::SeedableRng;
 
 use super::cells::{AttackKind, Cell, CellAttack};
+use super::convergence::{MORE_EOT, MORE_ITERATIONS};
 use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
 
@@ -70,15 +71,22 @@ pub fn gradients_per_example(
         .sum()
 }
 
-/// The convergence check's cost relative to the cell's attack: a stochastic cell (K > 0)
-/// attacks up to its sample of the `n` examples again, with 4× the EOT draws and with 2× the
-/// iterations; 0 where no check runs.
-pub fn check_factor(spec: &SweepSpec, cell: &Cell) -> f64 {
+/// The convergence check's cost relative to the cell's attack over `eps` budgets > 0: a
+/// stochastic cell (K > 0) attacks up to its sample of the `n` examples again at each ε, with
+/// more EOT draws and with more iterations; 0 where no check runs. A minimum-perturbation
+/// attack answers every ε in one run, but its check runs it again at each.
+pub fn check_factor(spec: &SweepSpec, cell: &Cell, eps: usize) -> f64 {
     if cell.k == 0 || spec.convergence_sample == 0 || spec.n_examples == 0 {
         return 0.0;
     }
     let n = spec.n_examples as f64;
-    (4.0 + 2.0) * (spec.convergence_sample as f64).min(n) / n
+    let strengths = (MORE_EOT + MORE_ITERATIONS) as f64;
+    let once = matches!(
+        cell.attack,
+        CellAttack::Kind(AttackKind::FabT | AttackKind::Boundary | AttackKind::Pointwise)
+    );
+    let runs = if once { eps as f64 } else { 1.0 };
+    strengths * runs * (spec.convergence_sample as f64).min(n) / n
 }
 
 /// Seconds one example's loss gradient takes through `model`, from the second of two timed
@@ -166,15 +174,17 @@ mod tests {
         // 20 of 100 examples again with 4× the draws, and again with 2× the iterations.
         let spec = SweepSpec::default();
         assert_eq!((spec.n_examples, spec.convergence_sample), (100, 20));
-        let f = check_factor(&spec, &cell(AttackKind::Adaptive, 1));
+        let f = check_factor(&spec, &cell(AttackKind::Adaptive, 1), 3);
         assert!((f - 1.2).abs() < 1e-12, "{f}");
         // No check at K = 0 (deterministic); a sample larger than the examples is all of them.
-        assert_eq!(check_factor(&spec, &cell(AttackKind::Adaptive, 0)), 0.0);
+        assert_eq!(check_factor(&spec, &cell(AttackKind::Adaptive, 0), 3), 0.0);
         let few = SweepSpec {
             n_examples: 10,
             ..spec.clone()
         };
-        assert_eq!(check_factor(&few, &cell(AttackKind::Pgd, 1)), 6.0);
+        assert_eq!(check_factor(&few, &cell(AttackKind::Pgd, 1), 3), 6.0);
+        // FAB-T alone runs once for every ε, and its check once at each of the 3.
+        assert_eq!(check_factor(&few, &cell(AttackKind::FabT, 1), 3), 18.0);
     }
 
     #[test]

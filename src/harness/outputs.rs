@@ -379,12 +379,15 @@ pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
 /// the moment it is done and reading back, instead of computing again, those an interrupted
 /// run of the same sweep left there (the folder's settings, `--batch-size` and the seed among
 /// them, are checked before any cell runs, so a batch file is what `compute` would return).
-/// The folder is removed by [`remove_batches`] once the cell's own file is written.
+/// The folder is removed by [`remove_batches`] once the cell's own file is written. `kept` is
+/// told of each batch computed now, once it is on disk, with the seconds it took; its error
+/// stops the cell there.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     dir: &Path,
     identity: &str,
     count: usize,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
+    mut kept: impl FnMut(usize, f64) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<T>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // The batches belong to one sweep, as the cell files do.
@@ -424,8 +427,11 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
                     )
                 });
             }
+            let started = std::time::Instant::now();
             let batch = compute(j)?;
+            let seconds = started.elapsed().as_secs_f64();
             write_atomic(&p, serde_json::to_string(&batch)?.as_bytes())?;
+            kept(j, seconds)?;
             Ok(batch)
         })
         .collect()
@@ -539,29 +545,66 @@ mod tests {
         let whole: Vec<Vec<f64>> = (0..5).map(batch).collect();
 
         // The first run dies in batch 3: batches 0–2 are on disk.
-        let mut computed = Vec::new();
-        let died = resumable_batches(&kept, "sweep", 5, |j| {
-            computed.push(j);
-            anyhow::ensure!(j < 3, "killed in batch {j}");
-            Ok(batch(j))
-        });
+        let (mut computed, mut on_disk) = (Vec::new(), Vec::new());
+        let died = resumable_batches(
+            &kept,
+            "sweep",
+            5,
+            |j| {
+                computed.push(j);
+                anyhow::ensure!(j < 3, "killed in batch {j}");
+                Ok(batch(j))
+            },
+            |j, _| {
+                // Told only once the batch is kept.
+                assert!(kept.join(format!("{j}.json")).exists());
+                on_disk.push(j);
+                Ok(())
+            },
+        );
         assert!(died.is_err());
         assert_eq!(computed, [0, 1, 2, 3]);
+        assert_eq!(on_disk, [0, 1, 2]);
 
         // The same command again computes only batches 3 and 4, and ends where a run that
         // was never interrupted ends.
         computed.clear();
-        let resumed = resumable_batches(&kept, "sweep", 5, |j| {
-            computed.push(j);
-            Ok(batch(j))
-        })
+        on_disk.clear();
+        let resumed = resumable_batches(
+            &kept,
+            "sweep",
+            5,
+            |j| {
+                computed.push(j);
+                Ok(batch(j))
+            },
+            |j, _| {
+                on_disk.push(j);
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(computed, [3, 4]);
+        assert_eq!(on_disk, [3, 4]);
         assert_eq!(resumed, whole);
+
+        // An error from the one told stops the cell after the batch it was told of, which is
+        // kept: here the sweep stopped while batch 0 of a new cell ran.
+        let other = dir.path().join("other.batches");
+        let stopped = resumable_batches(
+            &other,
+            "sweep",
+            5,
+            |j| Ok(batch(j)),
+            |_, _| anyhow::bail!("the sweep stopped"),
+        );
+        assert!(stopped.is_err());
+        assert!(other.join("0.json").exists() && !other.join("1.json").exists());
 
         // A damaged batch file is an error that names it, not a silent recomputation.
         std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
-        let err = resumable_batches(&kept, "sweep", 5, |j| Ok(batch(j))).unwrap_err();
+        let err =
+            resumable_batches(&kept, "sweep", 5, |j| Ok(batch(j)), |_, _| Ok(())).unwrap_err();
         let message = format!("{err:#}");
         assert!(
             message.contains("1.json") && message.contains("delete it"),
@@ -569,7 +612,7 @@ mod tests {
         );
 
         // Another sweep's batches are never read as this one's.
-        let err = resumable_batches(&kept, "another sweep", 5, |j| Ok(batch(j)))
+        let err = resumable_batches(&kept, "another sweep", 5, |j| Ok(batch(j)), |_, _| Ok(()))
             .unwrap_err()
             .to_string();
         assert!(err.contains("another sweep"), "{err}");

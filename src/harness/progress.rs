@@ -93,10 +93,6 @@ impl SweepObserver for TerminalProgress {
             .min(total.saturating_sub(*so_far));
         *so_far += step;
         bar.inc(step);
-        if part.share >= 1.0 {
-            // The whole cell: its own line follows at once.
-            return;
-        }
         let what = format!(
             "{} {} K={}: {part} done in {}",
             part.cell.attack.name(),
@@ -154,5 +150,61 @@ impl SweepObserver for TerminalProgress {
             "shard {}/{}: the sweep has {cells} cells, none of them this shard's; nothing to do",
             shard.index, shard.count,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::{AttackKind, Cell, CellAttack, PartKind};
+    use jem_attacks::GradMode;
+
+    fn cell(k: usize) -> Cell {
+        Cell {
+            model: "m".into(),
+            attack: CellAttack::Kind(AttackKind::Pgd),
+            k,
+            grad: Some(GradMode::Full),
+        }
+    }
+
+    fn part(k: usize, index: usize, share: f64) -> CellPart {
+        CellPart {
+            cell: cell(k),
+            kind: PartKind::AttackBatch,
+            index,
+            count: 3,
+            seconds: 1.0,
+            share,
+        }
+    }
+
+    #[test]
+    fn parts_move_the_bar_within_their_cell_and_the_cell_ends_on_its_estimate() {
+        let progress = TerminalProgress::default();
+        progress.starting(&[10.0, 4.0], 0);
+        let position = || progress.bar.borrow().as_ref().unwrap().position();
+        // Two cells in flight: parts count for their own cell only.
+        progress.part_finished(&part(1, 0, 0.25), 10.0);
+        progress.part_finished(&part(2, 0, 0.5), 4.0);
+        assert_eq!(position(), 2_500 + 2_000);
+        // Parts that took more than estimated stop at their cell's estimate...
+        progress.part_finished(&part(1, 1, 0.5), 10.0);
+        progress.part_finished(&part(1, 2, 0.5), 10.0);
+        assert_eq!(position(), 10_000 + 2_000);
+        // ...and a finished cell adds what its parts left of it, no more.
+        let finished = |k| CellResult {
+            cell: cell(k),
+            identity: String::new(),
+            seconds: 1.0,
+            rows: Vec::new(),
+            examples: Vec::new(),
+        };
+        progress.cell_finished(&finished(1), 10.0);
+        assert_eq!(position(), 10_000 + 2_000);
+        progress.cell_finished(&finished(2), 4.0);
+        assert_eq!(position(), 14_000);
+        assert_eq!(progress.done.get(), 2);
+        assert!(progress.advanced.borrow().is_empty());
     }
 }

@@ -134,11 +134,13 @@ pub trait SweepObserver {
 /// draws or more iterations). A cell of hours reports its progress part by part.
 #[derive(Debug, Clone)]
 pub struct CellPart {
+    /// The cell it is part of.
     pub cell: Cell,
     /// A batch of the attack, or a re-attack of the convergence check.
     pub kind: PartKind,
-    /// Which part of its kind (from 0), of how many.
+    /// Which part of its kind it is, from 0.
     pub index: usize,
+    /// How many parts of its kind the cell has.
     pub count: usize,
     /// Seconds it took.
     pub seconds: f64,
@@ -149,7 +151,9 @@ pub struct CellPart {
 /// What a [`CellPart`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PartKind {
+    /// A batch of examples through the cell's attack (the whole attack if unbatched).
     AttackBatch,
+    /// One ε of the convergence check, re-attacked with more EOT draws or more iterations.
     ConvergenceCheck,
 }
 

@@ -125,8 +125,10 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                     };
                     let cell = mine[i];
                     let report = |part: CellPart| {
-                        // A closed channel means the sweep failed; the cell's own error follows.
-                        let _ = tx.send((i, Message::Part(part)));
+                        // A closed channel: another cell failed and the sweep stopped. This
+                        // cell stops at the part just kept instead of running on for hours.
+                        tx.send((i, Message::Part(part)))
+                            .map_err(|_| anyhow::anyhow!("the sweep stopped"))
                     };
                     let result = run_cell(
                         out,
@@ -234,7 +236,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         };
         let gradients = estimate::gradients_per_example(spec, cell, eps, classes, own);
         let n = spec.n_examples as f64;
-        out.push(seconds * gradients * n * (1.0 + estimate::check_factor(spec, cell)));
+        out.push(seconds * gradients * n * (1.0 + estimate::check_factor(spec, cell, eps)));
     }
     Ok(out)
 }
