@@ -1,6 +1,6 @@
 //! CPU and GPU compute the same numbers, in one process: burn's `flex` CPU backend against its
 //! CUDA backend, both through jem-kernels (on CUDA: burn's forward convolution, the gradients
-//! composed from it and a matrix product, see `tests/portable_gradients.rs`).
+//! composed from it and a matrix product, see `tests/suite/portable_gradients.rs`).
 //!
 //! - every convolution of WRN-10-1 (MNIST, and 3×32×32), WRN-16-2 and WRN-28-10 (3×32×32):
 //!   the input and weight gradients, with and without the fused LeakyReLU;

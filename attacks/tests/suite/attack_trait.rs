@@ -3,7 +3,7 @@
 //! closed form: each example is broken exactly at the ε that reach its minimum (never 2 %
 //! below it), breaks carry to every larger ε at no further cost, and ε = 0 changes nothing.
 
-mod common;
+use crate::common;
 
 use common::{batch, image, labels, B, D};
 use jem_attacks::{

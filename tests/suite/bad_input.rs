@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use jem_bench::backend::{self, Inference};
 use jem_bench::model::{weights_digest, Checkpoint};
 
-mod common;
+use crate::common;
 use common::TINY_FGSM_SWEEP;
 
 fn cli() -> Command {

@@ -14,7 +14,7 @@ use jem_attacks::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-mod common;
+use crate::common;
 use common::{cases, image, label, Case, B, D};
 
 fn undefended(c: &Case) -> Undefended<LinearClassifier<B>> {

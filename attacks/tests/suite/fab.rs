@@ -4,7 +4,7 @@
 //! models (found within 1 %, never below; through `MinimumNorm` broken at 1.02× the minimum,
 //! never at 0.98×). Misclassified inputs are not attacked, costs are counted, a seed repeats.
 
-mod common;
+use crate::common;
 
 use burn::tensor::Tensor;
 use common::{batch, cases, image, label, labels, B, D, I};

@@ -8,7 +8,7 @@ use jem_attacks::{
     LinearClassifier, Norm, Undefended,
 };
 
-mod common;
+use crate::common;
 use common::{cases, image, label, Case, B, D, I};
 
 #[test]

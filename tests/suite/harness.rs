@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jem_bench::harness::{read_tidy, TidyRow};
 
-mod common;
+use crate::common;
 
 /// The `jem-bench` binary, run from the repository root (where the models' paths start).
 fn cli() -> Command {

@@ -2,7 +2,7 @@
 //! |margin| / ‖w₀ − w₁‖₂: the boundary and pointwise attacks must end adversarial and within a
 //! few percent of it (and never below it).
 
-mod common;
+use crate::common;
 
 use common::{cases, image, label, Case, B, D};
 use jem_attacks::{BoundaryConfig, LinearClassifier, Model, PointwiseConfig, Undefended};

@@ -2,7 +2,7 @@
 //! adversarial loss, and an interrupted run resumes to exactly the weights and log of an
 //! uninterrupted one.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! JEM training on real digits: resume continues the same chains and the same log, and the
 //! divergence guard rolls back and recovers on a deliberately unstable setting.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

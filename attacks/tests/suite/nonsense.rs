@@ -2,7 +2,7 @@
 //! the threshold from noise; with zero weights p(y|x) is 1/K everywhere and no search may claim
 //! success.
 
-mod common;
+use crate::common;
 
 use common::{B, D};
 use jem_attacks::{LinearClassifier, Model, NonsenseConfig, Undefended};

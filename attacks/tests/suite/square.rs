@@ -7,7 +7,7 @@ use jem_attacks::{AttackOutcome, LinearClassifier, Norm, SquareConfig, Undefende
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-mod common;
+use crate::common;
 use common::{cases, image, label, Case, B, D, I};
 
 fn linear(c: &Case) -> Undefended<LinearClassifier<B>> {
