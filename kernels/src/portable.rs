@@ -6,8 +6,8 @@
 //! candidates per shape, and may be wrong where its forward pass is right (burn 0.21's CUDA
 //! backend: see docs/gpu.md). Built from the forward convolution and the matrix product, the
 //! gradients are right wherever those two are, and the construction itself is checked on the CPU
-//! backend against burn's gradients (`tests/suite/portable_gradients.rs`), so a GPU run has only its
-//! forward convolution and matrix product left to agree.
+//! backend against burn's gradients (`tests/suite/portable_gradients.rs`), so a GPU run has only
+//! its forward convolution and matrix product left to agree.
 //!
 //! With `y[n,o,p,q] = Σ_{i,a,b} w[o,i,a,b] · x̄[n,i, s·p + a, s·q + b]` (x̄: x zero-padded by P),
 //!
