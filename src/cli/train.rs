@@ -27,6 +27,10 @@ pub struct TrainFlags {
     /// Use only the first N training images (quick experiments and tests).
     #[arg(long)]
     pub train_subset: Option<usize>,
+    /// Score the finished run on only the first N test images (quick experiments and tests;
+    /// default: all of them).
+    #[arg(long)]
+    pub test_subset: Option<usize>,
     /// Wide-ResNet depth (6n + 4).
     #[arg(long, default_value_t = TrainSpec::default().depth)]
     pub depth: usize,
@@ -96,6 +100,7 @@ impl TrainFlags {
             data: self.data,
             val_size: self.val_size,
             train_subset: self.train_subset,
+            test_subset: self.test_subset,
             depth: self.depth,
             width: self.width,
             epochs: self.epochs,
@@ -391,6 +396,7 @@ mod tests {
             data: "fashion-mnist".into(),
             val_size: 100,
             train_subset: Some(640),
+            test_subset: None,
             depth: 16,
             width: 4,
             epochs: 3,

@@ -57,6 +57,10 @@ pub struct TrainSpec {
     pub val_size: usize,
     /// Use only the first N training images (quick experiments and tests).
     pub train_subset: Option<usize>,
+    /// Score the finished run on only the first N test images (quick experiments and tests;
+    /// absent from older sidecars, which scored on all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_subset: Option<usize>,
     /// Wide-ResNet depth (6n + 4).
     pub depth: usize,
     /// Wide-ResNet widening factor.
@@ -129,6 +133,7 @@ impl TrainSpec {
         }
         for (field, value) in [
             ("train_subset", self.train_subset),
+            ("test_subset", self.test_subset),
             ("max_iters", self.max_iters),
         ] {
             value.map_or(Ok(()), |n| settings::at_least_one(field, n))?;
@@ -186,7 +191,29 @@ impl TrainSpec {
             }
             train = train.select(&(0..n).collect::<Vec<_>>());
         }
+        // The test set is read only when the run finishes; a bad cut of it is refused now.
+        self.load_test(&source)?;
         Ok((source, train, val))
+    }
+
+    /// The test images a finished run is scored on: `source`'s test split, cut to
+    /// `test_subset` if set.
+    pub fn load_test(&self, source: &DataSource) -> anyhow::Result<ImageSet> {
+        let test = source.load(Split::Test)?;
+        match self.test_subset {
+            None => Ok(test),
+            Some(n) if (1..=test.len()).contains(&n) => {
+                Ok(test.select(&(0..n).collect::<Vec<_>>()))
+            }
+            Some(n) => {
+                let problem = format!(
+                    "expected 1 to {} (the test images of {})",
+                    test.len(),
+                    test.name
+                );
+                Err(InvalidSetting::new("test_subset", n.to_string(), &problem).into())
+            }
+        }
     }
 
     /// The network the config trains on images like `data`'s.
@@ -214,7 +241,9 @@ impl TrainSpec {
                     "train minus its last {} images, which validate",
                     self.val_size
                 ),
-            },
+            } + &self
+                .test_subset
+                .map_or(String::new(), |n| format!("; test: first {n} images")),
             seed: self.seed,
             settings: settings.clone(),
             wall_seconds: wall,
@@ -232,6 +261,7 @@ impl Default for TrainSpec {
             data: "mnist".into(),
             val_size: 5000,
             train_subset: None,
+            test_subset: None,
             depth: 10,
             width: 1,
             epochs: 200,

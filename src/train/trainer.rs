@@ -11,7 +11,7 @@ use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressStyle};
-use jem_datasets::{DataSource, ImageSet, Split};
+use jem_datasets::{DataSource, ImageSet};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
@@ -528,7 +528,7 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         let mut test = None;
         if finished && self.best.exists() {
             let (model, mut sidecar) = self.best.load::<B::InnerBackend>(self.device)?;
-            let m = metrics::evaluate(&model, &self.source.load(Split::Test)?, 500, self.device);
+            let m = metrics::evaluate(&model, &self.cfg.load_test(&self.source)?, 500, self.device);
             sidecar.metrics.insert("test_accuracy".into(), m.accuracy);
             sidecar.metrics.insert("test_nll".into(), m.nll);
             sidecar.metrics.insert("test_ece".into(), m.ece);

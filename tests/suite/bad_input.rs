@@ -263,6 +263,16 @@ fn example_counts_must_be_within_the_split() {
         .output()
         .unwrap();
     assert_fails_with(&o, &["--n 0"]);
+    // A finished run is scored on the test set; a cut of it past its end is refused before
+    // the run begins, not when it ends.
+    let run = dir.path().join("run");
+    let o = cli()
+        .args(["train", "--epochs", "1", "--test-subset", "10001", "--out"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["--test-subset", "10001", "expected 1 to 10000"]);
+    assert!(!run.exists(), "the refused run created {}", run.display());
 }
 
 // 6. Weight identity is the tensors, not the file: re-saving identical weights gives the same
@@ -399,6 +409,7 @@ fn zero_counts_are_errors_not_panics() {
         "--log-every",
         "--checkpoint-every",
         "--train-subset",
+        "--test-subset",
     ] {
         let run = dir.path().join(flag.trim_start_matches('-'));
         let o = cli()
@@ -1170,6 +1181,8 @@ fn output_folders_belong_to_the_command_that_made_them() {
                 "train",
                 "--train-subset",
                 "64",
+                "--test-subset",
+                "100",
                 "--val-size",
                 "32",
                 "--epochs",

@@ -14,6 +14,7 @@ fn small_jem(out: &Path) -> TrainSpec {
         data: "mnist".into(),
         val_size: 100,
         train_subset: Some(64),
+        test_subset: Some(100),
         depth: 10,
         width: 1,
         epochs: 2,

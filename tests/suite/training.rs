@@ -53,6 +53,7 @@ fn small_run(out: &Path) -> TrainSpec {
         data: "mnist".into(),
         val_size: 200,
         train_subset: Some(192),
+        test_subset: Some(100),
         depth: 10,
         width: 1,
         epochs: 2,
@@ -327,6 +328,7 @@ fn small_adversarial_run(out: &Path, epochs: usize) -> TrainSpec {
     TrainSpec {
         kind: TrainKind::Adv,
         train_subset: Some(128),
+        test_subset: Some(100),
         epochs,
         decay_epochs: vec![],
         lr: 1e-2,
