@@ -20,7 +20,9 @@ fn sweep(out: &Path) -> Command {
     sweep_of("results/models/baseline", out)
 }
 
-/// The small sweep of `sweep`, of the models `models` (comma-separated).
+/// The small sweep of `sweep`, of the models `models` (comma-separated). Its K = 1 cells are
+/// stochastic and get a convergence check; 2 EOT draws and 2 sampled survivors keep each sweep a
+/// few seconds (the defaults, 10 draws here and 20 survivors, made it six times as long).
 fn sweep_of(models: &str, out: &Path) -> Command {
     let mut c = cli();
     c.args([
@@ -45,6 +47,10 @@ fn sweep_of(models: &str, out: &Path) -> Command {
         "2",
         "--recheck-chains",
         "3",
+        "--eot",
+        "2",
+        "--convergence-sample",
+        "2",
         "--out",
     ]);
     c.arg(out);
@@ -94,7 +100,7 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
     // Kill a sweep part-way (wherever it happens to be), then run the same command again.
     let parts = tempfile::tempdir().unwrap();
     let mut child = sweep(parts.path()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(1500));
     let _ = child.kill();
     let _ = child.wait();
     // And make sure the state "killed inside a cell" is covered: drop the last finished cell
@@ -1096,6 +1102,7 @@ fn interrupted_convergence_check_resumes(batching: &[&str]) {
             "6",
         ])
         .args(["--pgd-steps", "2", "--chains", "2", "--recheck-chains", "3"])
+        .args(["--eot", "2", "--convergence-sample", "2"])
         .args(batching)
         .arg("--out")
         .arg(dir.path());
