@@ -4,8 +4,10 @@
 //!
 //! One binary rather than a file per target: every target links burn and instantiates the
 //! backend-generic models, attacks and harness again, so fifteen targets compiled the same code
-//! fifteen times. The GPU agreement tests (`tests/gpu.rs`) stay a target of their own: they run
-//! on another machine, with `--ignored`.
+//! fifteen times. Two files stay targets of their own: the GPU agreement tests (`tests/gpu.rs`)
+//! run on another machine, with `--ignored`; and `tests/kernels.rs` switches the process-wide
+//! choice of kernels, which would change, within rounding, what the tests running beside it in
+//! this binary compute (and break those that check a resumed run reproduces every bit).
 
 mod common;
 
@@ -16,7 +18,6 @@ mod calibration_ood;
 mod corrupt_readers;
 mod harness;
 mod jem;
-mod kernels;
 mod library_sweep;
 mod linearisation;
 mod model;

@@ -11,7 +11,8 @@
 //! than burn's own answer moves under that ulp-sized change of input; a wrong kernel is off by
 //! the order of the gradient itself.
 //!
-//! One test in this file on purpose: the choice of kernels is process-wide.
+//! One test in this file, and this file a test binary of its own, on purpose: the choice of
+//! kernels is process-wide.
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
