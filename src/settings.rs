@@ -2,6 +2,8 @@
 //! range, each refusing a value with an [`InvalidSetting`] that names the field: the library
 //! speaks of fields, and the command line shows them as its flags.
 
+use jem_datasets::ImageSet;
+
 /// A setting refused, named as its settings type names it (`n_examples`, `ks`, `px_weight`, …);
 /// the command line shows the flag instead (`--n-examples`, `--steps`, `--px-weight`).
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +48,21 @@ impl std::fmt::Display for InvalidSetting {
 }
 
 impl std::error::Error for InvalidSetting {}
+
+/// The first `n` images of `set`, or the refusal of `n` (the value of `field`) outside 1 to the
+/// set's size; `what` names the images in the message ("the test images of mnist").
+pub fn first_images(
+    set: &ImageSet,
+    field: &'static str,
+    n: usize,
+    what: &str,
+) -> Result<ImageSet, InvalidSetting> {
+    if !(1..=set.len()).contains(&n) {
+        let problem = format!("expected 1 to {} ({what})", set.len());
+        return Err(InvalidSetting::new(field, n.to_string(), &problem));
+    }
+    Ok(set.select(&(0..n).collect::<Vec<_>>()))
+}
 
 /// `value` ≥ 1 (a count: examples, steps, chains, …).
 pub fn at_least_one(field: &'static str, value: usize) -> Result<(), InvalidSetting> {

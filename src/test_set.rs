@@ -27,14 +27,8 @@ pub fn load(
     n: usize,
 ) -> anyhow::Result<TestImages> {
     let (chosen, set) = test_split(model, sidecar, field, spec)?;
-    if !(1..=set.len()).contains(&n) {
-        let problem = format!("expected 1 to {} (the test images of {chosen})", set.len());
-        return Err(InvalidSetting::new("n", n.to_string(), &problem).into());
-    }
-    Ok(TestImages {
-        spec: chosen,
-        set: set.select(&(0..n).collect::<Vec<_>>()),
-    })
+    let set = settings::first_images(&set, "n", n, &format!("the test images of {chosen}"))?;
+    Ok(TestImages { spec: chosen, set })
 }
 
 /// The whole test split named by `spec` (the value of the settings field `field`), or of the

@@ -181,18 +181,13 @@ impl TrainSpec {
         }
         let (mut train, val) = full.split_last(self.val_size);
         if let Some(n) = self.train_subset {
-            if !(1..=train.len()).contains(&n) {
-                let problem = format!(
-                    "expected 1 to {} (the training images left after val_size {})",
-                    train.len(),
-                    self.val_size
-                );
-                return Err(InvalidSetting::new("train_subset", n.to_string(), &problem).into());
-            }
-            train = train.select(&(0..n).collect::<Vec<_>>());
+            let what = format!("the training images left after val_size {}", self.val_size);
+            train = settings::first_images(&train, "train_subset", n, &what)?;
         }
-        // The test set is read only when the run finishes; a bad cut of it is refused now.
-        self.load_test(&source)?;
+        // The test set is read only when the run finishes; a cut of it is checked now.
+        if self.test_subset.is_some() {
+            self.load_test(&source)?;
+        }
         Ok((source, train, val))
     }
 
@@ -200,20 +195,13 @@ impl TrainSpec {
     /// `test_subset` if set.
     pub fn load_test(&self, source: &DataSource) -> anyhow::Result<ImageSet> {
         let test = source.load(Split::Test)?;
-        match self.test_subset {
-            None => Ok(test),
-            Some(n) if (1..=test.len()).contains(&n) => {
-                Ok(test.select(&(0..n).collect::<Vec<_>>()))
-            }
+        Ok(match self.test_subset {
+            None => test,
             Some(n) => {
-                let problem = format!(
-                    "expected 1 to {} (the test images of {})",
-                    test.len(),
-                    test.name
-                );
-                Err(InvalidSetting::new("test_subset", n.to_string(), &problem).into())
+                let what = format!("the test images of {}", test.name);
+                settings::first_images(&test, "test_subset", n, &what)?
             }
-        }
+        })
     }
 
     /// The network the config trains on images like `data`'s.

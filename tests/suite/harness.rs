@@ -20,9 +20,12 @@ fn sweep(out: &Path) -> Command {
     sweep_of("results/models/baseline", out)
 }
 
-/// The small sweep of `sweep`, of the models `models` (comma-separated). Its K = 1 cells are
-/// stochastic and get a convergence check; 2 EOT draws and 2 sampled survivors keep each sweep a
-/// few seconds (the defaults, 10 draws here and 20 survivors, made it six times as long).
+/// The small sweeps' K = 1 cells are stochastic and get a convergence check; 2 EOT draws and 2
+/// sampled survivors keep each sweep a few seconds (the defaults, 10 draws with 2 chains and 20
+/// survivors, made it six times as long).
+const CHEAP_STOCHASTIC_CELLS: [&str; 4] = ["--eot", "2", "--convergence-sample", "2"];
+
+/// The small sweep of `sweep`, of the models `models` (comma-separated).
 fn sweep_of(models: &str, out: &Path) -> Command {
     let mut c = cli();
     c.args([
@@ -47,13 +50,8 @@ fn sweep_of(models: &str, out: &Path) -> Command {
         "2",
         "--recheck-chains",
         "3",
-        "--eot",
-        "2",
-        "--convergence-sample",
-        "2",
-        "--out",
     ]);
-    c.arg(out);
+    c.args(CHEAP_STOCHASTIC_CELLS).arg("--out").arg(out);
     c
 }
 
@@ -1102,7 +1100,7 @@ fn interrupted_convergence_check_resumes(batching: &[&str]) {
             "6",
         ])
         .args(["--pgd-steps", "2", "--chains", "2", "--recheck-chains", "3"])
-        .args(["--eot", "2", "--convergence-sample", "2"])
+        .args(CHEAP_STOCHASTIC_CELLS)
         .args(batching)
         .arg("--out")
         .arg(dir.path());
