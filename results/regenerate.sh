@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Regenerates every committed result that depends on the embedded models (results/models/):
-# the CI reference sweep, the default L∞ and L2 sweeps with their curves, the same L∞ sweep of the
-# 1 : 1 JEM, the K = 1 cells under the full gradient with EOT, robust accuracy against K,
-# AutoAttack at K = 0, the nonsense table, and the calibration and OOD-detection tables.
+# the CI reference sweep, the default L∞ and L2 sweeps with their curves (their K = 0 cells are
+# AutoAttack's cascade), the same L∞ sweep of jem-ce1000, of the earlier 1 : 1 JEM and of the
+# control, the K = 1 cells under APGD-CE alone with the full gradient and EOT, robust accuracy
+# against K, K = 10, the nonsense table, and the calibration and OOD-detection tables.
 # Run it from the repository root after an embedded model changes (`regress` refuses a reference
-# swept with other weights). Many hours on two cores with the WRN-10-1 models: under the adaptive
-# default the L∞ sweep alone took 1 h 46 min on 2026-11-26 (the L2 one about as long), jem-1to1
-# about an hour, k1-eot 29 min, autoattack 40 min, the rest minutes; k-curve (K = 10 through
-# exact gradients with EOT) and k10 run for many hours and resume.
+# swept with other weights). Days on two cores: the embedded JEM is a WRN-10-2, about four times
+# the WRN-10-1's cost per pass; its default L∞ cells alone took 2 h 12 min (2026-11-28), the
+# L2 ones about as long, and k-curve (K = 2, 5, 10 through exact gradients with EOT) and k10 run
+# for days; every sweep resumes where it stopped, the long ones batch by batch.
 #
 #   bash results/regenerate.sh            # everything
-#   bash results/regenerate.sh reference  # one part: reference | sweeps (or linf | l2) | jem-1to1 | control | k1-eot | k-curve | k10 | autoattack | nonsense | calibration | ood
+#   bash results/regenerate.sh reference  # one part: reference | sweeps (or linf | l2) | jem-ce1000 | jem-1to1 | control | k1-eot | k-curve | k10 | nonsense | calibration | ood
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release
 bin=target/release/jem-bench
-parts=("${@:-reference sweeps jem-1to1 control k1-eot k-curve k10 autoattack nonsense calibration ood}")
+parts=("${@:-reference sweeps jem-ce1000 jem-1to1 control k1-eot k-curve k10 nonsense calibration ood}")
 
 # Each part writes to a fresh folder under runs/regenerate/ and replaces the committed folder
 # only when it finished, so an interrupted regeneration leaves the old results whole (and
@@ -40,9 +41,13 @@ continue_from() { # continue_from DEST WORK
 for part in ${parts[*]}; do
     case "$part" in
     reference)
+        # Cheap on purpose, since CI reruns it (`regress`): BPDA, one draw and no convergence
+        # check at K = 1; it guards against changes in what the harness computes, the sweeps
+        # below measure robustness.
         "$bin" robust --norm linf --models results/models/baseline,results/models/jem,results/models/adv \
             --attacks pgd,fgsm --steps 0,1 --eps 0,0.1,0.2,0.3 --n-examples 50 --pgd-steps 10 \
-            --chains 2 --recheck-chains 4 --out "$work/reference-linf-small"
+            --chains 2 --recheck-chains 4 --grad bpda --eot 1 --convergence-sample 0 \
+            --out "$work/reference-linf-small"
         replace "$work/reference-linf-small" results/reference/linf-small
         ;;
     sweeps | linf | l2)
@@ -56,10 +61,17 @@ for part in ${parts[*]}; do
         done
         "$bin" report results/sweeps/linf results/sweeps/l2 --out results/sweeps
         ;;
+    jem-ce1000)
+        # The JEM embedded before the 1 : 1 one, log p(y|x) weighted 1 000 : 1 against log p(x)
+        # (99.00 % test), swept as the default L∞ sweep sweeps the embedded models: what that
+        # weight costs in robustness (docs/training-log.md).
+        "$bin" robust --norm linf --models results/models/jem-ce1000 --out "$work/jem-ce1000-linf"
+        replace "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
+        ;;
     jem-1to1)
-        # The JEM trained with the paper's 1 : 1 balance of log p(y|x) and log p(x) (stopped at
-        # 96.69 % test accuracy), swept as the default L∞ sweep sweeps the embedded models: what
-        # the embedded JEM's weight of 1 000 on log p(y|x) costs in robustness (docs/training-log.md).
+        # An earlier JEM at the paper's 1 : 1 balance on the narrower WRN-10-1 (run `ad`, stopped
+        # at 96.69 % test accuracy), swept the same way: the same objective on a quarter of the
+        # network (docs/training-log.md).
         "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --out "$work/jem-1to1-linf"
         replace "$work/jem-1to1-linf" results/sweeps/jem-1to1-linf
         ;;
@@ -71,20 +83,21 @@ for part in ${parts[*]}; do
         replace "$work/baseline-sigma01-linf" results/sweeps/baseline-sigma01-linf
         ;;
     k1-eot)
-        # The K = 1 rows again with the attack's strongest settings against a stochastic defence:
-        # the gradient through the SGLD step (not BPDA) and 4 EOT draws per step; the two JEMs and
-        # the baseline (29 min on two cores on 2026-11-26; the adversarially trained model is
-        # left out: its K = 1 rows under BPDA equal its K = 0 rows).
-        "$bin" robust --norm linf --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
+        # The K = 1 rows under APGD-CE alone with the gradient through the SGLD step (not BPDA)
+        # and 4 EOT draws per step: what APGD-DLR adds in the default, and the middle row between
+        # BPDA and the default; the two JEMs and the baseline (the adversarially trained model
+        # is left out: its K = 1 rows equal its K = 0 rows). Batches of 10 resume.
+        continue_from results/sweeps/linf-k1-full-eot4 "$work/linf-k1-full-eot4"
+        "$bin" robust --norm linf --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
             --attacks apgd-ce --steps 1 --grad full --eot 4 --eps 0,0.1,0.2,0.3 --n-examples 100 \
-            --jobs 2 --out "$work/linf-k1-full-eot4"
+            --batch-size 10 --jobs 2 --out "$work/linf-k1-full-eot4"
         replace "$work/linf-k1-full-eot4" results/sweeps/linf-k1-full-eot4
         ;;
     k-curve)
         # Robust accuracy against the number of SGLD steps K (the paper's key figure) under the
         # adaptive default (full gradients through every step, EOT, convergence checks): K = 2,
-        # 5, 10 at ε = 0.2 for the two JEMs and the baseline, beside the default sweep's K = 0
-        # and 1 (`report` joins them into k-curve.csv / .svg / .png). Hours on two cores (a K = 10
+        # 5, 10 at ε = 0.2 for the two JEMs and the baseline, beside the default sweeps' K = 0
+        # and 1 (`report` joins them into k-curve.csv / .svg / .png). Days on two cores (a K = 10
         # gradient costs about 7 of K = 1); it resumes cell by cell, and the committed folder
         # may hold only the cells finished so far (results/README.md says which).
         # Batches of 10 keep each finished batch, so a run stopped mid-cell loses little;
@@ -92,32 +105,27 @@ for part in ${parts[*]}; do
         if [ ! -e "$work/k-curve-linf" ] && [ -e results/sweeps/k-curve-linf ]; then
             cp -r results/sweeps/k-curve-linf "$work/k-curve-linf"
         fi
-        "$bin" robust --norm linf --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
+        "$bin" robust --norm linf --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
             --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k-curve-linf"
         replace "$work/k-curve-linf" results/sweeps/k-curve-linf
-        "$bin" report results/sweeps/linf results/sweeps/jem-1to1-linf results/sweeps/k-curve-linf \
+        "$bin" report results/sweeps/linf results/sweeps/jem-ce1000-linf results/sweeps/k-curve-linf \
             --out results/sweeps/k-curve
         ;;
     k10)
         # K = 10, the paper's setting, at the other two L∞ radii (ε = 0.2 is the k-curve's), then
         # at the default L2 radii, under the same adaptive default, for the same three models.
-        # Many hours on two cores (L∞ about 10 min per batch of 10 digits); each sweep resumes
+        # Days on two cores (the 1 : 1 JEM's K = 10 cell took 2 h 17 min for its first batch of
+        # 10 digits at ε 0 and 0.2, 2026-11-28); each sweep resumes
         # batch by batch like k-curve, from a partial folder committed under results/.
         for sweep in "linf 0,0.1,0.3" "l2 0,1,2,3"; do
             read -r norm eps <<<"$sweep"
             if [ ! -e "$work/k10-$norm" ] && [ -e "results/sweeps/k10-$norm" ]; then
                 cp -r "results/sweeps/k10-$norm" "$work/k10-$norm"
             fi
-            "$bin" robust --norm "$norm" --models results/models/jem,results/train/jem-attempts/ad/model,results/models/baseline \
+            "$bin" robust --norm "$norm" --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
                 --steps 10 --eps "$eps" --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k10-$norm"
             replace "$work/k10-$norm" "results/sweeps/k10-$norm"
         done
-        ;;
-    autoattack)
-        # The strongest evaluation that runs here in reasonable time: AutoAttack's cascade on the
-        # plain networks (K = 0), one cell at a time (about 40 min on one core).
-        "$bin" robust --norm linf --attacks autoattack --steps 0 --jobs 1 --out "$work/autoattack-linf"
-        replace "$work/autoattack-linf" results/sweeps/autoattack-linf
         ;;
     nonsense)
         rm -rf "$work/nonsense" # nonsense searches do not resume
@@ -138,7 +146,7 @@ for part in ${parts[*]}; do
         replace "$work/ood" results/ood
         ;;
     *)
-        echo "unknown part '$part': expected reference, sweeps, linf, l2, jem-1to1, control, k1-eot, k-curve, k10, autoattack, nonsense, calibration or ood" >&2
+        echo "unknown part '$part': expected reference, sweeps, linf, l2, jem-ce1000, jem-1to1, control, k1-eot, k-curve, k10, nonsense, calibration or ood" >&2
         exit 2
         ;;
     esac

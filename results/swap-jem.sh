@@ -12,6 +12,9 @@
 #                                              # aq/sweeps (to commit; `sweep` continues from there)
 #   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
 #   bash results/swap-jem.sh merge [PART...]   # each finished part joined into its committed folder
+#   bash results/swap-jem.sh rename [PART...]  # after `install`, for a part still sweeping: the
+#                                              # old JEM's cells in its committed folder renamed
+#                                              # (the other models kept), until `merge` joins it
 #
 # PART: linf l2 k-curve k10-linf k10-l2 (default: all, in that order: the most read first, then
 # those that sweep the new JEM alone, so that the swap can be made before the three-model K = 10
@@ -85,7 +88,8 @@ merge() {
     finished "$1" || { echo "$1: the new JEM's sweep is not finished (swap-jem.sh sweep $1)" >&2; exit 1; }
     # The committed folder, where there is one, with the old JEM's cells renamed.
     local from=("$work/$1") renames=(--rename "$new=$old")
-    [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}") renames+=(--rename "$old=$kept")
+    [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}")
+    holds_old "$dest" && renames+=(--rename "$old=$kept")
     if [ "$1" = linf ] && [ ! -e results/sweeps/jem-ce1000-linf ]; then
         # The old JEM's default L∞ sweep keeps a folder of its own, beside the 1 : 1 one's.
         "$bin" merge "$dest" --rename "$old=$kept" --models "$kept" --out "$work/jem-ce1000-linf"
@@ -96,6 +100,23 @@ merge() {
     "$bin" merge "${from[@]}" "${renames[@]}" --models "$models" --out "$work/$1-merged"
     rm -rf "$dest.old" && { [ ! -e "$dest" ] || mv "$dest" "$dest.old"; }
     cp -r "$work/$1-merged" "$dest" && rm -rf "$dest.old" "$dest/sweep.lock"
+}
+
+# Whether a committed folder still holds the old JEM under its former path.
+holds_old() { [ -e "$1/settings.json" ] && grep -q "\"$old\"" "$1/settings.json"; }
+
+# `rename PART`: the committed folder with the old JEM renamed, every other model kept, for a
+# part whose new-JEM sweep is not finished (merge joins it later and drops the other models).
+rename() {
+    part "$1"
+    holds_old "$dest" || { echo "$1: $dest holds no $old to rename" >&2; return 0; }
+    local kept_models
+    kept_models=$(python3 -c 'import json,sys; print(",".join(json.load(open(sys.argv[1]))["args"]["models"]))' \
+        "$dest/settings.json" | sed "s#$old\(,\|\$\)#$kept\1#")
+    rm -rf "$work/$1-renamed"
+    "$bin" merge "$dest" --rename "$old=$kept" --models "$kept_models" --out "$work/$1-renamed"
+    rm -rf "$dest.old" && mv "$dest" "$dest.old"
+    cp -r "$work/$1-renamed" "$dest" && rm -rf "$dest.old" "$dest/sweep.lock"
 }
 
 cmd=${1:-}
@@ -113,6 +134,7 @@ install)
         || { echo "results/models/jem is not the old JEM any more: nothing to install" >&2; exit 1; }
     cp "$new.json" results/models/jem.json && cp "$new.safetensors" results/models/jem.safetensors ;;
 merge) cargo build --release; for p in "${parts[@]}"; do merge "$p"; done ;;
+rename) for p in "${parts[@]}"; do rename "$p"; done ;;
 save) for p in "${parts[@]}"; do part "$p" && save "$p"; done ;;
-*) echo "usage: swap-jem.sh sweep|status|save|install|merge [PART...]" >&2; exit 2 ;;
+*) echo "usage: swap-jem.sh sweep|status|save|install|merge|rename [PART...]" >&2; exit 2 ;;
 esac
