@@ -163,7 +163,9 @@ fn check_linearisation(net: &WideResNet<Train>, what: &str) {
                 relative_difference(&jv, &fd)
             })
             .collect();
-        println!("{what}: |Jv - central differences| / |Jv| at h = 1e-2, 1e-3, 3e-4, 1e-4: {errors:?}");
+        println!(
+            "{what}: |Jv - central differences| / |Jv| at h = 1e-2, 1e-3, 3e-4, 1e-4: {errors:?}"
+        );
         let err = errors.iter().cloned().fold(f64::INFINITY, f64::min);
         assert!(
             err < 2e-2,
