@@ -82,6 +82,12 @@ save() {
 
 finished() { [ -e "$work/$1/summary.json" ] && ! ls -d "$work/$1/cells/"*.batches >/dev/null 2>&1; }
 
+# `install_folder MADE DEST`: the folder a merge made replaces DEST (without the sweep's lock).
+install_folder() {
+    rm -rf "$2.old" && { [ ! -e "$2" ] || mv "$2" "$2.old"; }
+    cp -r "$1" "$2" && rm -rf "$2.old" "$2/sweep.lock"
+}
+
 merge() {
     part "$1"
     resume "$1"
@@ -93,13 +99,11 @@ merge() {
     if [ "$1" = linf ] && [ ! -e results/sweeps/jem-ce1000-linf ]; then
         # The old JEM's default L∞ sweep keeps a folder of its own, beside the 1 : 1 one's.
         "$bin" merge "$dest" --rename "$old=$kept" --models "$kept" --out "$work/jem-ce1000-linf"
-        cp -r "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
-        rm -f results/sweeps/jem-ce1000-linf/sweep.lock
+        install_folder "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
     fi
     rm -rf "$work/$1-merged"
     "$bin" merge "${from[@]}" "${renames[@]}" --models "$models" --out "$work/$1-merged"
-    rm -rf "$dest.old" && { [ ! -e "$dest" ] || mv "$dest" "$dest.old"; }
-    cp -r "$work/$1-merged" "$dest" && rm -rf "$dest.old" "$dest/sweep.lock"
+    install_folder "$work/$1-merged" "$dest"
 }
 
 # Whether a committed folder still holds the old JEM under its former path.
@@ -110,13 +114,10 @@ holds_old() { [ -e "$1/settings.json" ] && grep -q "\"$old\"" "$1/settings.json"
 rename() {
     part "$1"
     holds_old "$dest" || { echo "$1: $dest holds no $old to rename" >&2; return 0; }
-    local kept_models
-    kept_models=$(python3 -c 'import json,sys; print(",".join(json.load(open(sys.argv[1]))["args"]["models"]))' \
-        "$dest/settings.json" | sed "s#$old\(,\|\$\)#$kept\1#")
     rm -rf "$work/$1-renamed"
-    "$bin" merge "$dest" --rename "$old=$kept" --models "$kept_models" --out "$work/$1-renamed"
-    rm -rf "$dest.old" && mv "$dest" "$dest.old"
-    cp -r "$work/$1-renamed" "$dest" && rm -rf "$dest.old" "$dest/sweep.lock"
+    # Without --models, merge keeps every model in the folder's order.
+    "$bin" merge "$dest" --rename "$old=$kept" --out "$work/$1-renamed"
+    install_folder "$work/$1-renamed" "$dest"
 }
 
 cmd=${1:-}

@@ -141,10 +141,9 @@ fn check_linearisation(net: &WideResNet<Train>, what: &str) {
     // lengths h (pixels): long steps cross kinks, short ones drown in f32 rounding. On the
     // WRN-10-2 JEM the two meet near h = 3e-4, under 1 % (0.6 % on these digits; 0.3–2 % each
     // on the first eight, against 3–26 % at 1e-2 and 1–8 % at 1e-4), hence 2 %: a wrong
-    // Jacobian (a slope, a bias, the input
-    // normalisation) is off by tens of percent. Only the JEM: a freshly drawn ReLU network
-    // has whole channels of background pixels sitting at nearly the same pre-activation, so
-    // any step flips many kinks at once.
+    // Jacobian (a slope, a bias, the input normalisation) is off by tens of percent. Only the
+    // JEM: a freshly drawn ReLU network has whole channels of background pixels sitting at
+    // nearly the same pre-activation, so any step flips many kinks at once.
     if what.contains("JEM") {
         let at = |s: f32| {
             to_vec(
@@ -152,7 +151,8 @@ fn check_linearisation(net: &WideResNet<Train>, what: &str) {
                     .inner(),
             )
         };
-        let errors: Vec<f64> = [1e-2f32, 1e-3, 3e-4, 1e-4]
+        let steps = [1e-2f32, 1e-3, 3e-4, 1e-4];
+        let errors: Vec<f64> = steps
             .iter()
             .map(|&h| {
                 let fd: Vec<f32> = at(h)
@@ -163,9 +163,7 @@ fn check_linearisation(net: &WideResNet<Train>, what: &str) {
                 relative_difference(&jv, &fd)
             })
             .collect();
-        println!(
-            "{what}: |Jv - central differences| / |Jv| at h = 1e-2, 1e-3, 3e-4, 1e-4: {errors:?}"
-        );
+        println!("{what}: |Jv - central differences| / |Jv| at h = {steps:?}: {errors:?}");
         let err = errors.iter().cloned().fold(f64::INFINITY, f64::min);
         assert!(
             err < 2e-2,
