@@ -67,7 +67,8 @@ impl ReportArgs {
 }
 
 /// `jem-bench merge`: joins finished sweep folders into one, as if it had run whole: the shards
-/// of one sweep, or sweeps that differ only in their models.
+/// of one sweep, or sweeps that differ only in their models (or in the backend that computed
+/// them: each row keeps its own, and `settings.json` names them).
 #[derive(Debug, Clone, Args)]
 pub struct MergeArgs {
     /// The sweep folders (shards of one sweep, or sweeps of other models with the same

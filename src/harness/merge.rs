@@ -5,6 +5,13 @@
 //! `--models` keeps some models and sets their order. No cell is computed again: a cell's
 //! numbers depend on its model, the settings and the seed, never on the other models of its
 //! sweep or on the path its checkpoint was read from.
+//!
+//! Folders swept on other backends merge too (cells computed on a GPU beside a CPU table):
+//! the backend is not a setting of the attack, and every row keeps the one that computed it.
+//! A merge whose rows all come from the backend it runs on records its settings exactly as a
+//! sweep would (the folder resumes as that sweep's own); otherwise `settings.json` names the
+//! backend of the rows, or `mixed` and each model's backends (`backends`), and no sweep
+//! resumes it.
 
 use std::path::{Path, PathBuf};
 
@@ -101,10 +108,8 @@ pub fn merge<B: BenchBackend>(
         joined.models.clear();
     }
     let plan = Plan::<B, _>::from_args(&joined, out, device)?;
-    let settings = plan.settings(&joined);
-    let identity = plan.identity(&joined);
     // Every cell is found before anything is written: a missing one leaves no folder.
-    let mut results = Vec::with_capacity(plan.cells.len());
+    let mut found_cells = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
         let mut found = None;
         for f in &folders {
@@ -126,8 +131,15 @@ pub fn merge<B: BenchBackend>(
                 cell.id()
             )
         })?;
-        results.push(renamed(found, cell, &identity));
+        found_cells.push((found, cell));
     }
+    let mut settings = plan.settings(&joined);
+    record_backends(&mut settings, &models, &found_cells);
+    let identity = crate::digest::of(settings.to_string().as_bytes());
+    let results: Vec<CellResult> = found_cells
+        .into_iter()
+        .map(|(found, cell)| renamed(found, cell, &identity))
+        .collect();
     crate::output_folder::claim(out, "robust")?;
     let lock = FolderLock::acquire(out, "sweep.lock")?;
     claim_folder(out, &settings, &identity, &[], &lock)?;
@@ -177,6 +189,11 @@ impl Folder {
         let mut expected = saved.clone();
         expected["models"] = serde_json::to_value(&spec.models)?;
         expected["args"]["models"] = serde_json::to_value(&spec.models)?;
+        // Whatever backend computed the folder: its rows say which.
+        expected["backend"] = now["backend"].clone();
+        if let Some(settings) = expected.as_object_mut() {
+            settings.remove("backends");
+        }
         let differences = settings_differences(&expected, &now);
         anyhow::ensure!(
             differences.is_empty(),
@@ -186,7 +203,7 @@ impl Folder {
             differences.join("; ")
         );
         let mut shared = saved.clone();
-        for key in ["models", "weights", "subjects"] {
+        for key in ["models", "weights", "subjects", "backend", "backends"] {
             shared[key] = Value::Null;
         }
         shared["args"]["models"] = Value::Null;
@@ -198,6 +215,39 @@ impl Folder {
             defaults,
             spec,
         })
+    }
+}
+
+/// Where the merged rows were not all computed on the backend of `settings` (the one the merge
+/// runs on), its `backend` becomes theirs, or `mixed` with `backends`: each model's, in the
+/// order of `models` (` + `-joined where its cells come from several).
+fn record_backends(settings: &mut Value, models: &[String], cells: &[(CellResult, &super::Cell)]) {
+    let mut per_model: Vec<Vec<&str>> = vec![Vec::new(); models.len()];
+    let mut all: Vec<&str> = Vec::new();
+    for (result, cell) in cells {
+        let slot = models
+            .iter()
+            .position(|m| *m == cell.model)
+            .expect("cells are listed from the merged models");
+        for row in &result.rows {
+            for list in [&mut per_model[slot], &mut all] {
+                if !list.contains(&row.backend.as_str()) {
+                    list.push(&row.backend);
+                }
+            }
+        }
+    }
+    match all.as_slice() {
+        [] => {}
+        [one] if settings["backend"] == *one => {}
+        [one] => settings["backend"] = Value::from(*one),
+        _ => {
+            settings["backend"] = Value::from("mixed");
+            settings["backends"] = per_model
+                .iter()
+                .map(|b| Value::from(b.join(" + ")))
+                .collect();
+        }
     }
 }
 

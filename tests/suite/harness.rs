@@ -348,6 +348,95 @@ fn sweeps_of_other_models_merge_into_the_sweep_of_all_and_a_moved_checkpoint_kee
     assert!(!at("none").exists());
 }
 
+/// `folder`'s sweep as if the backend `backend` had computed it: its settings and every row of
+/// its cells name that backend, and the cells carry the identity of those settings.
+fn as_if_swept_on(folder: &Path, backend: &str) {
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let path = folder.join("settings.json");
+    let mut settings = read(&path);
+    settings["backend"] = backend.into();
+    std::fs::write(&path, settings.to_string()).unwrap();
+    let identity = jem_bench::digest::of(settings.to_string().as_bytes());
+    for entry in std::fs::read_dir(folder.join("cells")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let mut cell = read(&path);
+            cell["identity"] = identity.clone().into();
+            for row in cell["rows"].as_array_mut().unwrap() {
+                row["backend"] = backend.into();
+            }
+            std::fs::write(&path, cell.to_string()).unwrap();
+        }
+    }
+}
+
+/// Cells computed on another backend (a GPU's beside a CPU table) merge: each row keeps the
+/// backend that computed it and settings.json names each model's; such a folder is no sweep's
+/// own, so a sweep refuses to resume it (naming the backend), and it merges again as it is.
+#[test]
+fn sweeps_of_other_backends_merge_each_row_keeping_its_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    let (baseline, adv) = ("results/models/baseline", "results/models/adv");
+    run(&mut sweep_of(baseline, &at("baseline")));
+    run(&mut sweep_of(adv, &at("adv")));
+    let cpu = rows(&at("baseline"))[0].backend.clone();
+    let gpu = "burn-cuda:0";
+    assert_ne!(cpu, gpu);
+    as_if_swept_on(&at("adv"), gpu);
+    let merge = |folders: &[&Path], out: &Path| {
+        let mut c = cli();
+        c.arg("merge").args(folders).arg("--out").arg(out);
+        c.output().unwrap()
+    };
+    let settings = |folder: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(folder.join("settings.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+
+    let o = merge(&[&at("baseline"), &at("adv")], &at("merged"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let merged = settings(&at("merged"));
+    assert_eq!(merged["backend"], "mixed");
+    assert_eq!(merged["backends"], serde_json::json!([cpu, gpu]));
+    // Every row is its folder's own, backend included.
+    let mut expected = rows(&at("baseline"));
+    expected.extend(rows(&at("adv")).into_iter().map(|mut r| {
+        r.backend = gpu.to_string();
+        r
+    }));
+    let key = |r: &TidyRow| (r.model.clone(), r.attack.clone(), r.k, r.eps.to_bits());
+    let sorted = |mut v: Vec<TidyRow>| {
+        v.retain(|r| r.attack != "worst-case");
+        v.sort_by_key(key);
+        v
+    };
+    assert_eq!(sorted(rows(&at("merged"))), sorted(expected));
+    for r in rows(&at("merged")) {
+        let want = if r.model == adv { gpu } else { cpu.as_str() };
+        assert_eq!(r.backend, want, "{} {}", r.model, r.attack);
+    }
+
+    // A sweep of both models does not resume it: the backend differs.
+    let o = sweep_of(&format!("{baseline},{adv}"), &at("merged"))
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "backend");
+    // Merged again, alone, it stays what it is.
+    let o = merge(&[&at("merged")], &at("again"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(rows(&at("again")), rows(&at("merged")));
+    assert_eq!(settings(&at("again")), merged);
+    // The other backend's folder alone, merged here: its backend, not this one's.
+    let o = merge(&[&at("adv")], &at("gpu-only"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let gpu_only = settings(&at("gpu-only"));
+    assert_eq!(gpu_only["backend"], gpu);
+    assert!(gpu_only.get("backends").is_none(), "{gpu_only}");
+}
+
 #[test]
 fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
     let reference = tempfile::tempdir().unwrap();
