@@ -27,6 +27,13 @@
 # not sweeps (nonsense, calibration, OOD, samples) are made again after `install`, by
 # `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` with its model
 # lists updated (the 1 : 1 JEM `ad` replaced by jem-ce1000; an hour or two).
+#
+# On a GPU (the new JEM's K = 10 cells take days on two cores): JEM_BENCH_DEVICE=cuda with
+# JEM_BENCH_BIN a `--features cuda` build sweeps there, into SWAP_WORK (default runs/swap; give
+# a GPU run its own, e.g. runs/swap-gpu, carried there and back between calls); it starts its
+# own cells rather than the CPU's committed batches (a sweep resumes on its own backend only).
+# `SWAP_WORK=runs/swap-gpu bash results/swap-jem.sh merge PART` here then joins them to the
+# committed CPU folders (merge keeps each row's backend: docs/scaling.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +41,8 @@ new=results/train/jem-attempts/aq/model # the new JEM, swept under this path unt
 old=results/models/jem                  # the path it takes, and the old JEM's until then
 kept=results/models/jem-ce1000          # the old JEM's path after the swap
 bin=${JEM_BENCH_BIN:-target/release/jem-bench} # another build while this one is rebuilt
-work=runs/swap
+device=${JEM_BENCH_DEVICE:-cpu}
+work=${SWAP_WORK:-runs/swap}
 all=(linf l2 k-curve k10-linf k10-l2)
 
 # Each part: the committed folder, the models it keeps in order (after the swap), and the flags
@@ -64,12 +72,14 @@ sweep() {
     local sweep_models=$new
     [ "$1" = k10-l2 ] && sweep_models=$new,$kept,results/models/baseline
     resume "$1"
-    "$bin" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1"
+    "$bin" --device "$device" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1"
 }
 
-# The part's committed copy into the work folder, where none is there yet.
+# The part's committed copy into the work folder, where none is there yet (a CPU sweep's:
+# another backend starts its own).
 resume() {
     mkdir -p "$work"
+    [ "$device" = cpu ] || return 0
     [ -e "$work/$1" ] || [ ! -e "$committed/$1" ] || cp -r "$committed/$1" "$work/$1"
 }
 
@@ -124,7 +134,7 @@ cmd=${1:-}
 shift || true
 parts=("${@:-${all[@]}}")
 case "$cmd" in
-sweep) cargo build --release; for p in "${parts[@]}"; do sweep "$p"; done ;;
+sweep) [ -n "${JEM_BENCH_BIN:-}" ] || cargo build --release; for p in "${parts[@]}"; do sweep "$p"; done ;;
 status) for p in "${parts[@]}"; do
         part "$p" && resume "$p"
         if finished "$p"; then echo "$p: finished"; elif [ -e "$work/$p" ]; then echo "$p: started";
