@@ -72,7 +72,8 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Report(cli::harness::ReportArgs),
     /// Join finished sweep folders into one: the shards of a sweep (`robust --shard i/n`), or
-    /// sweeps that differ only in their models (`--rename` for a checkpoint that moved).
+    /// sweeps that differ only in their models (`--rename` for a checkpoint that moved) or in
+    /// the backend that computed them.
     #[command(allow_negative_numbers = true)]
     Merge(cli::harness::MergeArgs),
     /// Time one hot operation (forward, train step, input gradient, SGLD step, JEM training
