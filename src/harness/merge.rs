@@ -134,7 +134,7 @@ pub fn merge<B: BenchBackend>(
         found_cells.push((found, cell));
     }
     let mut settings = plan.settings(&joined);
-    record_backends(&mut settings, &models, &found_cells);
+    record_backends(&mut settings, &found_cells);
     let identity = crate::digest::of(settings.to_string().as_bytes());
     let results: Vec<CellResult> = found_cells
         .into_iter()
@@ -220,17 +220,25 @@ impl Folder {
 
 /// Where the merged rows were not all computed on the backend of `settings` (the one the merge
 /// runs on), its `backend` becomes theirs, or `mixed` with `backends`: each model's, in the
-/// order of `models` (` + `-joined where its cells come from several).
-fn record_backends(settings: &mut Value, models: &[String], cells: &[(CellResult, &super::Cell)]) {
-    let mut per_model: Vec<Vec<&str>> = vec![Vec::new(); models.len()];
+/// order of its `models` (` + `-joined where its cells come from several).
+fn record_backends(settings: &mut Value, cells: &[(CellResult, &super::Cell)]) {
+    let mut per_model: Vec<(String, Vec<&str>)> = settings["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| Some((m.as_str()?.to_string(), Vec::new())))
+        .collect();
     let mut all: Vec<&str> = Vec::new();
     for (result, cell) in cells {
-        let slot = models
-            .iter()
-            .position(|m| *m == cell.model)
-            .expect("cells are listed from the merged models");
+        let slot = match per_model.iter().position(|(m, _)| *m == cell.model) {
+            Some(slot) => slot,
+            None => {
+                per_model.push((cell.model.clone(), Vec::new()));
+                per_model.len() - 1
+            }
+        };
         for row in &result.rows {
-            for list in [&mut per_model[slot], &mut all] {
+            for list in [&mut per_model[slot].1, &mut all] {
                 if !list.contains(&row.backend.as_str()) {
                     list.push(&row.backend);
                 }
@@ -243,10 +251,11 @@ fn record_backends(settings: &mut Value, models: &[String], cells: &[(CellResult
         [one] => settings["backend"] = Value::from(*one),
         _ => {
             settings["backend"] = Value::from("mixed");
-            settings["backends"] = per_model
+            let backends: Vec<Value> = per_model
                 .iter()
-                .map(|b| Value::from(b.join(" + ")))
+                .map(|(_, b)| Value::from(b.join(" + ")))
                 .collect();
+            settings["backends"] = Value::from(backends);
         }
     }
 }
