@@ -71,6 +71,9 @@ enum Command {
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
     #[command(allow_negative_numbers = true)]
     Report(cli::harness::ReportArgs),
+    /// Plot training runs' validation accuracy, NLL and ECE against iterations (their
+    /// epochs.csv) into SVG and PNG.
+    Curves(cli::curves::CurvesArgs),
     /// Join finished sweep folders into one: the shards of a sweep (`robust --shard i/n`), or
     /// sweeps that differ only in their models (`--rename` for a checkpoint that moved) or in
     /// the backend that computed them.
@@ -226,6 +229,7 @@ fn main() -> ExitCode {
         Command::Sample(args) => args.run::<Train>(&device),
         Command::Report(args) => args.run(),
         Command::Merge(args) => args.run::<Train>(&device),
+        Command::Curves(args) => args.run(),
         Command::Bench(args) => args.run::<Train>(&device),
     };
     // The subcommand that ran, whose flags name the fields its errors refuse.

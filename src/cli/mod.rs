@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod calibrate;
 pub mod choices;
+pub mod curves;
 pub mod defence;
 pub mod harness;
 pub mod lists;

@@ -6,6 +6,7 @@ mod adversarial;
 mod augment;
 mod chain_start;
 mod config;
+pub mod curves;
 mod guard;
 mod jem;
 mod log;

@@ -1393,3 +1393,55 @@ fn import_reports_shapes_as_the_file_holds_them() {
         &["`linear.weight` is [64, 10] in the file", "needs [10, 64]"],
     );
 }
+
+/// `curves` draws the committed training runs (one continued from another's iteration) and
+/// refuses a log with a bad row, or a bad `@START`, naming them, before writing anything.
+#[test]
+fn curves_draw_real_training_logs_and_name_a_bad_row_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("curves");
+    let o = cli()
+        .args([
+            "curves",
+            "results/train/jem-attempts/ad=1 : 1 JEM",
+            "results/train/jem-attempts/aq/epochs.csv=wider@12900",
+            "results/train/baseline-sigma01",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let svg = std::fs::read_to_string(out.with_extension("svg")).unwrap();
+    for label in ["1 : 1 JEM", "wider", "baseline-sigma01", "validation ECE"] {
+        assert!(svg.contains(label), "{label} missing from the figure");
+    }
+    assert!(out.with_extension("png").exists());
+
+    let corrupt = dir.path().join("corrupt");
+    std::fs::create_dir(&corrupt).unwrap();
+    let log = std::fs::read_to_string(root().join("results/train/jem-attempts/ad/epochs.csv"))
+        .unwrap()
+        .replacen(",0.26920,", ",0.2692x,", 1);
+    std::fs::write(corrupt.join("epochs.csv"), log).unwrap();
+    let refused = dir.path().join("refused");
+    let o = cli()
+        .args(["curves", "results/train/jem-attempts/ad"])
+        .arg(&corrupt)
+        .arg("--out")
+        .arg(&refused)
+        .output()
+        .unwrap();
+    assert_fails_with(
+        &o,
+        &["corrupt/epochs.csv", "row 3", "`val_accuracy`", "0.2692x"],
+    );
+    assert!(!refused.with_extension("svg").exists());
+    let o = cli()
+        .args(["curves", "results/train/jem-attempts/ad@soon", "--out"])
+        .arg(&refused)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("DIR[=LABEL][@START]"), "{}", stderr(&o));
+}
