@@ -14,9 +14,11 @@ use crate::plot::{Dash, Figure, Panel, Series, PALETTE};
 pub struct EpochRow {
     /// Training iterations done at the epoch's end.
     pub iteration: f64,
-    /// Fractions in [0, 1].
+    /// Validation accuracy, a fraction in [0, 1].
     pub val_accuracy: f64,
+    /// Validation negative log-likelihood, in nats per example.
     pub val_nll: f64,
+    /// Validation expected calibration error (15 bins), a fraction.
     pub val_ece: f64,
 }
 
@@ -94,8 +96,11 @@ pub fn read_epochs(run: &Path) -> anyhow::Result<Vec<EpochRow>> {
 /// on the common axis (a run that continued another from that one's iteration `start`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CurveRun {
+    /// The legend's label.
     pub label: String,
+    /// The run's folder (`train --out`) or its `epochs.csv`.
     pub dir: PathBuf,
+    /// Added to the run's iterations: where it took over from the run it continued.
     pub start: f64,
 }
 
