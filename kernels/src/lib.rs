@@ -84,7 +84,7 @@ mod tiled_conv;
 #[cfg(feature = "cubecl")]
 mod tiled_weight_grad;
 
-pub use activation::{leaky_relu, FastActivation};
+pub use activation::{leaky_relu, leaky_relu_derivative, FastActivation};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
 #[cfg(feature = "cuda")]

@@ -16,8 +16,10 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor, TensorData};
-use jem_kernels::{conv2d, conv2d_without_bias, leaky_relu, leaky_relu_conv2d, Kernels};
+use burn::tensor::{Tensor, TensorData};
+use jem_kernels::{
+    conv2d, conv2d_without_bias, leaky_relu, leaky_relu_conv2d, leaky_relu_derivative, Kernels,
+};
 use serde::{Deserialize, Serialize};
 
 /// Per-channel `(x − mean) / std` applied to [0, 1] pixels before the network.
@@ -338,16 +340,17 @@ trait Pass<B: Kernels> {
     fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2>;
 }
 
-/// The network itself. With `pattern`, each activation's input sign (`x > 0`) is recorded, in
-/// the order of the walk, for a [`Linearisation`] at the same point.
+/// The network itself. With `pattern`, each activation's slope at its input (1 where the input
+/// is ≥ 0, else the leak) is recorded, in the order of the walk, for a [`Linearisation`] at the
+/// same point: as a factor, so that a tangent through it costs one product.
 struct Network<B: Backend> {
-    pattern: Option<Vec<Tensor<B, 4, Bool>>>,
+    pattern: Option<Vec<Tensor<B, 4>>>,
 }
 
-impl<B: Backend> Network<B> {
-    fn record(&mut self, x: &Tensor<B, 4>) {
+impl<B: Kernels> Network<B> {
+    fn record(&mut self, x: &Tensor<B, 4>, leak: f64) {
         if let Some(pattern) = &mut self.pattern {
-            pattern.push(x.clone().greater_elem(0.0));
+            pattern.push(leaky_relu_derivative(x.clone(), leak));
         }
     }
 }
@@ -356,7 +359,7 @@ impl<B: Kernels> Pass<B> for Network<B> {
     fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4> {
         match leak {
             Some(leak) => {
-                self.record(&x);
+                self.record(&x, leak);
                 leaky_relu_conv2d(conv, x, leak)
             }
             None => conv2d(conv, x),
@@ -364,7 +367,7 @@ impl<B: Kernels> Pass<B> for Network<B> {
     }
 
     fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
-        self.record(&x);
+        self.record(&x, leak);
         leaky_relu(x, leak)
     }
 
@@ -397,35 +400,34 @@ impl<B: Kernels> Pass<B> for Network<B> {
 
 /// The network linearised at the point whose activation pattern [`Network`] recorded.
 struct Linearisation<'a, B: Backend> {
-    pattern: &'a [Tensor<B, 4, Bool>],
+    pattern: &'a [Tensor<B, 4>],
     next: usize,
 }
 
 impl<B: Backend> Linearisation<'_, B> {
-    /// `x` times the slope of the next activation of the pattern: 1 where its input was
-    /// positive, `leak` elsewhere.
-    fn slope(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
-        let positive = self
+    /// `x` times the slope of the next activation of the pattern (recorded with its leak).
+    fn slope(&mut self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let slope = self
             .pattern
             .get(self.next)
             .expect("the linearisation walks the network its pattern was recorded on")
             .clone();
         self.next += 1;
-        x * positive.float().mul_scalar(1.0 - leak).add_scalar(leak)
+        x * slope
     }
 }
 
 impl<B: Kernels> Pass<B> for Linearisation<'_, B> {
     fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4> {
         let x = match leak {
-            Some(leak) => self.slope(x, leak),
+            Some(_) => self.slope(x),
             None => x,
         };
         conv2d_without_bias(conv, x)
     }
 
-    fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
-        self.slope(x, leak)
+    fn activation(&mut self, x: Tensor<B, 4>, _: f64) -> Tensor<B, 4> {
+        self.slope(x)
     }
 
     fn standardise(&self, x: Tensor<B, 4>, _: Tensor<B, 4>, inv_std: Tensor<B, 4>) -> Tensor<B, 4> {

@@ -2,11 +2,13 @@
 //! against the closed form: forward `x` where `x ≥ 0`, else `slope · x`; gradient of
 //! `Σ w · leaky_relu(x)` is `w` where `x ≥ 0`, else `slope · w`. Sizes below, at and above a
 //! parallel chunk, exact zeros (where the two branches meet), transposed (non-contiguous) inputs.
+//! The derivative on its own (`leaky_relu_derivative`, the factor a linearised network scales
+//! tangents by) is the gradient of `Σ leaky_relu(x)`, and is not tracked.
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation;
 use burn::tensor::{Distribution, Tensor, TensorData};
-use jem_kernels::leaky_relu;
+use jem_kernels::{leaky_relu, leaky_relu_derivative};
 use rand::{Rng, SeedableRng};
 
 type B = Autodiff<Flex>;
@@ -62,6 +64,34 @@ fn check(a: usize, b: usize, slope: f64, transposed: bool, seed: u64) {
         .collect();
     assert_eq!(ours, expected, "{label}: gradient");
     assert_eq!(ours, burns, "{label}: gradient against burn's");
+
+    let derivative = leaky_relu_derivative(x.clone(), slope);
+    assert!(
+        !derivative.is_require_grad(),
+        "{label}: the derivative is tracked"
+    );
+    let burns = burns_gradient_of_sum(x.clone(), slope);
+    let expected: Vec<f32> = xs
+        .iter()
+        .map(|&v| if v >= 0.0 { 1.0 } else { slope as f32 })
+        .collect();
+    assert_eq!(values(derivative.inner()), expected, "{label}: derivative");
+    assert_eq!(
+        ones, expected,
+        "{label}: derivative against burn's gradient"
+    );
+    let plain = leaky_relu_derivative(x.inner(), slope);
+    assert_eq!(
+        values(plain),
+        expected,
+        "{label}: derivative without autodiff"
+    );
+}
+
+/// The gradient of `Σ leaky_relu(x)` by burn's own operation and autodiff.
+fn burns_gradient_of_sum(x: Tensor<B, 2>, slope: f64) -> Vec<f32> {
+    let grads = activation::leaky_relu(x.clone(), slope).sum().backward();
+    values(x.grad(&grads).unwrap())
 }
 
 #[test]
