@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::energy::lse_input_gradient;
-use crate::model::{InputNormalization, WideResNet, WideResNetConfig};
+use crate::model::{InputNormalization, WideResNet, WideResNetConfig, WrnVariant};
 use crate::train::{adam, cross_entropy, descend, JemConfig, JemObjective};
 use crate::train::{Objective, Step};
 
@@ -159,6 +159,8 @@ pub struct BenchSpec {
     pub batch: usize,
     pub depth: usize,
     pub width: usize,
+    /// The network's layout (JEM's or RobustBench's, with BatchNorm).
+    pub layout: WrnVariant,
     pub channels: usize,
     /// Image height and width.
     pub size: usize,
@@ -317,7 +319,12 @@ pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Resu
         KernelsArg::Burn => Implementation::Burn,
         KernelsArg::Portable => Implementation::Portable,
     });
-    let cfg = WideResNetConfig::new(args.depth, args.width, args.channels, 10);
+    let cfg = match args.layout {
+        WrnVariant::Jem => WideResNetConfig::new(args.depth, args.width, args.channels, 10),
+        WrnVariant::RobustBench => {
+            WideResNetConfig::robustbench(args.depth, args.width, args.channels, 10)
+        }
+    };
     cfg.blocks_per_stage()
         .map_err(|e| anyhow::anyhow!("--depth {}: {e}", args.depth))?;
     let times = time_op::<B>(&args, &cfg, device)?;

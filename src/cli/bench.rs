@@ -6,6 +6,7 @@ use clap::Args;
 use jem_attacks::GradMode;
 use jem_bench::backend::BenchBackend;
 use jem_bench::bench::{self, BenchOp, BenchSpec, KernelsArg};
+use jem_bench::model::WrnVariant;
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -19,6 +20,9 @@ pub struct BenchArgs {
     pub depth: usize,
     #[arg(long, default_value_t = 1)]
     pub width: usize,
+    /// The network's layout.
+    #[arg(long, default_value = "jem", value_parser = choices::<WrnVariant>())]
+    pub layout: WrnVariant,
     #[arg(long, default_value_t = 1)]
     pub channels: usize,
     /// Image height and width.
@@ -57,6 +61,7 @@ impl BenchArgs {
             batch: self.batch,
             depth: self.depth,
             width: self.width,
+            layout: self.layout,
             channels: self.channels,
             size: self.size,
             reps: self.reps,

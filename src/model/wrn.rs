@@ -85,6 +85,28 @@ pub enum WrnVariant {
     RobustBench,
 }
 
+impl crate::Choice for WrnVariant {
+    const WHAT: &'static str = "Wide-ResNet layout";
+
+    const ALL: &'static [Self] = &[WrnVariant::Jem, WrnVariant::RobustBench];
+
+    fn name(self) -> &'static str {
+        match self {
+            WrnVariant::Jem => "jem",
+            WrnVariant::RobustBench => "robustbench",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            WrnVariant::Jem => "the official JEM network: LeakyReLU, no normalisation layers",
+            WrnVariant::RobustBench => {
+                "RobustBench's: BatchNorm with running statistics, ReLU, bias-free convolutions"
+            }
+        }
+    }
+}
+
 /// Architecture of a [`WideResNet`]: WRN-`depth`-`width`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WideResNetConfig {
