@@ -15,7 +15,7 @@
 use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
@@ -153,8 +153,9 @@ impl<M> SgldDefence<M> {
         // Chain-major copies: row c·N + i is chain c of example i.
         let mut state = x.clone().repeat_dim(0, chains);
         if self.config.init_noise > 0.0 {
-            let scale = self.per_channel::<B>(self.config.init_noise, &state.device());
-            state = state.clone() + self.sampler.draw_noise(&state, rng) * scale;
+            let init_noise = self.config.init_noise;
+            let noise = self.sampler.draw_noise(&state, rng);
+            state = state + self.sampler.scale_by_pixel_scale(noise, |s| init_noise * s);
         }
         let linearise = keep && self.config.hvp == HessianVector::PiecewiseLinear;
         let mut steps = Vec::new();
@@ -211,16 +212,6 @@ impl<M> SgldDefence<M> {
         u: Tensor<I, 2>,
     ) -> Tensor<I, 2> {
         p.clone() * u.clone() - p.clone() * (p * u).sum_dim(1)
-    }
-
-    fn per_channel<B: AutodiffBackend>(
-        &self,
-        f: f32,
-        device: &burn::tensor::Device<Inner<B>>,
-    ) -> Tensor<Inner<B>, 4> {
-        let s = &self.sampler.config.pixel_scale;
-        let v: Vec<f32> = s.iter().map(|s| f * s).collect();
-        Tensor::from_data(TensorData::new(v, [1, s.len(), 1, 1]), device)
     }
 
     /// H(x_t) v for the Hessian H of Σ LSE f at a step's state x_t, per example (see
@@ -368,8 +359,7 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
         let run = self.run_chains::<B>(&x, chains, full, rng);
         let (mut v, logits) = self.averaged_loss_gradient::<B>(run.last.clone(), chains, loss);
         if full {
-            let drift = self.per_channel::<B>(1.0, &x.device()).powf_scalar(2.0)
-                * self.sampler.config.step_size;
+            let step_size = self.sampler.config.step_size;
             let mut next = run.last;
             for step in run.steps.iter().rev() {
                 if self.sampler.config.clamp {
@@ -382,7 +372,10 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
                 }
                 // x_{t+1} = x_t + D ⊙ ∇(x_t) + noise has Jacobian I + diag(D) H, whose
                 // transpose (H symmetric) maps v to v + H (D ⊙ v).
-                v = v.clone() + self.hessian_vector::<B>(step, v * drift.clone());
+                let drift = self
+                    .sampler
+                    .scale_by_pixel_scale(v.clone(), |s| s * s * step_size);
+                v = v + self.hessian_vector::<B>(step, drift);
                 next = step.state.clone();
             }
         }

@@ -57,6 +57,7 @@
 mod apgd;
 mod attack;
 mod boundary;
+mod channels;
 mod classifier;
 mod decision;
 mod defence;
@@ -80,6 +81,7 @@ pub use attack::{
     Access, Attack, Cascade, Describe, FixedEpsilon, MinimumNorm, MinimumPerturbation, PerEpsilon,
 };
 pub use boundary::BoundaryConfig;
+pub use channels::{scale_channels, shift_channels};
 pub use classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};

@@ -10,6 +10,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::Rng;
 
+use crate::channels::scale_channels;
 use crate::classifier::{input_gradient, log_sum_exp, Classifier};
 use crate::noise;
 
@@ -77,11 +78,16 @@ impl SgldSampler {
         Self { config }
     }
 
-    /// Per-channel factor `[1, C, 1, 1]` on the device.
-    fn per_channel<B: Backend>(&self, f: impl Fn(f32) -> f32, device: &B::Device) -> Tensor<B, 4> {
+    /// `x` times `f(s)` per channel, s the channel's pixel scale.
+    pub(crate) fn scale_by_pixel_scale<B: Backend>(
+        &self,
+        x: Tensor<B, 4>,
+        f: impl Fn(f32) -> f32,
+    ) -> Tensor<B, 4> {
         let s = &self.config.pixel_scale;
         let v: Vec<f32> = s.iter().map(|&s| f(s)).collect();
-        Tensor::from_data(TensorData::new(v, [1, s.len(), 1, 1]), device)
+        let factor = Tensor::from_data(TensorData::new(v, [s.len()]), &x.device());
+        scale_channels(x, factor)
     }
 
     /// Fresh standard-normal noise for one step of a batch shaped like `x`.
@@ -115,11 +121,9 @@ impl SgldSampler {
         g: Tensor<I, 4>,
         eps: Tensor<I, 4>,
     ) -> Tensor<I, 4> {
-        let device = x.device();
         let (a, sigma) = (self.config.step_size, self.config.noise);
-        let drift = self.per_channel::<I>(|s| a * s * s, &device);
-        let spread = self.per_channel::<I>(|s| sigma * s, &device);
-        let next = x + g * drift + eps * spread;
+        let drift = self.scale_by_pixel_scale(g, |s| a * s * s);
+        let next = x + drift + self.scale_by_pixel_scale(eps, |s| sigma * s);
         if self.config.clamp {
             next.clamp(0.0, 1.0)
         } else {

@@ -17,6 +17,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use jem_attacks::{scale_channels, shift_channels};
 use jem_kernels::{
     conv2d, conv2d_without_bias, leaky_relu, leaky_relu_conv2d, leaky_relu_derivative, Kernels,
 };
@@ -325,11 +326,9 @@ fn normalize<B: Kernels>(
 ) -> Tensor<B, 4> {
     match norm {
         Some(bn) => {
-            let c = x.dims()[1];
-            let per_channel = |t: Tensor<B, 1>| t.reshape([1, c, 1, 1]);
             let scale = bn.gamma.val() / (bn.running_var.value() + bn.epsilon).sqrt();
             let shift = bn.beta.val() - bn.running_mean.value() * scale.clone();
-            pass.scale_shift(x, per_channel(scale), per_channel(shift))
+            pass.scale_shift(x, scale, shift)
         }
         None => x,
     }
@@ -344,19 +343,19 @@ trait Pass<B: Kernels> {
     fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4>;
     /// The activation on its own (the last one, before pooling).
     fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4>;
-    /// `(x − mean) · inv_std` per channel: the input normalisation.
+    /// `(x − mean) · inv_std` per channel, given `−mean`: the input normalisation.
     fn standardise(
         &self,
         x: Tensor<B, 4>,
-        mean: Tensor<B, 4>,
-        inv_std: Tensor<B, 4>,
+        minus_mean: Tensor<B, 1>,
+        inv_std: Tensor<B, 1>,
     ) -> Tensor<B, 4>;
     /// `x · scale + shift` per channel: BatchNorm with running statistics.
     fn scale_shift(
         &self,
         x: Tensor<B, 4>,
-        scale: Tensor<B, 4>,
-        shift: Tensor<B, 4>,
+        scale: Tensor<B, 1>,
+        shift: Tensor<B, 1>,
     ) -> Tensor<B, 4>;
     /// The linear head.
     fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2>;
@@ -396,19 +395,19 @@ impl<B: Kernels> Pass<B> for Network<B> {
     fn standardise(
         &self,
         x: Tensor<B, 4>,
-        mean: Tensor<B, 4>,
-        inv_std: Tensor<B, 4>,
+        minus_mean: Tensor<B, 1>,
+        inv_std: Tensor<B, 1>,
     ) -> Tensor<B, 4> {
-        (x - mean) * inv_std
+        scale_channels(shift_channels(x, minus_mean), inv_std)
     }
 
     fn scale_shift(
         &self,
         x: Tensor<B, 4>,
-        scale: Tensor<B, 4>,
-        shift: Tensor<B, 4>,
+        scale: Tensor<B, 1>,
+        shift: Tensor<B, 1>,
     ) -> Tensor<B, 4> {
-        x * scale + shift
+        shift_channels(scale_channels(x, scale), shift)
     }
 
     fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -452,12 +451,12 @@ impl<B: Kernels> Pass<B> for Linearisation<'_, B> {
         self.slope(x)
     }
 
-    fn standardise(&self, x: Tensor<B, 4>, _: Tensor<B, 4>, inv_std: Tensor<B, 4>) -> Tensor<B, 4> {
-        x * inv_std
+    fn standardise(&self, x: Tensor<B, 4>, _: Tensor<B, 1>, inv_std: Tensor<B, 1>) -> Tensor<B, 4> {
+        scale_channels(x, inv_std)
     }
 
-    fn scale_shift(&self, x: Tensor<B, 4>, scale: Tensor<B, 4>, _: Tensor<B, 4>) -> Tensor<B, 4> {
-        x * scale
+    fn scale_shift(&self, x: Tensor<B, 4>, scale: Tensor<B, 1>, _: Tensor<B, 1>) -> Tensor<B, 4> {
+        scale_channels(x, scale)
     }
 
     fn head(&self, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -545,13 +544,10 @@ impl<B: Kernels> WideResNet<B> {
         let norm = &cfg.input_normalization;
         let c = norm.mean.len();
         let device = x.device();
-        let mean =
-            Tensor::<B, 4>::from_data(TensorData::new(norm.mean.clone(), [1, c, 1, 1]), &device);
-        let inv_std = Tensor::<B, 4>::from_data(
-            TensorData::new(norm.std.iter().map(|s| 1.0 / s).collect(), [1, c, 1, 1]),
-            &device,
-        );
-        let input = pass.standardise(x, mean, inv_std);
+        let per_channel = |v: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(v, [c]), &device);
+        let minus_mean = per_channel(norm.mean.iter().map(|m| -m).collect());
+        let inv_std = per_channel(norm.std.iter().map(|s| 1.0 / s).collect());
+        let input = pass.standardise(x, minus_mean, inv_std);
         let mut out = pass.conv(&self.conv1, input, None);
         for block in self.layer1.iter().chain(&self.layer2).chain(&self.layer3) {
             out = block.run(pass, out, cfg.leak);
