@@ -3,11 +3,11 @@
 //! viewed as `[N·C, H·W]` and one value per row.
 //!
 //! Why not a `[1, C, 1, 1]` tensor and burn's broadcasting: burn's CPU backend broadcasts a
-//! tensor whose leading dimension is 1 through its generic strided iterator, 60–75× slower than
-//! a contiguous pass (an `80×1×28×28` product: 0.77 ms against 10 µs, one thread), while a
-//! per-row column (`[rows, 1]`) takes its fast path. Each SGLD step and each forward pass made
-//! such products. The results are the same bits: each element meets the same value in the same
-//! operation.
+//! tensor whose leading dimension is 1 through its generic strided iterator, 60–150× slower
+//! than a contiguous pass (an `80×1×28×28` product: 0.8–1.5 ms against 10 µs, one thread;
+//! docs/performance.md), while a per-row column (`[rows, 1]`) takes its fast path. Each SGLD
+//! step and each forward pass made such products. The results are the same bits: each element
+//! meets the same value in the same operation.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
