@@ -319,12 +319,7 @@ pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Resu
         KernelsArg::Burn => Implementation::Burn,
         KernelsArg::Portable => Implementation::Portable,
     });
-    let cfg = match args.layout {
-        WrnVariant::Jem => WideResNetConfig::new(args.depth, args.width, args.channels, 10),
-        WrnVariant::RobustBench => {
-            WideResNetConfig::robustbench(args.depth, args.width, args.channels, 10)
-        }
-    };
+    let cfg = WideResNetConfig::of_layout(args.layout, args.depth, args.width, args.channels, 10);
     cfg.blocks_per_stage()
         .map_err(|e| anyhow::anyhow!("--depth {}: {e}", args.depth))?;
     let times = time_op::<B>(&args, &cfg, device)?;

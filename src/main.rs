@@ -10,7 +10,7 @@ use jem_bench::backend::{self, BenchBackend, Inference, Train};
 use jem_bench::metrics;
 use jem_bench::model::{
     import_pytorch, stored_normalization, to_f32, Checkpoint, PytorchNaming, Sidecar,
-    TrainingRecord, WideResNetConfig, WrnVariant,
+    TrainingRecord, WideResNetConfig,
 };
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainKind, TrainSpec,
@@ -363,10 +363,8 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
     let device = backend::device();
     let (depth, width, channels, classes) =
         (args.depth, args.width, args.in_channels, args.num_classes);
-    let mut arch = match args.naming.variant() {
-        WrnVariant::Jem => WideResNetConfig::new(depth, width, channels, classes),
-        WrnVariant::RobustBench => WideResNetConfig::robustbench(depth, width, channels, classes),
-    };
+    let mut arch =
+        WideResNetConfig::of_layout(args.naming.variant(), depth, width, channels, classes);
     if let Some(mean) = args.mean.clone() {
         arch.input_normalization.mean = mean;
     }

@@ -19,6 +19,7 @@ use burn::tensor::Tensor;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use crate::channels::scale_channels;
 use crate::classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
 use crate::model::{LossFn, Model};
 use crate::norm::Norm;
@@ -154,8 +155,10 @@ impl<M> SgldDefence<M> {
         let mut state = x.clone().repeat_dim(0, chains);
         if self.config.init_noise > 0.0 {
             let init_noise = self.config.init_noise;
-            let noise = self.sampler.draw_noise(&state, rng);
-            state = state + self.sampler.scale_by_pixel_scale(noise, |s| init_noise * s);
+            let scale = self
+                .sampler
+                .pixel_factor(|s| init_noise * s, &state.device());
+            state = state.clone() + scale_channels(self.sampler.draw_noise(&state, rng), scale);
         }
         let linearise = keep && self.config.hvp == HessianVector::PiecewiseLinear;
         let mut steps = Vec::new();
@@ -360,6 +363,9 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
         let (mut v, logits) = self.averaged_loss_gradient::<B>(run.last.clone(), chains, loss);
         if full {
             let step_size = self.sampler.config.step_size;
+            let drift = self
+                .sampler
+                .pixel_factor(|s| s * s * step_size, &x.device());
             let mut next = run.last;
             for step in run.steps.iter().rev() {
                 if self.sampler.config.clamp {
@@ -372,10 +378,8 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
                 }
                 // x_{t+1} = x_t + D ⊙ ∇(x_t) + noise has Jacobian I + diag(D) H, whose
                 // transpose (H symmetric) maps v to v + H (D ⊙ v).
-                let drift = self
-                    .sampler
-                    .scale_by_pixel_scale(v.clone(), |s| s * s * step_size);
-                v = v + self.hessian_vector::<B>(step, drift);
+                let drifted = scale_channels(v.clone(), drift.clone());
+                v = v + self.hessian_vector::<B>(step, drifted);
                 next = step.state.clone();
             }
         }

@@ -78,16 +78,15 @@ impl SgldSampler {
         Self { config }
     }
 
-    /// `x` times `f(s)` per channel, s the channel's pixel scale.
-    pub(crate) fn scale_by_pixel_scale<B: Backend>(
+    /// `f(s)` per channel, s the channel's pixel scale: a factor for [`scale_channels`].
+    pub(crate) fn pixel_factor<B: Backend>(
         &self,
-        x: Tensor<B, 4>,
         f: impl Fn(f32) -> f32,
-    ) -> Tensor<B, 4> {
+        device: &B::Device,
+    ) -> Tensor<B, 1> {
         let s = &self.config.pixel_scale;
         let v: Vec<f32> = s.iter().map(|&s| f(s)).collect();
-        let factor = Tensor::from_data(TensorData::new(v, [s.len()]), &x.device());
-        scale_channels(x, factor)
+        Tensor::from_data(TensorData::new(v, [s.len()]), device)
     }
 
     /// Fresh standard-normal noise for one step of a batch shaped like `x`.
@@ -122,8 +121,9 @@ impl SgldSampler {
         eps: Tensor<I, 4>,
     ) -> Tensor<I, 4> {
         let (a, sigma) = (self.config.step_size, self.config.noise);
-        let drift = self.scale_by_pixel_scale(g, |s| a * s * s);
-        let next = x + drift + self.scale_by_pixel_scale(eps, |s| sigma * s);
+        let device = x.device();
+        let drift = scale_channels(g, self.pixel_factor(|s| a * s * s, &device));
+        let next = x + drift + scale_channels(eps, self.pixel_factor(|s| sigma * s, &device));
         if self.config.clamp {
             next.clamp(0.0, 1.0)
         } else {

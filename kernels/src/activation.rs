@@ -15,7 +15,7 @@ use burn::backend::autodiff::Autodiff;
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::ops::{ActivationOps, FloatTensor, FloatTensorOps};
+use burn::tensor::ops::{ActivationOps, FloatTensor};
 use burn::tensor::{
     get_device_settings, DType, Tensor, TensorData, TensorMetadata, TensorPrimitive,
 };
@@ -49,10 +49,9 @@ pub trait FastActivation: Backend {
 
     /// LeakyReLU's derivative at every element of `x`: 1 where `x ≥ 0`, else `slope`. The
     /// factor by which the network linearised at `x` scales a tangent; computed once where a
-    /// tangent needs it many times, and in one pass where burn's operations take three.
+    /// tangent needs it many times, and in one pass where burn's operations take four.
     fn fast_leaky_relu_derivative(x: FloatTensor<Self>, slope: f64) -> FloatTensor<Self> {
-        let ones = Self::float_ones(x.shape(), &Self::float_device(&x), x.dtype().into());
-        composed_backward::<Self>(x, ones, slope)
+        composed_derivative::<Self>(x, slope)
     }
 }
 
@@ -66,6 +65,12 @@ pub(crate) fn composed_backward<B: Backend>(
     let negative = B::float_lower_elem(x, 0f32.into(), bool_dtype);
     let scaled = B::float_mul_scalar(grad.clone(), slope.into());
     B::float_mask_where(grad, negative, scaled)
+}
+
+/// The derivative as burn's operations compose it: the gradient above of a tensor of ones.
+fn composed_derivative<B: Backend>(x: FloatTensor<B>, slope: f64) -> FloatTensor<B> {
+    let ones = B::float_ones(x.shape(), &B::float_device(&x), x.dtype().into());
+    composed_backward::<B>(x, ones, slope)
 }
 
 /// LeakyReLU of one value: `x` where `x ≥ 0`, else `slope · x` (burn's definition). Shared
@@ -162,8 +167,7 @@ impl FastActivation for Flex {
 
     fn fast_leaky_relu_derivative(x: FlexTensor, slope: f64) -> FlexTensor {
         if x.dtype() != DType::F32 || implementation() != Implementation::Own {
-            let ones = Flex::float_ones(x.shape(), &Flex::float_device(&x), x.dtype().into());
-            return composed_backward::<Flex>(x, ones, slope);
+            return composed_derivative::<Flex>(x, slope);
         }
         let s = slope as f32;
         map_f32(&x, None, move |x, _| leaky_derivative(x, s))

@@ -152,6 +152,20 @@ impl WideResNetConfig {
         }
     }
 
+    /// WRN-`depth`-`width` in `layout`: [`new`](Self::new) or [`robustbench`](Self::robustbench).
+    pub fn of_layout(
+        layout: WrnVariant,
+        depth: usize,
+        width: usize,
+        in_channels: usize,
+        num_classes: usize,
+    ) -> Self {
+        match layout {
+            WrnVariant::Jem => Self::new(depth, width, in_channels, num_classes),
+            WrnVariant::RobustBench => Self::robustbench(depth, width, in_channels, num_classes),
+        }
+    }
+
     /// Blocks per stage, n = (depth − 4) / 6; an error for depths that are not 6n + 4.
     pub fn blocks_per_stage(&self) -> anyhow::Result<usize> {
         anyhow::ensure!(
