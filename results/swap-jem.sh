@@ -45,16 +45,17 @@ device=${JEM_BENCH_DEVICE:-cpu}
 work=${SWAP_WORK:-runs/swap}
 all=(linf l2 k-curve k10-linf k10-l2)
 
-# Each part: the committed folder, the models it keeps in order (after the swap), and the flags
-# of its sweep in results/regenerate.sh but --models and --out.
+# Each part: the committed folder, the models it keeps in order (after the swap), the number of
+# cells its sweep of the new JEM has (0: not counted, run whole), and the flags of its sweep in
+# results/regenerate.sh but --models and --out.
 part() {
     case "$1" in
-    linf | l2) dest=results/sweeps/$1 models=default flags=(--norm "$1") ;;
-    k-curve) dest=results/sweeps/k-curve-linf models=jem,jem-ce1000,baseline
+    linf | l2) dest=results/sweeps/$1 models=default cells=0 flags=(--norm "$1") ;;
+    k-curve) dest=results/sweeps/k-curve-linf models=jem,jem-ce1000,baseline cells=3
         flags=(--norm linf --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2) ;;
-    k10-linf) dest=results/sweeps/k10-linf models=jem,jem-ce1000,baseline
+    k10-linf) dest=results/sweeps/k10-linf models=jem,jem-ce1000,baseline cells=1
         flags=(--norm linf --steps 10 --eps 0,0.1,0.3 --n-examples 100 --batch-size 10 --jobs 2) ;;
-    k10-l2) dest=results/sweeps/k10-l2 models=jem,jem-ce1000,baseline
+    k10-l2) dest=results/sweeps/k10-l2 models=jem,jem-ce1000,baseline cells=3
         flags=(--norm l2 --steps 10 --eps 0,1,2,3 --n-examples 100 --batch-size 10 --jobs 2) ;;
     *) echo "unknown part '$1': expected one of ${all[*]}" >&2; exit 2 ;;
     esac
@@ -72,7 +73,15 @@ sweep() {
     local sweep_models=$new
     [ "$1" = k10-l2 ] && sweep_models=$new,$kept,results/models/baseline
     resume "$1"
-    "$bin" --device "$device" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1"
+    local run=("$bin" --device "$device" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1")
+    # On the CPU one cell at a time, in the plan's order (K = 2 before 5 before 10), each with
+    # every core on its batches: a whole sweep runs its longest cells first, side by side, so a
+    # session that ends mid-sweep would leave every cell half done rather than the short ones
+    # finished. The last, whole run finds every cell done and writes the sweep's tables.
+    if [ "$device" = cpu ] && [ "$cells" -gt 1 ]; then
+        for ((i = 0; i < cells; i++)); do "${run[@]}" --shard "$i/$cells"; done
+    fi
+    "${run[@]}"
 }
 
 # The part's committed copy into the work folder, where none is there yet (a CPU sweep's:
@@ -90,7 +99,12 @@ save() {
     rm -f "$committed/$1/sweep.lock"
 }
 
-finished() { [ -e "$work/$1/summary.json" ] && ! ls -d "$work/$1/cells/"*.batches >/dev/null 2>&1; }
+# A part is finished when its summary is written, no cell is part-way, and (where counted) every
+# cell is there: a shard's run writes a summary of its own cells only.
+finished() {
+    [ -e "$work/$1/summary.json" ] && ! ls -d "$work/$1/cells/"*.batches >/dev/null 2>&1 \
+        && { [ "$cells" = 0 ] || [ "$(ls "$work/$1/cells/"*.json 2>/dev/null | wc -l)" = "$cells" ]; }
+}
 
 # `install_folder MADE DEST`: the folder a merge made replaces DEST (without the sweep's lock).
 install_folder() {
