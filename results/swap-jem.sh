@@ -30,10 +30,12 @@
 #
 # On a GPU (the new JEM's K = 10 cells take days on two cores): JEM_BENCH_DEVICE=cuda with
 # JEM_BENCH_BIN a `--features cuda` build sweeps there, into SWAP_WORK (default runs/swap; give
-# a GPU run its own, e.g. runs/swap-gpu, carried there and back between calls); it starts its
-# own cells rather than the CPU's committed batches (a sweep resumes on its own backend only).
-# `SWAP_WORK=runs/swap-gpu bash results/swap-jem.sh merge PART` here then joins them to the
-# committed CPU folders (merge keeps each row's backend: docs/scaling.md).
+# a GPU run its own, e.g. runs/swap-gpu, carried there and back between calls). A sweep resumes
+# on its own backend only, so each backend has its own committed copy (`save` with the same
+# variables): train/jem-attempts/aq/sweeps/ the CPU's, sweeps-cuda/ the GPU's. `merge PART`
+# takes each cell from the first folder that holds it finished: the committed table (the other
+# models), this backend's sweep, the other backends' committed sweeps (merge keeps each row's
+# backend: docs/scaling.md), and stops before writing anything where a cell is in none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,17 +47,20 @@ device=${JEM_BENCH_DEVICE:-cpu}
 work=${SWAP_WORK:-runs/swap}
 all=(linf l2 k-curve k10-linf k10-l2)
 
-# Each part: the committed folder, the models it keeps in order (after the swap), the number of
-# cells its sweep of the new JEM has (0: not counted, run whole), and the flags of its sweep in
-# results/regenerate.sh but --models and --out.
+# Each part: the committed folder, the models it keeps in order (after the swap), the cells of
+# its sweep of the new JEM in the plan's order (as patterns of their file names in cells/;
+# none: not counted, swept whole), and the flags of its sweep in results/regenerate.sh but
+# --models and --out.
 part() {
     case "$1" in
-    linf | l2) dest=results/sweeps/$1 models=default cells=0 flags=(--norm "$1") ;;
-    k-curve) dest=results/sweeps/k-curve-linf models=jem,jem-ce1000,baseline cells=3
+    linf | l2) dest=results/sweeps/$1 models=default cells=() flags=(--norm "$1") ;;
+    k-curve) dest=results/sweeps/k-curve-linf models=jem,jem-ce1000,baseline
+        cells=("*.k2.full" "*.k5.full" "*.k10.full")
         flags=(--norm linf --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2) ;;
-    k10-linf) dest=results/sweeps/k10-linf models=jem,jem-ce1000,baseline cells=1
+    k10-linf) dest=results/sweeps/k10-linf models=jem,jem-ce1000,baseline cells=("*")
         flags=(--norm linf --steps 10 --eps 0,0.1,0.3 --n-examples 100 --batch-size 10 --jobs 2) ;;
-    k10-l2) dest=results/sweeps/k10-l2 models=jem,jem-ce1000,baseline cells=3
+    k10-l2) dest=results/sweeps/k10-l2 models=jem,jem-ce1000,baseline
+        cells=("${new//\//_}.*" "${kept//\//_}.*" results_models_baseline.*)
         flags=(--norm l2 --steps 10 --eps 0,1,2,3 --n-examples 100 --batch-size 10 --jobs 2) ;;
     *) echo "unknown part '$1': expected one of ${all[*]}" >&2; exit 2 ;;
     esac
@@ -63,8 +68,23 @@ part() {
     models=$(echo "$models" | sed 's#\([^,]*\)#results/models/\1#g')
 }
 
-# Where a session commits the new JEM's sweeps, finished or not, for the next to continue.
-committed=results/train/jem-attempts/aq/sweeps
+# Where a session commits the new JEM's sweeps, finished or not, for the next to continue: one
+# folder per backend (the CPU's without a suffix).
+sweeps=results/train/jem-attempts/aq/sweeps
+committed=$sweeps
+[ "$device" = cpu ] || committed=$sweeps-$device
+
+# `cell_finished DIR PATTERN`: sweep folder DIR holds a finished cell named like PATTERN.
+cell_finished() { compgen -G "$1/cells/$2.json" >/dev/null; }
+
+# `finished_elsewhere PART PATTERN`: another backend's committed sweep of PART finished it.
+finished_elsewhere() {
+    local d
+    for d in "$sweeps"-*/"$1"; do
+        [ "$d" != "$committed/$1" ] && cell_finished "$d" "$2" && return 0
+    done
+    return 1
+}
 
 # The sweep of the new JEM for a part (k10-l2 has no committed folder: the old JEM and the
 # baseline are swept there too, under the paths they keep), continued from its committed copy.
@@ -77,18 +97,27 @@ sweep() {
     # On the CPU one cell at a time, in the plan's order (K = 2 before 5 before 10), each with
     # every core on its batches: a whole sweep runs its longest cells first, side by side, so a
     # session that ends mid-sweep would leave every cell half done rather than the short ones
-    # finished. The last, whole run finds every cell done and writes the sweep's tables.
-    if [ "$device" = cpu ] && [ "$cells" -gt 1 ]; then
-        for ((i = 0; i < cells; i++)); do "${run[@]}" --shard "$i/$cells"; done
+    # finished. Cells a GPU finished are left to `merge`; where there are none, the last, whole
+    # run finds every cell done and writes the sweep's tables. (A GPU sweeps whole: its cells
+    # side by side keep it busier, and the CPU's cells cost it little.)
+    if [ "$device" = cpu ] && [ ${#cells[@]} -gt 1 ]; then
+        local i elsewhere=()
+        for i in "${!cells[@]}"; do
+            cell_finished "$work/$1" "${cells[$i]}" && continue
+            if finished_elsewhere "$1" "${cells[$i]}"; then elsewhere+=("${cells[$i]}") && continue; fi
+            "${run[@]}" --shard "$i/${#cells[@]}"
+        done
+        if [ ${#elsewhere[@]} -gt 0 ]; then
+            echo "$1: the cells ${elsewhere[*]} were finished on another backend; merge $1 joins them" >&2
+            return 0
+        fi
     fi
     "${run[@]}"
 }
 
-# The part's committed copy into the work folder, where none is there yet (a CPU sweep's:
-# another backend starts its own).
+# The part's committed copy (this backend's) into the work folder, where none is there yet.
 resume() {
     mkdir -p "$work"
-    [ "$device" = cpu ] || return 0
     [ -e "$work/$1" ] || [ ! -e "$committed/$1" ] || cp -r "$committed/$1" "$work/$1"
 }
 
@@ -99,11 +128,12 @@ save() {
     rm -f "$committed/$1/sweep.lock"
 }
 
-# A part is finished when its summary is written, no cell is part-way, and (where counted) every
-# cell is there: a shard's run writes a summary of its own cells only.
+# A part is finished here when its summary is written, no cell is part-way and every counted
+# cell is there (a shard's run writes a summary of its own cells only).
 finished() {
-    [ -e "$work/$1/summary.json" ] && ! ls -d "$work/$1/cells/"*.batches >/dev/null 2>&1 \
-        && { [ "$cells" = 0 ] || [ "$(ls "$work/$1/cells/"*.json 2>/dev/null | wc -l)" = "$cells" ]; }
+    [ -e "$work/$1/summary.json" ] && ! compgen -G "$work/$1/cells/*.batches" >/dev/null || return 1
+    local c
+    for c in "${cells[@]}"; do cell_finished "$work/$1" "$c" || return 1; done
 }
 
 # `install_folder MADE DEST`: the folder a merge made replaces DEST (without the sweep's lock).
@@ -115,10 +145,15 @@ install_folder() {
 merge() {
     part "$1"
     resume "$1"
-    finished "$1" || { echo "$1: the new JEM's sweep is not finished (swap-jem.sh sweep $1)" >&2; exit 1; }
-    # The committed folder, where there is one, with the old JEM's cells renamed.
-    local from=("$work/$1") renames=(--rename "$new=$old")
-    [ -e "$dest/settings.json" ] && from=("$dest" "${from[@]}")
+    # Each cell from the first of these folders that holds it finished (jem-bench merge checks
+    # that every cell is somewhere before it writes): the committed folder, with the old JEM's
+    # cells renamed; this backend's sweep; the other backends' committed sweeps.
+    local from=() renames=(--rename "$new=$old") d
+    [ -e "$dest/settings.json" ] && from+=("$dest")
+    [ -e "$work/$1/settings.json" ] && from+=("$work/$1")
+    for d in "$sweeps"*/"$1"; do
+        [ "$d" != "$committed/$1" ] && [ -e "$d/settings.json" ] && from+=("$d")
+    done
     holds_old "$dest" && renames+=(--rename "$old=$kept")
     if [ "$1" = linf ] && [ ! -e results/sweeps/jem-ce1000-linf ]; then
         # The old JEM's default L∞ sweep keeps a folder of its own, beside the 1 : 1 one's.
@@ -153,6 +188,11 @@ status) for p in "${parts[@]}"; do
         part "$p" && resume "$p"
         if finished "$p"; then echo "$p: finished"; elif [ -e "$work/$p" ]; then echo "$p: started";
         else echo "$p: not started"; fi
+        for c in "${cells[@]}"; do
+            cell_finished "$work/$p" "$c" && echo "  $c: finished here"
+            finished_elsewhere "$p" "$c" && echo "  $c: finished on another backend"
+            true
+        done
     done ;;
 install)
     cmp -s results/models/jem.safetensors "$kept.safetensors" \
