@@ -68,7 +68,7 @@ part() {
     models=$(echo "$models" | sed 's#\([^,]*\)#results/models/\1#g')
 }
 
-# Where a session commits the new JEM's sweeps, finished or not, for the next to continue: one
+# Where the new JEM's sweeps are committed, finished or not, for a later sweep to continue: one
 # folder per backend (the CPU's without a suffix).
 sweeps=results/train/jem-attempts/aq/sweeps
 committed=$sweeps
@@ -96,8 +96,7 @@ sweep() {
     local run=("$bin" --device "$device" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1")
     # On the CPU one cell at a time, in the plan's order (K = 2 before 5 before 10), each with
     # every core on its batches: a whole sweep runs its longest cells first, side by side, so a
-    # session that ends mid-sweep would leave every cell half done rather than the short ones
-    # finished. Cells a GPU finished are left to `merge`; where there are none, the last, whole
+    # sweep stopped midway would leave every cell half done rather than the short ones finished. Cells a GPU finished are left to `merge`; where there are none, the last, whole
     # run finds every cell done and writes the sweep's tables. (A GPU sweeps whole: its cells
     # side by side keep it busier, and the CPU's cells cost it little.)
     if [ "$device" = cpu ] && [ ${#cells[@]} -gt 1 ]; then
