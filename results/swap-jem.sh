@@ -96,8 +96,9 @@ sweep() {
     local run=("$bin" --device "$device" robust "${flags[@]}" --models "$sweep_models" --out "$work/$1")
     # On the CPU one cell at a time, in the plan's order (K = 2 before 5 before 10), each with
     # every core on its batches: a whole sweep runs its longest cells first, side by side, so a
-    # sweep stopped midway would leave every cell half done rather than the short ones finished. Cells a GPU finished are left to `merge`; where there are none, the last, whole
-    # run finds every cell done and writes the sweep's tables. (A GPU sweeps whole: its cells
+    # sweep stopped midway would leave every cell half done rather than the short ones
+    # finished. Cells a GPU finished are left to `merge`; where there are none, the last,
+    # whole run finds every cell done and writes the sweep's tables. (A GPU sweeps whole: its cells
     # side by side keep it busier, and the CPU's cells cost it little.)
     if [ "$device" = cpu ] && [ ${#cells[@]} -gt 1 ]; then
         local i elsewhere=()
