@@ -129,7 +129,7 @@ save() {
 }
 
 # A part is finished here when its summary is written, no cell is part-way and every counted
-# cell is there (a shard's run writes a summary of its own cells only).
+# cell is there (a shard's run writes a summary once its own cells are done, others' may not be).
 finished() {
     [ -e "$work/$1/summary.json" ] && ! compgen -G "$work/$1/cells/*.batches" >/dev/null || return 1
     local c

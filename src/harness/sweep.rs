@@ -78,13 +78,11 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     runner: &Runner,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let out = plan.out.clone();
-    let mine: Vec<&Cell> = plan
-        .cells
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| runner.shard.is_none_or(|s| j % s.count == s.index))
-        .map(|(_, c)| c)
+    // This shard's cells, by their index in the plan.
+    let mine_at: Vec<usize> = (0..plan.cells.len())
+        .filter(|j| runner.shard.is_none_or(|s| j % s.count == s.index))
         .collect();
+    let mine: Vec<&Cell> = mine_at.iter().map(|&j| &plan.cells[j]).collect();
     if let (Some(shard), true) = (runner.shard, mine.is_empty()) {
         // A job array larger than the sweep: this task has nothing to do, which is no error.
         runner.observer.nothing_to_do(shard, plan.cells.len());
@@ -93,12 +91,17 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     crate::output_folder::claim(&out, "robust")?;
     let lock = FolderLock::acquire(&out, "sweep.lock")?;
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
-    // `--jobs` worker threads. The CSVs always hold the finished cells in plan order.
+    // `--jobs` worker threads. The CSVs always hold the finished cells in plan order: every
+    // cell the folder holds finished, also other shards' where shards run one after another
+    // in one folder, so that a shard's run never leaves tables of fewer cells than are done.
     let identity = plan.identity(spec);
-    let mut done = claim_folder(&out, &plan.settings(spec), &identity, &mine, &lock)?;
+    let every: Vec<&Cell> = plan.cells.iter().collect();
+    let mut done = claim_folder(&out, &plan.settings(spec), &identity, &every, &lock)?;
     // Longest first, so that the last cell running alone is a short one: cells with more SGLD
     // steps cost more (a K = 1 cell about 5× its K = 0 twin). Outputs keep the plan's order.
-    let mut pending: Vec<usize> = (0..mine.len()).filter(|&i| done[i].is_none()).collect();
+    let mut pending: Vec<usize> = (0..mine.len())
+        .filter(|&i| done[mine_at[i]].is_none())
+        .collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
     let estimates = estimate_cells(plan, spec, &mine, &pending)?;
     runner
@@ -170,7 +173,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             outputs::save_cell(&out, &r)?;
             outputs::remove_batches(&out, &r.cell)?;
             runner.observer.cell_finished(&r, estimates[at]);
-            done[i] = Some(r);
+            done[mine_at[i]] = Some(r);
             outputs::write_csvs(&out, done.iter().flatten())?;
         }
         Ok(())

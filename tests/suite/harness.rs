@@ -272,6 +272,28 @@ fn shards_merged_equal_the_whole_sweep() {
     let examples = |d: &Path| std::fs::read_to_string(d.join("examples.csv")).unwrap();
     assert_eq!(examples(merged.path()), examples(whole.path()));
 
+    // Shards run one after another in one folder: each run's tables hold every cell finished
+    // there, not only its own shard's, and the last run's equal the whole sweep's.
+    let one = tempfile::tempdir().unwrap();
+    let copy_cells = |from: &Path| {
+        std::fs::create_dir_all(one.path().join("cells")).unwrap();
+        std::fs::copy(from.join("settings.json"), one.path().join("settings.json")).unwrap();
+        for f in std::fs::read_dir(from.join("cells")).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, one.path().join("cells").join(f.file_name().unwrap())).unwrap();
+        }
+    };
+    copy_cells(shards[0].path());
+    run(sweep(one.path()).args(["--shard", "1/3", "--jobs", "1"]));
+    let per_attack = rows(one.path())
+        .into_iter()
+        .filter(|r| r.attack != "worst-case");
+    assert_eq!(per_attack.count(), 9);
+    copy_cells(shards[2].path());
+    run(sweep(one.path()).args(["--shard", "2/3", "--jobs", "1"]));
+    assert_eq!(rows(one.path()), rows(whole.path()));
+    assert_eq!(examples(one.path()), examples(whole.path()));
+
     // A missing shard is named, not silently skipped.
     let partial = tempfile::tempdir().unwrap();
     let o = cli()
