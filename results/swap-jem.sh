@@ -19,7 +19,7 @@
 # PART: linf l2 k-curve k10-linf k10-l2 (default: all, in that order: the most read first, then
 # those that sweep the new JEM alone, so that the swap can be made before the three-model K = 10
 # L2 sweep, which `merge k10-l2` joins after it as well). Every part resumes where it stopped:
-# each cell keeps its finished batches and convergence re-attacks; linf and l2 run unbatched, so
+# each cell keeps its finished batches and the parts of its convergence re-attacks; linf and l2 run unbatched, so
 # the attack of a cell there is one batch, which a run must live through once (hours there
 # on two cores for the new JEM's K = 1 cells). The folders
 # that an older jem-bench made (their settings.json lacks what a

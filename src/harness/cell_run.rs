@@ -146,7 +146,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
 }
 
 /// Examples per batch of a cell of `n` examples.
-fn batch_len(spec: &SweepSpec, n: usize) -> usize {
+pub(super) fn batch_len(spec: &SweepSpec, n: usize) -> usize {
     spec.batch_size.unwrap_or(n).max(1)
 }
 
@@ -206,7 +206,18 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             share,
         })
     };
-    let parts = outputs::resumable_batches(&keep, identity, chunks.len(), compute, kept)?;
+    let fits = |j: usize, batch: &BatchResult| {
+        let held = batch
+            .stages
+            .first()
+            .and_then(|s| s.outcomes.first())
+            .map_or(0, |(_, o)| o.examples.len());
+        let rows = chunks[j].len();
+        (held == rows)
+            .then_some(())
+            .ok_or(format!("{held} examples, where this batch has {rows}"))
+    };
+    let parts = outputs::resumable_batches(&keep, identity, chunks.len(), fits, compute, kept)?;
     let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
     let mut stages: Vec<Stage> = Vec::new();
     for part in parts {

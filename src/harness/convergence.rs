@@ -1,15 +1,16 @@
 //! The convergence check of a stochastic cell: a seeded sample of the examples its attack left
 //! standing, attacked again with 4× the EOT draws and with 2× the iterations. An attack that
 //! had converged breaks (almost) none of them. Each re-attack (one ε, one of the two
-//! strengths) is kept as it finishes where the cell keeps its batches, so an interrupted sweep
-//! resumes the check instead of starting it again (at K = 10 a check runs for hours on two
-//! cores).
+//! strengths) is kept in parts of about one attack batch's cost as they finish, where the cell
+//! keeps its batches, so an interrupted sweep resumes the check instead of starting it again
+//! (at K = 10 a check runs for hours on two cores, and one whole re-attack of 20 survivors
+//! for longer than many runs are left alive).
 
 use std::path::Path;
 
 use jem_attacks::{AttackOutcome, Model, Norm};
 
-use super::cell_run::{attack_batch, batch_seed, Build, Examples, Stage};
+use super::cell_run::{attack_batch, batch_len, batch_seed, Build, Examples, Stage};
 use super::cells::Cell;
 use super::estimate;
 use super::outputs;
@@ -20,6 +21,23 @@ use crate::backend::BenchBackend;
 pub(super) const MORE_EOT: usize = 4;
 /// How many times the attack's iterations (steps, queries) the second re-attack takes.
 pub(super) const MORE_ITERATIONS: usize = 2;
+
+/// A kept part of a convergence check: some of one ε's sampled survivors under one re-attack.
+struct CheckPart {
+    /// Which ε's sample (an index into the check's samples).
+    sample: usize,
+    /// 0: more EOT draws; 1: more iterations.
+    strength: usize,
+    /// The part's number within its re-attack (its seed's mix).
+    chunk: usize,
+    /// The survivors it re-attacks (rows of the cell's examples, ascending).
+    rows: Vec<usize>,
+}
+
+/// The number of examples in a stage's outcomes (every ε's outcome holds all of them).
+fn last_len(stage: &Stage) -> usize {
+    stage.outcomes.first().map_or(0, |(_, o)| o.examples.len())
+}
 
 /// One ε of a cell's convergence check (see [`SweepSpec::convergence_sample`]).
 pub(super) struct ConvergenceCheck {
@@ -49,7 +67,8 @@ pub(super) fn standing(
 /// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
 /// attack that had converged breaks (almost) none of them. Each re-attack is kept in `keep`
-/// (the cell's batch folder of the sweep `identity`) as it finishes and read back by a rerun.
+/// (the cell's batch folder of the sweep `identity`) part by part as they finish and read back
+/// by a rerun.
 #[allow(clippy::too_many_arguments)] // the cell's context, as `run_cell` holds it
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
@@ -102,56 +121,91 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         survivors.sort_unstable();
         samples.push((eps, survivors));
     }
-    let strengths = [&more_eot, &more_iterations];
+    // Each re-attack is cut into parts that cost about one of the attack's batches (a quarter
+    // of a batch's examples at 4× the draws, half at 2× the iterations), each kept as it
+    // finishes: at K = 10 one whole re-attack of 20 survivors runs for hours on two cores. A
+    // part's seed is its re-attack's mixed with the part's number, as the attack's batches'
+    // are (part 0 keeps the re-attack's own).
+    let strengths = [(&more_eot, MORE_EOT), (&more_iterations, MORE_ITERATIONS)];
+    let batch_len = batch_len(spec, last_len(last));
+    let mut parts: Vec<CheckPart> = Vec::new();
+    for (sample, (_, survivors)) in samples.iter().enumerate() {
+        for (strength, &(_, times)) in strengths.iter().enumerate() {
+            for (chunk, rows) in survivors.chunks(batch_len.div_ceil(times)).enumerate() {
+                parts.push(CheckPart {
+                    sample,
+                    strength,
+                    chunk,
+                    rows: rows.to_vec(),
+                });
+            }
+        }
+    }
     let dir = keep.join("convergence");
-    // Each re-attack's share of the cell's estimated cost, which counts a whole sample at
-    // every ε > 0, each strength in proportion to the gradients it takes.
+    // Each part's share of the cell's estimated cost, which counts a whole sample at every
+    // ε > 0, each re-attack in proportion to the gradients it takes.
     let eps = grid.iter().filter(|&&e| e > 0.0).count();
     let factor = estimate::check_factor(spec, cell, eps);
-    let share = |j: usize| {
-        let strength = [MORE_EOT, MORE_ITERATIONS][j % 2] as f64;
-        factor / (1.0 + factor) / eps.max(1) as f64 * strength / (MORE_EOT + MORE_ITERATIONS) as f64
+    let share = |part: &CheckPart| {
+        let times = strengths[part.strength].1 as f64;
+        let of_sample = part.rows.len() as f64 / samples[part.sample].1.len() as f64;
+        factor / (1.0 + factor) / eps.max(1) as f64 * times / (MORE_EOT + MORE_ITERATIONS) as f64
+            * of_sample
     };
-    let parts = 2 * samples.len();
     let compute = |j: usize| {
-        let (eps, survivors) = &samples[j / 2];
-        let (x, y) = batch(survivors);
-        let stages = attack_batch(strengths[j % 2], cell, build, defended, x, y, &[*eps])?;
+        let part = &parts[j];
+        let eps = samples[part.sample].0;
+        let strength = SweepSpec {
+            seed: batch_seed(strengths[part.strength].0.seed, part.chunk),
+            ..strengths[part.strength].0.clone()
+        };
+        let (x, y) = batch(&part.rows);
+        let stages = attack_batch(&strength, cell, build, defended, x, y, &[eps])?;
         let last = stages.last().expect("every cell runs an attack");
         let (at, outcome) = &last.outcomes[0];
-        Ok(standing(outcome, *at, spec.norm, *eps)
+        Ok(standing(outcome, *at, spec.norm, eps)
             .into_iter()
             .map(|ok| !ok)
             .collect())
     };
-    let kept = |j, seconds| {
+    let fits = |j: usize, broken: &Vec<bool>| {
+        let rows = parts[j].rows.len();
+        (broken.len() == rows).then_some(()).ok_or(format!(
+            "{} outcomes, where this part re-attacks {rows}",
+            broken.len()
+        ))
+    };
+    let kept = |j: usize, seconds| {
         report(CellPart {
             cell: cell.clone(),
             kind: PartKind::ConvergenceCheck,
             index: j,
-            count: parts,
+            count: parts.len(),
             seconds,
-            share: share(j),
+            share: share(&parts[j]),
         })
     };
-    let broken: Vec<Vec<bool>> = outputs::resumable_batches(&dir, identity, parts, compute, kept)?;
+    let broken: Vec<Vec<bool>> =
+        outputs::resumable_batches(&dir, identity, parts.len(), fits, compute, kept)?;
+    // Each sample's outcomes under each re-attack, its parts joined in order.
+    let mut joined = vec![[Vec::new(), Vec::new()]; samples.len()];
+    for (part, broken) in parts.iter().zip(broken) {
+        joined[part.sample][part.strength].extend(broken);
+    }
     let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
     let checks = samples
         .iter()
-        .zip(broken.chunks_exact(2))
-        .map(|((eps, survivors), pair)| {
-            let (eot, iterations) = (&pair[0], &pair[1]);
-            ConvergenceCheck {
-                eps: *eps,
-                sampled: survivors.len(),
-                broken_eot: count(eot),
-                broken_iterations: count(iterations),
-                broken: eot
-                    .iter()
-                    .zip(iterations)
-                    .filter(|(a, b)| **a || **b)
-                    .count(),
-            }
+        .zip(joined)
+        .map(|((eps, survivors), [eot, iterations])| ConvergenceCheck {
+            eps: *eps,
+            sampled: survivors.len(),
+            broken_eot: count(&eot),
+            broken_iterations: count(&iterations),
+            broken: eot
+                .iter()
+                .zip(&iterations)
+                .filter(|(a, b)| **a || **b)
+                .count(),
         })
         .collect();
     Ok(checks)

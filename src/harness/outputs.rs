@@ -379,13 +379,16 @@ pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
 /// the moment it is done and reading back, instead of computing again, those an interrupted
 /// run of the same sweep left there (the folder's settings, `--batch-size` and the seed among
 /// them, are checked before any cell runs, so a batch file is what `compute` would return).
-/// The folder is removed by [`remove_batches`] once the cell's own file is written. `kept` is
-/// told of each batch computed now, once it is on disk, with the seconds it took; its error
-/// stops the cell there.
+/// The folder is removed by [`remove_batches`] once the cell's own file is written. Every kept
+/// batch is read and checked by `fits` (is it what batch `j` holds: its number of examples?)
+/// before anything is computed, so a file another layout left is refused at once rather than
+/// after hours of the batches before it. `kept` is told of each batch computed now, once it is
+/// on disk, with the seconds it took; its error stops the cell there.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     dir: &Path,
     identity: &str,
     count: usize,
+    fits: impl Fn(usize, &T) -> Result<(), String>,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
     mut kept: impl FnMut(usize, f64) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<T>> {
@@ -413,24 +416,40 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
             write_atomic(&owner, identity.as_bytes())?
         }
     }
+    let file = |j: usize| dir.join(format!("{j}.json"));
+    let mut found: Vec<Option<T>> = (0..count)
+        .map(|j| {
+            let p = file(j);
+            if !p.exists() {
+                return Ok(None);
+            }
+            let text = std::fs::read_to_string(&p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            let batch: T = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: not a finished batch of this cell (delete it to run the batch again)",
+                    p.display()
+                )
+            })?;
+            fits(j, &batch).map_err(|why| {
+                anyhow::anyhow!(
+                    "{}: not part {j} of this cell as this jem-bench cuts it: {why} (delete \
+                     the file to run the part again)",
+                    p.display()
+                )
+            })?;
+            Ok(Some(batch))
+        })
+        .collect::<anyhow::Result<_>>()?;
     (0..count)
         .map(|j| {
-            let p = dir.join(format!("{j}.json"));
-            if p.exists() {
-                let text = std::fs::read_to_string(&p)
-                    .with_context(|| format!("cannot read {}", p.display()))?;
-                return serde_json::from_str(&text).with_context(|| {
-                    format!(
-                        "{}: not a finished batch of this cell (delete it to run the batch \
-                         again)",
-                        p.display()
-                    )
-                });
+            if let Some(batch) = found[j].take() {
+                return Ok(batch);
             }
             let started = std::time::Instant::now();
             let batch = compute(j)?;
             let seconds = started.elapsed().as_secs_f64();
-            write_atomic(&p, serde_json::to_string(&batch)?.as_bytes())?;
+            write_atomic(&file(j), serde_json::to_string(&batch)?.as_bytes())?;
             kept(j, seconds)?;
             Ok(batch)
         })
@@ -538,6 +557,56 @@ mod tests {
         vec![j as f64 * 1.5, (j as f64).sqrt()]
     }
 
+    /// Every kept batch fits (the tests of a layout's check are below).
+    fn any_batch(_: usize, _: &Vec<f64>) -> Result<(), String> {
+        Ok(())
+    }
+
+    #[test]
+    fn a_kept_batch_of_another_layout_is_refused_before_anything_is_computed() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("cell.batches");
+        resumable_batches(
+            &kept,
+            "sweep",
+            2,
+            any_batch,
+            |j| Ok(batch(j)),
+            |_, _| Ok(()),
+        )
+        .unwrap();
+        std::fs::remove_file(kept.join("0.json")).unwrap();
+        // Batch 1 on disk holds two values; this layout's batch 1 holds three.
+        let three = |j: usize, b: &Vec<f64>| {
+            (b.len() == 3)
+                .then_some(())
+                .ok_or(format!("{} values, not 3 (batch {j})", b.len()))
+        };
+        let mut computed = Vec::new();
+        let err = resumable_batches(
+            &kept,
+            "sweep",
+            2,
+            three,
+            |j| {
+                computed.push(j);
+                Ok(vec![0.0; 3])
+            },
+            |_, _| Ok(()),
+        )
+        .unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains("1.json") && message.contains("2 values, not 3"),
+            "{message}"
+        );
+        assert!(
+            computed.is_empty(),
+            "batch 0 was computed first: {computed:?}"
+        );
+        assert!(!kept.join("0.json").exists());
+    }
+
     #[test]
     fn an_interrupted_cell_resumes_at_its_first_unfinished_batch() {
         let dir = tempfile::tempdir().unwrap();
@@ -550,6 +619,7 @@ mod tests {
             &kept,
             "sweep",
             5,
+            any_batch,
             |j| {
                 computed.push(j);
                 anyhow::ensure!(j < 3, "killed in batch {j}");
@@ -574,6 +644,7 @@ mod tests {
             &kept,
             "sweep",
             5,
+            any_batch,
             |j| {
                 computed.push(j);
                 Ok(batch(j))
@@ -595,6 +666,7 @@ mod tests {
             &other,
             "sweep",
             5,
+            any_batch,
             |j| Ok(batch(j)),
             |_, _| anyhow::bail!("the sweep stopped"),
         );
@@ -603,8 +675,15 @@ mod tests {
 
         // A damaged batch file is an error that names it, not a silent recomputation.
         std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
-        let err =
-            resumable_batches(&kept, "sweep", 5, |j| Ok(batch(j)), |_, _| Ok(())).unwrap_err();
+        let err = resumable_batches(
+            &kept,
+            "sweep",
+            5,
+            any_batch,
+            |j| Ok(batch(j)),
+            |_, _| Ok(()),
+        )
+        .unwrap_err();
         let message = format!("{err:#}");
         assert!(
             message.contains("1.json") && message.contains("delete it"),
@@ -612,9 +691,16 @@ mod tests {
         );
 
         // Another sweep's batches are never read as this one's.
-        let err = resumable_batches(&kept, "another sweep", 5, |j| Ok(batch(j)), |_, _| Ok(()))
-            .unwrap_err()
-            .to_string();
+        let err = resumable_batches(
+            &kept,
+            "another sweep",
+            5,
+            any_batch,
+            |j| Ok(batch(j)),
+            |_, _| Ok(()),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("another sweep"), "{err}");
     }
 }

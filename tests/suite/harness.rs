@@ -1179,19 +1179,21 @@ fn report_draws_robust_accuracy_against_k() {
     );
 }
 
-/// A convergence check interrupted mid-way resumes from the re-attacks it kept: a part found in
-/// the cell's batch folder is read back, not computed again — in a cell run in batches and in
-/// one run whole alike (an unbatched cell's check can take hours too). (The part here is
-/// doctored to say every sampled survivor broke, which no rerun would compute, so the cell's
-/// record shows whether it was read.)
+/// A convergence check interrupted mid-way resumes from the parts it kept: a part found in the
+/// cell's batch folder is read back, not computed again — in a cell run in batches and in one
+/// run whole alike (an unbatched cell's check can take hours too). A re-attack is kept in parts
+/// of a quarter of a batch's examples at 4× the EOT draws (rounded up: 1 of a 4-example batch,
+/// 2 of the unbatched 6). (The parts here are doctored to say every sampled survivor broke,
+/// which no rerun would compute, so the cell's record shows whether they were read.) A part of
+/// another size, as a jem-bench that cut the check otherwise kept it, is refused by name.
 #[test]
 fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
-    for batching in [&["--batch-size", "4"][..], &[]] {
-        interrupted_convergence_check_resumes(batching);
+    for (batching, part_len) in [(&["--batch-size", "4"][..], 1), (&[], 2)] {
+        interrupted_convergence_check_resumes(batching, part_len);
     }
 }
 
-fn interrupted_convergence_check_resumes(batching: &[&str]) {
+fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     let dir = tempfile::tempdir().unwrap();
     let sweep = || {
         let mut c = cli();
@@ -1257,8 +1259,21 @@ fn interrupted_convergence_check_resumes(batching: &[&str]) {
     for folder in [kept.clone(), kept.join("convergence")] {
         std::fs::write(folder.join("identity"), identity).unwrap();
     }
-    let all_broken = serde_json::to_string(&vec![true; sampled]).unwrap();
-    std::fs::write(kept.join("convergence/0.json"), all_broken).unwrap();
+    // The first re-attack's parts come first: ε 0.1 is the grid's only ε > 0.
+    let parts = sampled.div_ceil(part_len);
+    let part = |j: usize| kept.join(format!("convergence/{j}.json"));
+    let of_len = |len: usize| serde_json::to_string(&vec![true; len]).unwrap();
+    // One outcome too many in the last part: refused before any part of the check runs.
+    for j in 0..parts {
+        let len = part_len.min(sampled - j * part_len);
+        std::fs::write(part(j), of_len(len + usize::from(j + 1 == parts))).unwrap();
+    }
+    let out = sweep().output().unwrap();
+    assert_fails_with(&out, &format!("convergence/{}.json", parts - 1));
+    assert_fails_with(&out, "delete the file");
+    for j in 0..parts {
+        std::fs::write(part(j), of_len(part_len.min(sampled - j * part_len))).unwrap();
+    }
     run(&mut sweep());
     let resumed: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
