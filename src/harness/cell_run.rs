@@ -196,14 +196,15 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
         seconds_now += seconds;
         Ok(BatchResult { seconds, stages })
     };
-    let kept = |j, seconds| {
+    let kept = |j, seconds: Option<f64>| {
         report(CellPart {
             cell: cell.clone(),
             kind: PartKind::AttackBatch,
             index: j,
             count: chunks.len(),
-            seconds,
+            seconds: seconds.unwrap_or(0.0),
             share,
+            resumed: seconds.is_none(),
         })
     };
     let fits = |j: usize, batch: &BatchResult| {

@@ -175,14 +175,15 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             broken.len()
         ))
     };
-    let kept = |j: usize, seconds| {
+    let kept = |j: usize, seconds: Option<f64>| {
         report(CellPart {
             cell: cell.clone(),
             kind: PartKind::ConvergenceCheck,
             index: j,
             count: parts.len(),
-            seconds,
+            seconds: seconds.unwrap_or(0.0),
             share: share(&parts[j]),
+            resumed: seconds.is_none(),
         })
     };
     let broken: Vec<Vec<bool>> =

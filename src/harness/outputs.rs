@@ -382,15 +382,16 @@ pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
 /// The folder is removed by [`remove_batches`] once the cell's own file is written. Every kept
 /// batch is read and checked by `fits` (is it what batch `j` holds: its number of examples?)
 /// before anything is computed, so a file another layout left is refused at once rather than
-/// after hours of the batches before it. `kept` is told of each batch computed now, once it is
-/// on disk, with the seconds it took; its error stops the cell there.
+/// after hours of the batches before it. `kept` is told of each batch read back (`None`), then
+/// of each batch computed now, once it is on disk, with the seconds it took; its error stops
+/// the cell there.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     dir: &Path,
     identity: &str,
     count: usize,
     fits: impl Fn(usize, &T) -> Result<(), String>,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
-    mut kept: impl FnMut(usize, f64) -> anyhow::Result<()>,
+    mut kept: impl FnMut(usize, Option<f64>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<T>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // The batches belong to one sweep, as the cell files do.
@@ -441,6 +442,9 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
             Ok(Some(batch))
         })
         .collect::<anyhow::Result<_>>()?;
+    for j in (0..count).filter(|&j| found[j].is_some()) {
+        kept(j, None)?;
+    }
     (0..count)
         .map(|j| {
             if let Some(batch) = found[j].take() {
@@ -450,7 +454,7 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
             let batch = compute(j)?;
             let seconds = started.elapsed().as_secs_f64();
             write_atomic(&file(j), serde_json::to_string(&batch)?.as_bytes())?;
-            kept(j, seconds)?;
+            kept(j, Some(seconds))?;
             Ok(batch)
         })
         .collect()
@@ -614,7 +618,7 @@ mod tests {
         let whole: Vec<Vec<f64>> = (0..5).map(batch).collect();
 
         // The first run dies in batch 3: batches 0–2 are on disk.
-        let (mut computed, mut on_disk) = (Vec::new(), Vec::new());
+        let (mut computed, mut on_disk, mut read_back) = (Vec::new(), Vec::new(), Vec::new());
         let died = resumable_batches(
             &kept,
             "sweep",
@@ -625,9 +629,9 @@ mod tests {
                 anyhow::ensure!(j < 3, "killed in batch {j}");
                 Ok(batch(j))
             },
-            |j, _| {
+            |j, seconds: Option<f64>| {
                 // Told only once the batch is kept.
-                assert!(kept.join(format!("{j}.json")).exists());
+                assert!(kept.join(format!("{j}.json")).exists() && seconds.is_some());
                 on_disk.push(j);
                 Ok(())
             },
@@ -649,14 +653,19 @@ mod tests {
                 computed.push(j);
                 Ok(batch(j))
             },
-            |j, _| {
-                on_disk.push(j);
+            |j, seconds: Option<f64>| {
+                match seconds {
+                    Some(_) => on_disk.push(j),
+                    None => read_back.push(j),
+                }
                 Ok(())
             },
         )
         .unwrap();
         assert_eq!(computed, [3, 4]);
         assert_eq!(on_disk, [3, 4]);
+        // The kept batches are told of first, as read back, before anything is computed.
+        assert_eq!(read_back, [0, 1, 2]);
         assert_eq!(resumed, whole);
 
         // An error from the one told stops the cell after the batch it was told of, which is

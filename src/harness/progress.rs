@@ -92,14 +92,24 @@ impl SweepObserver for TerminalProgress {
         let step = ((1000.0 * estimated_seconds * part.share).ceil() as u64)
             .min(total.saturating_sub(*so_far));
         *so_far += step;
-        bar.inc(step);
-        let what = format!(
-            "{} {} K={}: {part} done in {}",
+        let cell = format!(
+            "{} {} K={}",
             part.cell.attack.name(),
             part.cell.model,
-            part.cell.k,
-            estimate::duration(part.seconds)
+            part.cell.k
         );
+        let what = if part.resumed {
+            // An earlier run's part leaves the work to do, not the work done: the time left
+            // is this run's pace over what this run has still to compute.
+            bar.set_length(bar.length().unwrap_or(0).saturating_sub(step).max(1));
+            format!("{cell}: {part} read back (kept by an earlier run)")
+        } else {
+            bar.inc(step);
+            format!(
+                "{cell}: {part} done in {}",
+                estimate::duration(part.seconds)
+            )
+        };
         if bar.is_hidden() {
             eprintln!("{}", self.line(&bar, &what));
         }
@@ -176,6 +186,7 @@ mod tests {
             count: 3,
             seconds: 1.0,
             share,
+            resumed: false,
         }
     }
 
@@ -206,5 +217,34 @@ mod tests {
         assert_eq!(position(), 14_000);
         assert_eq!(progress.done.get(), 2);
         assert!(progress.advanced.borrow().is_empty());
+    }
+
+    #[test]
+    fn parts_read_back_shrink_what_is_left_instead_of_counting_as_done() {
+        let progress = TerminalProgress::default();
+        progress.starting(&[10.0], 0);
+        let state = || {
+            let bar = progress.bar.borrow().as_ref().unwrap().clone();
+            (bar.position(), bar.length())
+        };
+        // A resumed cell: its first part an earlier run kept, its second run now.
+        let read_back = CellPart {
+            resumed: true,
+            seconds: 0.0,
+            ..part(1, 0, 0.25)
+        };
+        progress.part_finished(&read_back, 10.0);
+        assert_eq!(state(), (0, Some(7_500)));
+        progress.part_finished(&part(1, 1, 0.25), 10.0);
+        assert_eq!(state(), (2_500, Some(7_500)));
+        let finished = CellResult {
+            cell: cell(1),
+            identity: String::new(),
+            seconds: 1.0,
+            rows: Vec::new(),
+            examples: Vec::new(),
+        };
+        progress.cell_finished(&finished, 10.0);
+        assert_eq!(state(), (7_500, Some(7_500)));
     }
 }

@@ -117,8 +117,9 @@ pub trait SweepObserver {
     /// Before the first cell: the estimated seconds of each cell to run (in the order they
     /// start) and how many cells were finished by an earlier run.
     fn starting(&self, _estimates: &[f64], _finished_before: usize) {}
-    /// A part of a running cell finished and was kept (see [`CellPart`]); `estimated_seconds`
-    /// is what the whole cell had been estimated at.
+    /// A part of a running cell finished and was kept, or was read back from what an earlier,
+    /// interrupted run kept (`part.resumed`: its share of the estimate is not to run now); see
+    /// [`CellPart`]. `estimated_seconds` is what the whole cell had been estimated at.
     fn part_finished(&self, _part: &CellPart, _estimated_seconds: f64) {}
     /// A cell finished and was saved; `estimated_seconds` is what it had been estimated at.
     fn cell_finished(&self, _result: &CellResult, _estimated_seconds: f64) {}
@@ -130,22 +131,25 @@ pub trait SweepObserver {
 }
 
 /// A part of a cell that is kept as it finishes, so that a killed sweep resumes after it: a
-/// batch of the cell's attack, or one re-attack of its convergence check (one ε, more EOT
-/// draws or more iterations). A cell of hours reports its progress part by part.
+/// batch of the cell's attack, or a part of one re-attack of its convergence check (some of
+/// one ε's sampled survivors, with more EOT draws or more iterations). A cell of hours
+/// reports its progress part by part.
 #[derive(Debug, Clone)]
 pub struct CellPart {
     /// The cell it is part of.
     pub cell: Cell,
-    /// A batch of the attack, or a re-attack of the convergence check.
+    /// A batch of the attack, or a part of the convergence check.
     pub kind: PartKind,
     /// Which part of its kind it is, from 0.
     pub index: usize,
     /// How many parts of its kind the cell has.
     pub count: usize,
-    /// Seconds it took.
+    /// Seconds it took (0 for a part read back).
     pub seconds: f64,
     /// Its share of the cell's estimated cost (the shares of a cell's parts add up to at most 1).
     pub share: f64,
+    /// Kept by an earlier, interrupted run of the sweep and read back, not run now.
+    pub resumed: bool,
 }
 
 /// What a [`CellPart`] is.
@@ -153,7 +157,8 @@ pub struct CellPart {
 pub enum PartKind {
     /// A batch of examples through the cell's attack (the whole attack if unbatched).
     AttackBatch,
-    /// One ε of the convergence check, re-attacked with more EOT draws or more iterations.
+    /// Some of one ε's sampled survivors, re-attacked with more EOT draws or more iterations
+    /// (the convergence check).
     ConvergenceCheck,
 }
 

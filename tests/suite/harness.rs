@@ -1274,7 +1274,18 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     for j in 0..parts {
         std::fs::write(part(j), of_len(part_len.min(sampled - j * part_len))).unwrap();
     }
-    run(&mut sweep());
+    let out = sweep().output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // Each part read back is reported as such (it leaves the time to run, not the time run):
+    // the check's doctored parts, and the attack's batches the refused run kept.
+    let read_back = |what: &str| {
+        err.lines()
+            .filter(|l| l.contains(what) && l.contains(" read back (kept by an earlier run)"))
+            .count()
+    };
+    assert_eq!(read_back(": convergence check "), parts, "{err}");
+    assert!(read_back(": attack") >= 1, "{err}");
     let resumed: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(
