@@ -566,19 +566,23 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn a_kept_batch_of_another_layout_is_refused_before_anything_is_computed() {
-        let dir = tempfile::tempdir().unwrap();
-        let kept = dir.path().join("cell.batches");
+    /// The `count` batches of `batch` in `kept`, told to no one.
+    fn every_batch(kept: &Path, identity: &str, count: usize) -> anyhow::Result<Vec<Vec<f64>>> {
         resumable_batches(
-            &kept,
-            "sweep",
-            2,
+            kept,
+            identity,
+            count,
             any_batch,
             |j| Ok(batch(j)),
             |_, _| Ok(()),
         )
-        .unwrap();
+    }
+
+    #[test]
+    fn a_kept_batch_of_another_layout_is_refused_before_anything_is_computed() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("cell.batches");
+        every_batch(&kept, "sweep", 2).unwrap();
         std::fs::remove_file(kept.join("0.json")).unwrap();
         // Batch 1 on disk holds two values; this layout's batch 1 holds three.
         let three = |j: usize, b: &Vec<f64>| {
@@ -684,15 +688,7 @@ mod tests {
 
         // A damaged batch file is an error that names it, not a silent recomputation.
         std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
-        let err = resumable_batches(
-            &kept,
-            "sweep",
-            5,
-            any_batch,
-            |j| Ok(batch(j)),
-            |_, _| Ok(()),
-        )
-        .unwrap_err();
+        let err = every_batch(&kept, "sweep", 5).unwrap_err();
         let message = format!("{err:#}");
         assert!(
             message.contains("1.json") && message.contains("delete it"),
@@ -700,16 +696,9 @@ mod tests {
         );
 
         // Another sweep's batches are never read as this one's.
-        let err = resumable_batches(
-            &kept,
-            "another sweep",
-            5,
-            any_batch,
-            |j| Ok(batch(j)),
-            |_, _| Ok(()),
-        )
-        .unwrap_err()
-        .to_string();
+        let err = every_batch(&kept, "another sweep", 5)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("another sweep"), "{err}");
     }
 }
