@@ -18,6 +18,7 @@ use super::convergence::convergence_checks;
 use super::estimate;
 use super::outputs::{self, CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
 use super::own_attack::{gradient_use, OwnAttack};
+use super::plan::Plan;
 use super::robustness;
 use super::spec::{CellPart, PartKind, SweepSpec};
 use super::subject::Subject;
@@ -55,17 +56,38 @@ impl<'a> Loaded<'a> {
     }
 }
 
+/// What every kept part of one cell's run (an attack batch, a part of its convergence check)
+/// needs: the sweep's identity and settings, the cell, its attack on the defended model, the
+/// ε grid, how to load a batch of its examples, where its parts are kept and whom to tell.
+pub(super) struct CellWork<'a, 'b, B: BenchBackend, M: Model<B>> {
+    /// The sweep's identity, which every kept part records.
+    pub(super) identity: &'a str,
+    pub(super) spec: &'a SweepSpec,
+    pub(super) cell: &'a Cell,
+    pub(super) build: &'a Build<'b, B, M>,
+    pub(super) defended: &'a M,
+    /// The ε grid, ascending.
+    pub(super) grid: &'a [f32],
+    /// The images and labels of the given rows of the cell's examples.
+    pub(super) batch: &'a dyn Fn(&[usize]) -> Examples<B>,
+    /// The cell's batch folder, where its parts are kept until it finishes.
+    pub(super) keep: std::path::PathBuf,
+    /// Told of each part as it is kept or read back.
+    pub(super) report: &'a dyn Fn(CellPart) -> anyhow::Result<()>,
+}
+
+/// Runs `cell` of `plan`'s sweep (`identity`, `spec`) in the folder `out`, resuming from the
+/// parts an earlier run kept there; `report` is told of each part.
 pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
     out: &std::path::Path,
     identity: &str,
     spec: &SweepSpec,
-    subject: &Subject<B, N>,
-    own: &[OwnAttack<B, N>],
     cell: &Cell,
-    eps_grid: &[f32],
     report: &dyn Fn(CellPart) -> anyhow::Result<()>,
 ) -> anyhow::Result<CellResult> {
     let started = Instant::now();
+    let (subject, own, eps_grid) = (plan.subject(cell), &plan.own, &plan.eps_grid);
     let device = subject.device();
     let loaded = Loaded::of(spec, subject);
     let n = loaded.indices.len();
@@ -88,9 +110,18 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
 
     let mut grid = eps_grid.to_vec();
     grid.sort_by(f32::total_cmp);
-    let (stages, batch_seconds, seconds_now) = attack_in_batches(
-        out, identity, spec, cell, &build, &defended, &grid, n, &batch, report,
-    )?;
+    let work = CellWork {
+        identity,
+        spec,
+        cell,
+        build: &build,
+        defended: &defended,
+        grid: &grid,
+        batch: &batch,
+        keep: outputs::batches_dir(out, cell),
+        report,
+    };
+    let (stages, batch_seconds, seconds_now) = attack_in_batches(&work, n)?;
     let all: Vec<usize> = (0..n).collect();
     if spec.save_adversarials {
         // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
@@ -104,18 +135,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let last = stages.last().expect("every cell runs an attack");
     let convergence = if probe.stochastic && spec.convergence_sample > 0 {
-        convergence_checks(
-            spec,
-            cell,
-            &build,
-            &defended,
-            last,
-            &grid,
-            &batch,
-            &outputs::batches_dir(out, cell),
-            identity,
-            report,
-        )?
+        convergence_checks(&work, last)?
     } else {
         Vec::new()
     };
@@ -150,23 +170,25 @@ pub(super) fn batch_len(spec: &SweepSpec, n: usize) -> usize {
     spec.batch_size.unwrap_or(n).max(1)
 }
 
-/// Per attack (several for a preset's cascade), per ε of `grid` (ascending; or once, for a
+/// Per attack (several for a preset's cascade), per ε of the grid (ascending; or once, for a
 /// minimum-perturbation attack): every one of the cell's `n` examples' outcome, batch after
 /// batch. Returns the stages joined over the batches, the seconds all batches took (those an
 /// earlier, interrupted run finished included) and the seconds this run spent on them.
-#[allow(clippy::too_many_arguments)] // one cell's whole context, read once
 fn attack_in_batches<B: BenchBackend, M: Model<B>>(
-    out: &std::path::Path,
-    identity: &str,
-    spec: &SweepSpec,
-    cell: &Cell,
-    build: &Build<'_, B, M>,
-    defended: &M,
-    grid: &[f32],
+    work: &CellWork<'_, '_, B, M>,
     n: usize,
-    batch: &impl Fn(&[usize]) -> Examples<B>,
-    report: &dyn Fn(CellPart) -> anyhow::Result<()>,
 ) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
+    let CellWork {
+        identity,
+        spec,
+        cell,
+        build,
+        defended,
+        grid,
+        batch,
+        ref keep,
+        report,
+    } = *work;
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
@@ -174,7 +196,6 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // Each batch is kept as it finishes, a single one too: a killed sweep resumes mid-cell (an
     // AutoAttack cascade on 1 000 images runs for hours on two cores, and so does one adaptive
     // cell through K > 0 SGLD steps on 100, its attack and then its convergence check).
-    let keep = outputs::batches_dir(out, cell);
     let mut seconds_now = 0.0;
     let eps = grid.iter().filter(|&&e| e > 0.0).count();
     let share = 1.0 / (1.0 + estimate::check_factor(spec, cell, eps)) / chunks.len() as f64;
@@ -218,7 +239,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             .then_some(())
             .ok_or(format!("{held} examples, where this batch has {rows}"))
     };
-    let parts = outputs::resumable_batches(&keep, identity, chunks.len(), fits, compute, kept)?;
+    let parts = outputs::resumable_batches(keep, identity, chunks.len(), fits, compute, kept)?;
     let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
     let mut stages: Vec<Stage> = Vec::new();
     for part in parts {

@@ -108,8 +108,9 @@ fn falls_toward_chance(rows: &[TidyRow], classes: usize) -> Check {
 
 /// Robust accuracy cannot rise with ε: an adversarial within ε is one within any larger ε.
 fn does_not_rise_with_eps(rows: &[TidyRow]) -> Check {
-    let mut series: BTreeMap<(String, usize, GradColumn, RowAttack), Vec<(f32, f64)>> =
-        BTreeMap::new();
+    // Per model, K, gradient mode and attack: its (ε, robust accuracy) points.
+    type Series = BTreeMap<(String, usize, GradColumn, RowAttack), Vec<(f32, f64)>>;
+    let mut series = Series::new();
     for r in rows {
         series
             .entry((r.model.clone(), r.k, r.grad, r.attack.clone()))

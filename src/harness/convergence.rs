@@ -6,12 +6,9 @@
 //! (at K = 10 a check runs for hours on two cores, and one whole re-attack of 20 survivors
 //! for longer than many runs are left alive).
 
-use std::path::Path;
-
 use jem_attacks::{AttackOutcome, Model, Norm};
 
-use super::cell_run::{attack_batch, batch_len, batch_seed, Build, Examples, Stage};
-use super::cells::Cell;
+use super::cell_run::{attack_batch, batch_len, batch_seed, CellWork, Stage};
 use super::estimate;
 use super::outputs;
 use super::spec::{CellPart, PartKind, SweepSpec};
@@ -66,22 +63,23 @@ pub(super) fn standing(
 /// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
 /// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
-/// attack that had converged breaks (almost) none of them. Each re-attack is kept in `keep`
-/// (the cell's batch folder of the sweep `identity`) part by part as they finish and read back
-/// by a rerun.
-#[allow(clippy::too_many_arguments)] // the cell's context, as `run_cell` holds it
+/// attack that had converged breaks (almost) none of them. Each re-attack is kept in the cell's
+/// batch folder (`work.keep`) part by part as they finish and read back by a rerun.
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
-    spec: &SweepSpec,
-    cell: &Cell,
-    build: &Build<'_, B, M>,
-    defended: &M,
+    work: &CellWork<'_, '_, B, M>,
     last: &Stage,
-    grid: &[f32],
-    batch: &dyn Fn(&[usize]) -> Examples<B>,
-    keep: &Path,
-    identity: &str,
-    report: &dyn Fn(CellPart) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
+    let CellWork {
+        identity,
+        spec,
+        cell,
+        build,
+        defended,
+        grid,
+        batch,
+        ref keep,
+        report,
+    } = *work;
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     let more_eot = SweepSpec {

@@ -133,16 +133,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                         tx.send((i, Message::Part(part)))
                             .map_err(|_| anyhow::anyhow!("the sweep stopped"))
                     };
-                    let result = run_cell(
-                        out,
-                        identity,
-                        spec,
-                        plan.subject(cell),
-                        &plan.own,
-                        cell,
-                        &plan.eps_grid,
-                        &report,
-                    );
+                    let result = run_cell(plan, out, identity, spec, cell, &report);
                     if tx.send((i, Message::Finished(result))).is_err() {
                         break;
                     }
