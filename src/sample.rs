@@ -150,7 +150,6 @@ pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Res
                 &pixels,
                 &intended,
                 &classes,
-                [c, h, w],
                 &source,
                 args.reference_images,
                 args.judge_threshold,

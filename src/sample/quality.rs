@@ -54,6 +54,8 @@ pub struct Quality {
 pub struct Judge<B: Kernels> {
     path: String,
     model: WideResNet<B>,
+    /// The `[c, h, w]` shape of the images it judges (checked at `load`).
+    shape: [usize; 3],
     device: B::Device,
 }
 
@@ -84,12 +86,14 @@ impl<B: Kernels> Judge<B> {
         Ok(Self {
             path: path.to_string(),
             model,
+            shape,
             device: device.clone(),
         })
     }
 
     /// Penultimate features (`n × dim`) and class probabilities (`n × classes`) of `n` images.
-    fn read(&self, pixels: &[f32], shape: [usize; 3]) -> (Vec<f32>, Vec<f32>, usize) {
+    fn read(&self, pixels: &[f32]) -> (Vec<f32>, Vec<f32>, usize) {
+        let shape = self.shape;
         let per_image = shape.iter().product::<usize>();
         let (mut features, mut probs, mut dim) = (Vec::new(), Vec::new(), 0);
         for chunk in pixels.chunks(BATCH * per_image) {
@@ -110,20 +114,32 @@ impl<B: Kernels> Judge<B> {
         (features, probs, dim)
     }
 
-    /// Judges `samples` (`labels[i]` is sample i's intended class; `classes` the sampled classes
-    /// in report order) against the first `reference_images` test images of `source`.
+    /// Judges `samples` (images of the shape the judge was loaded for; `labels[i]` is sample
+    /// i's intended class; `classes` the sampled classes in report order) against the first
+    /// `reference_images` test images of `source`.
     pub fn assess(
         &self,
         samples: &[f32],
         labels: &[usize],
         classes: &[usize],
-        shape: [usize; 3],
         source: &DataSource,
         reference_images: usize,
         threshold: f64,
     ) -> anyhow::Result<Quality> {
         let n = labels.len();
-        let (features, probs, dim) = self.read(samples, shape);
+        let per_image = self.shape.iter().product::<usize>();
+        anyhow::ensure!(
+            samples.len() == n * per_image,
+            "the judge got {} pixels for {n} labels: expected {} ({n} images of {:?})",
+            samples.len(),
+            n * per_image,
+            self.shape
+        );
+        anyhow::ensure!(
+            n >= 2,
+            "the judge got {n} samples: a Fréchet distance needs at least 2"
+        );
+        let (features, probs, dim) = self.read(samples);
         let k = probs.len() / n;
         let confident: Vec<bool> = labels
             .iter()
@@ -144,8 +160,8 @@ impl<B: Kernels> Judge<B> {
         let test = source.load(Split::Test)?;
         let train = source.load(Split::Train)?;
         let reference = first(&test, reference_images);
-        let (reference_features, _, _) = self.read(&reference, shape);
-        let (train_features, _, _) = self.read(&first(&train, n), shape);
+        let (reference_features, _, _) = self.read(&reference);
+        let (train_features, _, _) = self.read(&first(&train, n));
         let moments = |rows: &[f32], what: &str| {
             Moments::of(rows, dim).with_context(|| format!("the judge's features of {what}"))
         };

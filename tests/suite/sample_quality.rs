@@ -29,15 +29,7 @@ fn test_digits_pass_and_noise_fails() {
     let labels: Vec<usize> = test.labels[..n].iter().map(|&l| l as usize).collect();
     let classes: Vec<usize> = (0..10).collect();
     let digits = judge()
-        .assess(
-            &pixels,
-            &labels,
-            &classes,
-            [1, 28, 28],
-            &source,
-            10_000,
-            0.9,
-        )
+        .assess(&pixels, &labels, &classes, &source, 10_000, 0.9)
         .unwrap();
 
     // The fraction is the judge's own forward pass, counted independently.
@@ -77,7 +69,7 @@ fn test_digits_pass_and_noise_fails() {
         .map(|_| rng.random_range(0.0..1.0))
         .collect();
     let judged = judge()
-        .assess(&noise, &labels, &classes, [1, 28, 28], &source, 10_000, 0.9)
+        .assess(&noise, &labels, &classes, &source, 10_000, 0.9)
         .unwrap();
     assert_eq!(judged.frechet_distance_train_images, floor);
     assert!(
@@ -86,6 +78,37 @@ fn test_digits_pass_and_noise_fails() {
         judged.frechet_distance
     );
     assert!(judged.confident_fraction < 0.5, "{judged:?}");
+}
+
+#[test]
+fn pixels_that_do_not_match_the_labels_and_too_few_samples_are_refused() {
+    let test = embedded::mnist(Split::Test).unwrap();
+    let source = DataSource::parse("mnist").unwrap();
+    let classes: Vec<usize> = (0..10).collect();
+    let pixels = test.images[..3 * test.image_len()].to_vec();
+    // Three images for two labels: the judge's shape says how many pixels two images have.
+    let e = judge()
+        .assess(&pixels, &[0, 1], &classes, &source, 100, 0.9)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the judge got 2352 pixels for 2 labels: expected 1568 (2 images of [1, 28, 28])"
+    );
+    let e = judge()
+        .assess(
+            &pixels[..test.image_len()],
+            &[0],
+            &classes,
+            &source,
+            100,
+            0.9,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("at least 2"), "{e}");
+    let e = judge()
+        .assess(&[], &[], &classes, &source, 100, 0.9)
+        .unwrap_err();
+    assert!(e.to_string().contains("got 0 samples"), "{e}");
 }
 
 fn cli() -> Command {
