@@ -195,11 +195,11 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
             let started = std::time::Instant::now();
             let out = cfg.run::<B, _>(&defended, shape, &targets, device);
             let name = ckpt.weights.display().to_string();
-            for i in 0..targets.len() {
+            for (i, target) in targets.iter().enumerate() {
                 searches.write_record([
                     name.clone(),
                     k.to_string(),
-                    targets[i].to_string(),
+                    target.to_string(),
                     format!("{:.5}", out.confidence[i]),
                     out.iterations[i].to_string(),
                     out.reached[i].to_string(),

@@ -60,7 +60,8 @@ fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 /// Whether `x` and `y` differ by more than `atol`; a NaN on either side always does (`f32::max`
 /// and `>` would pass it silently).
 fn differs_beyond(x: f32, y: f32, atol: f32) -> bool {
-    !((x - y).abs() <= atol)
+    let d = (x - y).abs();
+    d.is_nan() || d > atol
 }
 
 /// max |a − b| / max |a|; NaN where any element of either is NaN.
@@ -111,7 +112,7 @@ impl Report {
             .count();
         // Per image, where the result is one row per digit: a wrong batch index shows as
         // whole images, rounding as scattered elements.
-        let images = if cpu.len() % DIGITS == 0 && cpu.len() > DIGITS {
+        let images = if cpu.len().is_multiple_of(DIGITS) && cpu.len() > DIGITS {
             let row = cpu.len() / DIGITS;
             let differing: Vec<usize> = (0..DIGITS)
                 .filter(|i| {
@@ -132,7 +133,7 @@ impl Report {
             cpu.len()
         );
         eprintln!("{line}");
-        if !(d <= tolerance) {
+        if d.is_nan() || d > tolerance {
             self.failures.push(line);
         }
     }

@@ -319,8 +319,8 @@ mod tests {
                     (g.mean(class)[r] - mean[r]).abs() < 0.005,
                     "mean {class} {r}"
                 );
-                for c in 0..2 {
-                    let expect = cov[r][c] + if r == c { ridge } else { 0.0 };
+                for (c, &want) in cov[r].iter().enumerate() {
+                    let expect = want + if r == c { ridge } else { 0.0 };
                     let got = g.covariance(class, r, c);
                     assert!(
                         (got - expect).abs() < 0.1 * 0.0025,

@@ -398,8 +398,10 @@ fn sharded_sgld_matches_one_thread() {
     let device = backend::device();
     let arch = WideResNetConfig::new(10, 1, 1, 10);
     let model = arch.init_seeded::<Train>(4, &device).unwrap().no_grad();
-    let mut config = JemConfig::default();
-    config.sgld_steps = 4;
+    let config = JemConfig {
+        sgld_steps: 4,
+        ..JemConfig::default()
+    };
     let sampler = config.sampler(&arch.input_normalization);
     let init = chain_init(&arch.input_normalization);
     let n = 7;
