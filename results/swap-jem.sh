@@ -28,6 +28,13 @@
 # `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` with its model
 # lists updated (the 1 : 1 JEM `ad` replaced by jem-ce1000; an hour or two).
 #
+# Two parts at once on two cores (each part has its own folder and lock): start `sweep k-curve`
+# and `sweep k10-linf` as two processes with RAYON_NUM_THREADS=1 each. Results do not depend on
+# the thread count (the same examples.csv at 1 and 2 threads), and two one-thread processes get
+# more done than one with both threads where batches are small: measured with `jem-bench bench
+# --op pgd-step --k 5 --grad full --chains 5 --width 2`, 1.23-1.33x the work per second at the
+# check's parts of 3 examples, 1.08x at attack batches of 10.
+#
 # On a GPU (the new JEM's K = 10 cells take days on two cores): JEM_BENCH_DEVICE=cuda with
 # JEM_BENCH_BIN a `--features cuda` build sweeps there, into SWAP_WORK (default runs/swap; give
 # a GPU run its own, e.g. runs/swap-gpu, carried there and back between calls). A sweep resumes
