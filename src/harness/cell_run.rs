@@ -76,6 +76,46 @@ pub(super) struct CellWork<'a, 'b, B: BenchBackend, M: Model<B>> {
     pub(super) report: &'a dyn Fn(CellPart) -> anyhow::Result<()>,
 }
 
+impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
+    /// The cell's attack, with `settings` (the sweep's, or a batch's or a re-attack's variant
+    /// of them), on the given rows of its examples at every ε of `grid`.
+    pub(super) fn attack(
+        &self,
+        settings: &SweepSpec,
+        rows: &[usize],
+        grid: &[f32],
+    ) -> anyhow::Result<Vec<Stage>> {
+        let (x, y) = (self.batch)(rows);
+        attack_batch(settings, self.cell, self.build, self.defended, x, y, grid)
+    }
+
+    /// The cell's `count` parts of one `kind`, each kept in `dir` as `compute` finishes it and
+    /// read back by a rerun (refused unless it `fits`: see [`outputs::resumable_batches`]), the
+    /// observer told of each with its `share` of the cell's estimated cost.
+    pub(super) fn parts<T: Serialize + serde::de::DeserializeOwned>(
+        &self,
+        kind: PartKind,
+        dir: &std::path::Path,
+        count: usize,
+        share: impl Fn(usize) -> f64,
+        fits: impl Fn(usize, &T) -> Result<(), String>,
+        compute: impl FnMut(usize) -> anyhow::Result<T>,
+    ) -> anyhow::Result<Vec<T>> {
+        let kept = |index: usize, seconds: Option<f64>| {
+            (self.report)(CellPart {
+                cell: self.cell.clone(),
+                kind,
+                index,
+                count,
+                seconds: seconds.unwrap_or(0.0),
+                share: share(index),
+                resumed: seconds.is_none(),
+            })
+        };
+        outputs::resumable_batches(dir, self.identity, count, fits, compute, kept)
+    }
+}
+
 /// Runs `cell` of `plan`'s sweep (`identity`, `spec`) in the folder `out`, resuming from the
 /// parts an earlier run kept there; `report` is told of each part.
 pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
@@ -178,17 +218,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     work: &CellWork<'_, '_, B, M>,
     n: usize,
 ) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
-    let CellWork {
-        identity,
-        spec,
-        cell,
-        build,
-        defended,
-        grid,
-        batch,
-        ref keep,
-        report,
-    } = *work;
+    let (spec, cell, grid) = (work.spec, work.cell, work.grid);
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
@@ -201,12 +231,11 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     let share = 1.0 / (1.0 + estimate::check_factor(spec, cell, eps)) / chunks.len() as f64;
     let compute = |j| {
         let batch_started = Instant::now();
-        let (x, y) = batch(chunks[j]);
         let batch_args = SweepSpec {
             seed: batch_seed(spec.seed, j),
             ..spec.clone()
         };
-        let mut stages = attack_batch(&batch_args, cell, build, defended, x, y, grid)?;
+        let mut stages = work.attack(&batch_args, chunks[j], grid)?;
         if !spec.save_adversarials {
             // Only saved adversarials need the inputs; batch files stay small without them.
             for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {
@@ -216,17 +245,6 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
         let seconds = batch_started.elapsed().as_secs_f64();
         seconds_now += seconds;
         Ok(BatchResult { seconds, stages })
-    };
-    let kept = |j, seconds: Option<f64>| {
-        report(CellPart {
-            cell: cell.clone(),
-            kind: PartKind::AttackBatch,
-            index: j,
-            count: chunks.len(),
-            seconds: seconds.unwrap_or(0.0),
-            share,
-            resumed: seconds.is_none(),
-        })
     };
     let fits = |j: usize, batch: &BatchResult| {
         let held = batch
@@ -239,7 +257,14 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             .then_some(())
             .ok_or(format!("{held} examples, where this batch has {rows}"))
     };
-    let parts = outputs::resumable_batches(keep, identity, chunks.len(), fits, compute, kept)?;
+    let parts = work.parts(
+        PartKind::AttackBatch,
+        &work.keep,
+        chunks.len(),
+        |_| share,
+        fits,
+        compute,
+    )?;
     let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
     let mut stages: Vec<Stage> = Vec::new();
     for part in parts {
@@ -378,7 +403,7 @@ pub(super) fn builder<'a, B: BenchBackend, N: Classifier<B> + 'static>(
 }
 
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
-pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
+fn attack_batch<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
     cell: &Cell,
     build: &Build<'_, B, M>,

@@ -8,10 +8,9 @@
 
 use jem_attacks::{AttackOutcome, Model, Norm};
 
-use super::cell_run::{attack_batch, batch_len, batch_seed, CellWork, Stage};
+use super::cell_run::{batch_len, batch_seed, CellWork, Stage};
 use super::estimate;
-use super::outputs;
-use super::spec::{CellPart, PartKind, SweepSpec};
+use super::spec::{PartKind, SweepSpec};
 use crate::backend::BenchBackend;
 
 /// How many times the attack's EOT draws the first re-attack of the check takes.
@@ -69,17 +68,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     work: &CellWork<'_, '_, B, M>,
     last: &Stage,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
-    let CellWork {
-        identity,
-        spec,
-        cell,
-        build,
-        defended,
-        grid,
-        batch,
-        ref keep,
-        report,
-    } = *work;
+    let (spec, cell, grid) = (work.spec, work.cell, work.grid);
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     let more_eot = SweepSpec {
@@ -139,7 +128,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             }
         }
     }
-    let dir = keep.join("convergence");
+    let dir = work.keep.join("convergence");
     // Each part's share of the cell's estimated cost, which counts a whole sample at every
     // ε > 0, each re-attack in proportion to the gradients it takes.
     let eps = grid.iter().filter(|&&e| e > 0.0).count();
@@ -157,8 +146,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             seed: batch_seed(strengths[part.strength].0.seed, part.chunk),
             ..strengths[part.strength].0.clone()
         };
-        let (x, y) = batch(&part.rows);
-        let stages = attack_batch(&strength, cell, build, defended, x, y, &[eps])?;
+        let stages = work.attack(&strength, &part.rows, &[eps])?;
         let last = stages.last().expect("every cell runs an attack");
         let (at, outcome) = &last.outcomes[0];
         Ok(standing(outcome, *at, spec.norm, eps)
@@ -173,19 +161,14 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             broken.len()
         ))
     };
-    let kept = |j: usize, seconds: Option<f64>| {
-        report(CellPart {
-            cell: cell.clone(),
-            kind: PartKind::ConvergenceCheck,
-            index: j,
-            count: parts.len(),
-            seconds: seconds.unwrap_or(0.0),
-            share: share(&parts[j]),
-            resumed: seconds.is_none(),
-        })
-    };
-    let broken: Vec<Vec<bool>> =
-        outputs::resumable_batches(&dir, identity, parts.len(), fits, compute, kept)?;
+    let broken: Vec<Vec<bool>> = work.parts(
+        PartKind::ConvergenceCheck,
+        &dir,
+        parts.len(),
+        |j| share(&parts[j]),
+        fits,
+        compute,
+    )?;
     // Each sample's outcomes under each re-attack, its parts joined in order.
     let mut joined = vec![[Vec::new(), Vec::new()]; samples.len()];
     for (part, broken) in parts.iter().zip(broken) {
