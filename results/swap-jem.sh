@@ -33,7 +33,9 @@
 # the thread count (the same examples.csv at 1 and 2 threads), and two one-thread processes get
 # more done than one with both threads where batches are small: measured with `jem-bench bench
 # --op pgd-step --k 5 --grad full --chains 5 --width 2`, 1.23-1.33x the work per second at the
-# check's parts of 3 examples, 1.08x at attack batches of 10.
+# check's parts of 3 examples, 1.08x at attack batches of 10. But each part takes about twice as
+# long on one thread (a K = 10 batch of 10 digits about 1 h 40 min), and a run stopped mid-part
+# loses that part: where a run has little time left, sweep one part with both threads.
 #
 # On a GPU (the new JEM's K = 10 cells take days on two cores): JEM_BENCH_DEVICE=cuda with
 # JEM_BENCH_BIN a `--features cuda` build sweeps there, into SWAP_WORK (default runs/swap; give
