@@ -61,19 +61,19 @@ impl<'a> Loaded<'a> {
 /// ε grid, how to load a batch of its examples, where its parts are kept and whom to tell.
 pub(super) struct CellWork<'a, 'b, B: BenchBackend, M: Model<B>> {
     /// The sweep's identity, which every kept part records.
-    pub(super) identity: &'a str,
+    identity: &'a str,
     pub(super) spec: &'a SweepSpec,
     pub(super) cell: &'a Cell,
-    pub(super) build: &'a Build<'b, B, M>,
-    pub(super) defended: &'a M,
+    build: &'a Build<'b, B, M>,
+    defended: &'a M,
     /// The ε grid, ascending.
     pub(super) grid: &'a [f32],
     /// The images and labels of the given rows of the cell's examples.
-    pub(super) batch: &'a dyn Fn(&[usize]) -> Examples<B>,
+    batch: &'a dyn Fn(&[usize]) -> Examples<B>,
     /// The cell's batch folder, where its parts are kept until it finishes.
     pub(super) keep: std::path::PathBuf,
     /// Told of each part as it is kept or read back.
-    pub(super) report: &'a dyn Fn(CellPart) -> anyhow::Result<()>,
+    report: &'a dyn Fn(CellPart) -> anyhow::Result<()>,
 }
 
 impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {

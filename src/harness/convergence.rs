@@ -68,9 +68,9 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     work: &CellWork<'_, '_, B, M>,
     last: &Stage,
 ) -> anyhow::Result<Vec<ConvergenceCheck>> {
-    let (spec, cell, grid) = (work.spec, work.cell, work.grid);
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
+    let (spec, cell, grid) = (work.spec, work.cell, work.grid);
     let more_eot = SweepSpec {
         eot: Some(MORE_EOT * spec.eot_at(cell.k)),
         seed: crate::seeds::splitmix64(spec.seed ^ 0xC0_4EE7),
