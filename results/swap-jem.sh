@@ -7,7 +7,7 @@
 # which computes the same folders from scratch).
 #
 #   bash results/swap-jem.sh sweep [PART...]   # the new JEM's sweeps, resumable, into runs/swap/
-#   bash results/swap-jem.sh status            # which of them are finished
+#   bash results/swap-jem.sh status            # which of them are merged, finished, started
 #   bash results/swap-jem.sh save [PART...]    # them as they stand into results/train/jem-attempts/
 #                                              # aq/sweeps (to commit; `sweep` continues from there)
 #   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
@@ -174,6 +174,14 @@ merge() {
     install_folder "$work/$1-merged" "$dest"
 }
 
+# Whether `merge PART` has joined the new JEM's cells into the committed folder: the new JEM
+# is installed and the folder has cells under its path (before the merge, `rename` has moved the
+# old JEM's away).
+merged() {
+    cmp -s results/models/jem.safetensors "$new.safetensors" \
+        && compgen -G "$dest/cells/${old//\//_}.*" >/dev/null
+}
+
 # Whether a committed folder still holds the old JEM under its former path.
 holds_old() { [ -e "$1/settings.json" ] && grep -q "\"$old\"" "$1/settings.json"; }
 
@@ -195,7 +203,8 @@ case "$cmd" in
 sweep) [ -n "${JEM_BENCH_BIN:-}" ] || cargo build --release; for p in "${parts[@]}"; do sweep "$p"; done ;;
 status) for p in "${parts[@]}"; do
         part "$p" && resume "$p"
-        if finished "$p"; then echo "$p: finished"; elif [ -e "$work/$p" ]; then echo "$p: started";
+        if merged "$p"; then echo "$p: merged into $dest"
+        elif finished "$p"; then echo "$p: finished"; elif [ -e "$work/$p" ]; then echo "$p: started";
         else echo "$p: not started"; fi
         for c in "${cells[@]}"; do
             cell_finished "$work/$p" "$c" && echo "  $c: finished here"
