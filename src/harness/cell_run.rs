@@ -161,7 +161,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         keep: outputs::batches_dir(out, cell),
         report,
     };
-    let (stages, batch_seconds, seconds_now) = attack_in_batches(&work, n)?;
+    let (stages, attack_read_back) = attack_in_batches(&work, n)?;
     let all: Vec<usize> = (0..n).collect();
     if spec.save_adversarials {
         // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
@@ -174,10 +174,11 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     let probe = probe(&defended, &loaded, spec.seed, device)
         .with_context(|| format!("{} K={}", cell.model, cell.k))?;
     let last = stages.last().expect("every cell runs an attack");
-    let convergence = if probe.stochastic && spec.convergence_sample > 0 {
-        convergence_checks(&work, last)?
+    let (convergence, check_read_back) = if probe.stochastic && spec.convergence_sample > 0 {
+        let checks = convergence_checks(&work, last)?;
+        (checks.per_eps, checks.read_back_seconds)
     } else {
-        Vec::new()
+        (Vec::new(), 0.0)
     };
     let facts = CellFacts {
         probe,
@@ -198,8 +199,8 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     robustness::with_own_rates(CellResult {
         cell: cell.clone(),
         identity: identity.to_string(),
-        // Batches an earlier, interrupted run finished count with the time they took then.
-        seconds: started.elapsed().as_secs_f64() - seconds_now + batch_seconds,
+        // Parts an earlier, interrupted run kept count with the time they took then.
+        seconds: started.elapsed().as_secs_f64() + attack_read_back + check_read_back,
         rows,
         examples,
     })
@@ -212,12 +213,12 @@ pub(super) fn batch_len(spec: &SweepSpec, n: usize) -> usize {
 
 /// Per attack (several for a preset's cascade), per ε of the grid (ascending; or once, for a
 /// minimum-perturbation attack): every one of the cell's `n` examples' outcome, batch after
-/// batch. Returns the stages joined over the batches, the seconds all batches took (those an
-/// earlier, interrupted run finished included) and the seconds this run spent on them.
+/// batch. Returns the stages joined over the batches and the seconds that batches read back
+/// had taken in the earlier, interrupted runs that kept them.
 fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     work: &CellWork<'_, '_, B, M>,
     n: usize,
-) -> anyhow::Result<(Vec<Stage>, f64, f64)> {
+) -> anyhow::Result<(Vec<Stage>, f64)> {
     let (spec, cell, grid) = (work.spec, work.cell, work.grid);
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
@@ -278,7 +279,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
                 .collect()
         };
     }
-    Ok((stages, batch_seconds, seconds_now))
+    Ok((stages, batch_seconds - seconds_now))
 }
 
 /// What every row of a cell records besides its counts and attack.

@@ -6,7 +6,10 @@
 //! (at K = 10 a check runs for hours on two cores, and one whole re-attack of 20 survivors
 //! for longer than many runs are left alive).
 
+use std::time::Instant;
+
 use jem_attacks::{AttackOutcome, Model, Norm};
+use serde::{Deserialize, Serialize};
 
 use super::cell_run::{batch_len, batch_seed, CellWork, Stage};
 use super::estimate;
@@ -28,6 +31,38 @@ struct CheckPart {
     chunk: usize,
     /// The survivors it re-attacks (rows of the cell's examples, ascending).
     rows: Vec<usize>,
+}
+
+/// A kept part's outcome: per re-attacked survivor, whether it broke, and the seconds the part
+/// took, which the cell's time counts when a rerun reads the part back. A part kept by a
+/// jem-bench that recorded no time (a bare list) is read back too, as 0 s.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum KeptCheck {
+    Timed { broken: Vec<bool>, seconds: f64 },
+    Untimed(Vec<bool>),
+}
+
+impl KeptCheck {
+    fn broken(&self) -> &[bool] {
+        match self {
+            KeptCheck::Timed { broken, .. } | KeptCheck::Untimed(broken) => broken,
+        }
+    }
+
+    fn seconds(&self) -> f64 {
+        match self {
+            KeptCheck::Timed { seconds, .. } => *seconds,
+            KeptCheck::Untimed(_) => 0.0,
+        }
+    }
+}
+
+/// A cell's convergence check: one entry per ε with survivors, and the seconds that parts
+/// read back had taken in the earlier runs that kept them (the cell's time adds them).
+pub(super) struct Checks {
+    pub(super) per_eps: Vec<ConvergenceCheck>,
+    pub(super) read_back_seconds: f64,
 }
 
 /// The number of examples in a stage's outcomes (every ε's outcome holds all of them).
@@ -67,7 +102,7 @@ pub(super) fn standing(
 pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     work: &CellWork<'_, '_, B, M>,
     last: &Stage,
-) -> anyhow::Result<Vec<ConvergenceCheck>> {
+) -> anyhow::Result<Checks> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     let (spec, cell, grid) = (work.spec, work.cell, work.grid);
@@ -139,7 +174,9 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         factor / (1.0 + factor) / eps.max(1) as f64 * times / (MORE_EOT + MORE_ITERATIONS) as f64
             * of_sample
     };
+    let mut seconds_now = 0.0;
     let compute = |j: usize| {
+        let started = Instant::now();
         let part = &parts[j];
         let eps = samples[part.sample].0;
         let strength = SweepSpec {
@@ -149,19 +186,21 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         let stages = work.attack(&strength, &part.rows, &[eps])?;
         let last = stages.last().expect("every cell runs an attack");
         let (at, outcome) = &last.outcomes[0];
-        Ok(standing(outcome, *at, spec.norm, eps)
+        let broken = standing(outcome, *at, spec.norm, eps)
             .into_iter()
             .map(|ok| !ok)
-            .collect())
+            .collect();
+        let seconds = started.elapsed().as_secs_f64();
+        seconds_now += seconds;
+        Ok(KeptCheck::Timed { broken, seconds })
     };
-    let fits = |j: usize, broken: &Vec<bool>| {
-        let rows = parts[j].rows.len();
-        (broken.len() == rows).then_some(()).ok_or(format!(
-            "{} outcomes, where this part re-attacks {rows}",
-            broken.len()
+    let fits = |j: usize, kept: &KeptCheck| {
+        let (rows, held) = (parts[j].rows.len(), kept.broken().len());
+        (held == rows).then_some(()).ok_or(format!(
+            "{held} outcomes, where this part re-attacks {rows}"
         ))
     };
-    let broken: Vec<Vec<bool>> = work.parts(
+    let kept: Vec<KeptCheck> = work.parts(
         PartKind::ConvergenceCheck,
         &dir,
         parts.len(),
@@ -170,12 +209,13 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         compute,
     )?;
     // Each sample's outcomes under each re-attack, its parts joined in order.
+    let read_back_seconds = kept.iter().map(KeptCheck::seconds).sum::<f64>() - seconds_now;
     let mut joined = vec![[Vec::new(), Vec::new()]; samples.len()];
-    for (part, broken) in parts.iter().zip(broken) {
-        joined[part.sample][part.strength].extend(broken);
+    for (part, kept) in parts.iter().zip(&kept) {
+        joined[part.sample][part.strength].extend_from_slice(kept.broken());
     }
     let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
-    let checks = samples
+    let per_eps = samples
         .iter()
         .zip(joined)
         .map(|((eps, survivors), [eot, iterations])| ConvergenceCheck {
@@ -190,5 +230,8 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
                 .count(),
         })
         .collect();
-    Ok(checks)
+    Ok(Checks {
+        per_eps,
+        read_back_seconds,
+    })
 }

@@ -1184,7 +1184,9 @@ fn report_draws_robust_accuracy_against_k() {
 /// run whole alike (an unbatched cell's check can take hours too). A re-attack is kept in parts
 /// of a quarter of a batch's examples at 4× the EOT draws (rounded up: 1 of a 4-example batch,
 /// 2 of the unbatched 6). (The parts here are doctored to say every sampled survivor broke,
-/// which no rerun would compute, so the cell's record shows whether they were read.) A part of
+/// which no rerun would compute, so the cell's record shows whether they were read, and to have
+/// taken far longer than the run, so that the cell's time shows that it counts them.) A part
+/// kept as an older jem-bench kept it, a bare list without its time, is read back too. A part of
 /// another size, as a jem-bench that cut the check otherwise kept it, is refused by name.
 #[test]
 fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
@@ -1262,17 +1264,28 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     // The first re-attack's parts come first: ε 0.1 is the grid's only ε > 0.
     let parts = sampled.div_ceil(part_len);
     let part = |j: usize| kept.join(format!("convergence/{j}.json"));
-    let of_len = |len: usize| serde_json::to_string(&vec![true; len]).unwrap();
+    // Part 1, where there is one, as an older jem-bench kept it; the others as this one does.
+    const PART_SECONDS: f64 = 100_000.0;
+    let untimed = |j: usize| j == 1;
+    let doctored = |j: usize, len: usize| {
+        let broken = vec![true; len];
+        let part = if untimed(j) {
+            serde_json::json!(broken)
+        } else {
+            serde_json::json!({ "broken": broken, "seconds": PART_SECONDS })
+        };
+        part.to_string()
+    };
     // One outcome too many in the last part: refused before any part of the check runs.
     for j in 0..parts {
         let len = part_len.min(sampled - j * part_len);
-        std::fs::write(part(j), of_len(len + usize::from(j + 1 == parts))).unwrap();
+        std::fs::write(part(j), doctored(j, len + usize::from(j + 1 == parts))).unwrap();
     }
     let out = sweep().output().unwrap();
     assert_fails_with(&out, &format!("convergence/{}.json", parts - 1));
     assert_fails_with(&out, "delete the file");
     for j in 0..parts {
-        std::fs::write(part(j), of_len(part_len.min(sampled - j * part_len))).unwrap();
+        std::fs::write(part(j), doctored(j, part_len.min(sampled - j * part_len))).unwrap();
     }
     let out = sweep().output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1296,5 +1309,13 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     assert!(
         !kept.exists(),
         "the batch folder is removed once the cell is written"
+    );
+    // The cell's time: what the timed parts took (the untimed one counts nothing) and this
+    // run's seconds.
+    let timed = (0..parts).filter(|&j| !untimed(j)).count() as f64 * PART_SECONDS;
+    let seconds = resumed["seconds"].as_f64().unwrap();
+    assert!(
+        (timed..timed + 3_600.0).contains(&seconds),
+        "{seconds} s, where the kept parts took {timed} s"
     );
 }
