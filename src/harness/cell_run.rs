@@ -91,8 +91,10 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
 
     /// The cell's `count` parts of one `kind`, each kept in `dir` as `compute` finishes it and
     /// read back by a rerun (refused unless it `fits`: see [`outputs::resumable_batches`]), the
-    /// observer told of each with its `share` of the cell's estimated cost.
-    pub(super) fn parts<T: Serialize + serde::de::DeserializeOwned>(
+    /// observer told of each with its `share` of the cell's estimated cost. Returns the parts in
+    /// order and the seconds that those read back had taken in the earlier, interrupted runs
+    /// that kept them (the cell's time counts them).
+    pub(super) fn parts<T: KeptPart>(
         &self,
         kind: PartKind,
         dir: &std::path::Path,
@@ -100,8 +102,12 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
         share: impl Fn(usize) -> f64,
         fits: impl Fn(usize, &T) -> Result<(), String>,
         compute: impl FnMut(usize) -> anyhow::Result<T>,
-    ) -> anyhow::Result<Vec<T>> {
+    ) -> anyhow::Result<(Vec<T>, f64)> {
+        let mut read_back = Vec::new();
         let kept = |index: usize, seconds: Option<f64>| {
+            if seconds.is_none() {
+                read_back.push(index);
+            }
             (self.report)(CellPart {
                 cell: self.cell.clone(),
                 kind,
@@ -112,7 +118,21 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
                 resumed: seconds.is_none(),
             })
         };
-        outputs::resumable_batches(dir, self.identity, count, fits, compute, kept)
+        let parts = outputs::resumable_batches(dir, self.identity, count, fits, compute, kept)?;
+        let read_back_seconds = read_back.iter().map(|&j| parts[j].seconds()).sum();
+        Ok((parts, read_back_seconds))
+    }
+}
+
+/// A kept part of a cell's run, as a rerun reads it back: it records the seconds it took.
+pub(super) trait KeptPart: Serialize + serde::de::DeserializeOwned {
+    /// The seconds computing the part took (0 where an older jem-bench kept no time).
+    fn seconds(&self) -> f64;
+}
+
+impl KeptPart for BatchResult {
+    fn seconds(&self) -> f64 {
+        self.seconds
     }
 }
 
@@ -227,7 +247,6 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // Each batch is kept as it finishes, a single one too: a killed sweep resumes mid-cell (an
     // AutoAttack cascade on 1 000 images runs for hours on two cores, and so does one adaptive
     // cell through K > 0 SGLD steps on 100, its attack and then its convergence check).
-    let mut seconds_now = 0.0;
     let eps = grid.iter().filter(|&&e| e > 0.0).count();
     let share = 1.0 / (1.0 + estimate::check_factor(spec, cell, eps)) / chunks.len() as f64;
     let compute = |j| {
@@ -244,7 +263,6 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             }
         }
         let seconds = batch_started.elapsed().as_secs_f64();
-        seconds_now += seconds;
         Ok(BatchResult { seconds, stages })
     };
     let fits = |j: usize, batch: &BatchResult| {
@@ -258,7 +276,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             .then_some(())
             .ok_or(format!("{held} examples, where this batch has {rows}"))
     };
-    let parts = work.parts(
+    let (parts, read_back_seconds) = work.parts(
         PartKind::AttackBatch,
         &work.keep,
         chunks.len(),
@@ -266,7 +284,6 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
         fits,
         compute,
     )?;
-    let batch_seconds: f64 = parts.iter().map(|p| p.seconds).sum();
     let mut stages: Vec<Stage> = Vec::new();
     for part in parts {
         stages = if stages.is_empty() {
@@ -279,7 +296,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
                 .collect()
         };
     }
-    Ok((stages, batch_seconds - seconds_now))
+    Ok((stages, read_back_seconds))
 }
 
 /// What every row of a cell records besides its counts and attack.

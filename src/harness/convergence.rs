@@ -11,7 +11,7 @@ use std::time::Instant;
 use jem_attacks::{AttackOutcome, Model, Norm};
 use serde::{Deserialize, Serialize};
 
-use super::cell_run::{batch_len, batch_seed, CellWork, Stage};
+use super::cell_run::{batch_len, batch_seed, CellWork, KeptPart, Stage};
 use super::estimate;
 use super::spec::{PartKind, SweepSpec};
 use crate::backend::BenchBackend;
@@ -49,7 +49,9 @@ impl KeptCheck {
             KeptCheck::Timed { broken, .. } | KeptCheck::Untimed(broken) => broken,
         }
     }
+}
 
+impl KeptPart for KeptCheck {
     fn seconds(&self) -> f64 {
         match self {
             KeptCheck::Timed { seconds, .. } => *seconds,
@@ -174,7 +176,6 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         factor / (1.0 + factor) / eps.max(1) as f64 * times / (MORE_EOT + MORE_ITERATIONS) as f64
             * of_sample
     };
-    let mut seconds_now = 0.0;
     let compute = |j: usize| {
         let started = Instant::now();
         let part = &parts[j];
@@ -191,7 +192,6 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             .map(|ok| !ok)
             .collect();
         let seconds = started.elapsed().as_secs_f64();
-        seconds_now += seconds;
         Ok(KeptCheck::Timed { broken, seconds })
     };
     let fits = |j: usize, kept: &KeptCheck| {
@@ -200,7 +200,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             "{held} outcomes, where this part re-attacks {rows}"
         ))
     };
-    let kept: Vec<KeptCheck> = work.parts(
+    let (kept, read_back_seconds): (Vec<KeptCheck>, f64) = work.parts(
         PartKind::ConvergenceCheck,
         &dir,
         parts.len(),
@@ -209,7 +209,6 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         compute,
     )?;
     // Each sample's outcomes under each re-attack, its parts joined in order.
-    let read_back_seconds = kept.iter().map(KeptCheck::seconds).sum::<f64>() - seconds_now;
     let mut joined = vec![[Vec::new(), Vec::new()]; samples.len()];
     for (part, kept) in parts.iter().zip(&kept) {
         joined[part.sample][part.strength].extend_from_slice(kept.broken());

@@ -1185,9 +1185,10 @@ fn report_draws_robust_accuracy_against_k() {
 /// of a quarter of a batch's examples at 4× the EOT draws (rounded up: 1 of a 4-example batch,
 /// 2 of the unbatched 6). (The parts here are doctored to say every sampled survivor broke,
 /// which no rerun would compute, so the cell's record shows whether they were read, and to have
-/// taken far longer than the run, so that the cell's time shows that it counts them.) A part
-/// kept as an older jem-bench kept it, a bare list without its time, is read back too. A part of
-/// another size, as a jem-bench that cut the check otherwise kept it, is refused by name.
+/// taken far longer than the run, so that the cell's time shows that it counts them; the
+/// attack's kept batches are doctored to have taken long too.) A part kept as an older
+/// jem-bench kept it, a bare list without its time, is read back too. A part of another size,
+/// as a jem-bench that cut the check otherwise kept it, is refused by name.
 #[test]
 fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
     for (batching, part_len) in [(&["--batch-size", "4"][..], 1), (&[], 2)] {
@@ -1287,6 +1288,20 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     for j in 0..parts {
         std::fs::write(part(j), doctored(j, part_len.min(sampled - j * part_len))).unwrap();
     }
+    // The attack's batches the refused run kept, doctored to have taken far longer too.
+    const BATCH_SECONDS: f64 = 200_000.0;
+    let mut batches = 0;
+    for entry in std::fs::read_dir(&kept).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "json") {
+            let mut batch: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            batch["seconds"] = serde_json::json!(BATCH_SECONDS);
+            std::fs::write(&path, batch.to_string()).unwrap();
+            batches += 1;
+        }
+    }
+    assert!(batches >= 1, "the refused run kept the attack's batches");
     let out = sweep().output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -1310,12 +1325,13 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
         !kept.exists(),
         "the batch folder is removed once the cell is written"
     );
-    // The cell's time: what the timed parts took (the untimed one counts nothing) and this
-    // run's seconds.
-    let timed = (0..parts).filter(|&j| !untimed(j)).count() as f64 * PART_SECONDS;
+    // The cell's time: what the kept batches and the timed parts took (the untimed one counts
+    // nothing) and this run's seconds.
+    let timed = (0..parts).filter(|&j| !untimed(j)).count() as f64 * PART_SECONDS
+        + batches as f64 * BATCH_SECONDS;
     let seconds = resumed["seconds"].as_f64().unwrap();
     assert!(
         (timed..timed + 3_600.0).contains(&seconds),
-        "{seconds} s, where the kept parts took {timed} s"
+        "{seconds} s, where the kept batches and parts took {timed} s"
     );
 }
