@@ -8,6 +8,7 @@
 #
 #   bash results/swap-jem.sh sweep [PART...]   # the new JEM's sweeps, resumable, into runs/swap/
 #   bash results/swap-jem.sh status            # which of them are merged, finished, started
+#                                              # (a part-way cell: how many batches are kept)
 #   bash results/swap-jem.sh save [PART...]    # them as they stand into results/train/jem-attempts/
 #                                              # aq/sweeps (to commit; `sweep` continues from there)
 #   bash results/swap-jem.sh install           # the new JEM's files to results/models/jem
@@ -210,6 +211,13 @@ status) for p in "${parts[@]}"; do
             cell_finished "$work/$p" "$c" && echo "  $c: finished here"
             finished_elsewhere "$p" "$c" && echo "  $c: finished on another backend"
             true
+        done
+        # A part-way cell is a folder of the batches (and convergence-check parts) kept so far.
+        for b in "$work/$p"/cells/*.batches; do
+            [ -d "$b" ] || continue
+            n=$( { compgen -G "$b/[0-9]*.json" || true; } | wc -l)
+            m=$( { compgen -G "$b/convergence/[0-9]*.json" || true; } | wc -l)
+            echo "  $(basename "$b" .batches): part-way, $n attack batches and $m convergence-check parts kept"
         done
     done ;;
 install)
