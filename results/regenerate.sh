@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates every committed result that depends on the embedded models (results/models/):
 # the CI reference sweep, the default L∞ and L2 sweeps with their curves (their K = 0 cells are
-# AutoAttack's cascade), the same L∞ sweep of jem-ce1000, of the earlier 1 : 1 JEM and of the
-# control, the K = 1 cells under APGD-CE alone with the full gradient and EOT, robust accuracy
-# against K, K = 10, the nonsense table, and the calibration and OOD-detection tables.
+# AutoAttack's cascade), the same L∞ sweep of jem-ce1000, of the earlier 1 : 1 JEM (with its
+# curve against K) and of the control, the K = 1 cells under APGD-CE alone with the full
+# gradient and EOT, robust accuracy against K, K = 10, the nonsense table, and the calibration
+# and OOD-detection tables.
 # Run it from the repository root after an embedded model changes (`regress` refuses a reference
 # swept with other weights). Days on two cores: the embedded JEM is a WRN-10-2, about four times
 # the WRN-10-1's cost per pass; its default L∞ cells alone took 2 h 12 min (2026-11-28), the
@@ -74,6 +75,18 @@ for part in ${parts[*]}; do
         # network (docs/training-log.md).
         "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --out "$work/jem-1to1-linf"
         replace "$work/jem-1to1-linf" results/sweeps/jem-1to1-linf
+        # And its K > 1 cells, swept as the k-curve and k10 parts sweep the embedded models
+        # (hours of cell time each; batches of 10 resume); `report` joins the first into one
+        # curve with the embedded models'.
+        for sweep in "k-curve-linf 2,5,10 0,0.2" "k10-linf 10 0,0.1,0.3"; do
+            read -r name steps eps <<<"$sweep"
+            if [ ! -e "$work/jem-1to1-$name" ] && [ -e "results/sweeps/jem-1to1-$name" ]; then
+                cp -r "results/sweeps/jem-1to1-$name" "$work/jem-1to1-$name"
+            fi
+            "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --steps "$steps" \
+                --eps "$eps" --n-examples 100 --batch-size 10 --jobs 2 --out "$work/jem-1to1-$name"
+            replace "$work/jem-1to1-$name" "results/sweeps/jem-1to1-$name"
+        done
         ;;
     control)
         # The control for the JEMs: the embedded baseline's recipe trained with the JEMs' data
@@ -108,8 +121,8 @@ for part in ${parts[*]}; do
         "$bin" robust --norm linf --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
             --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k-curve-linf"
         replace "$work/k-curve-linf" results/sweeps/k-curve-linf
-        "$bin" report results/sweeps/linf results/sweeps/jem-ce1000-linf results/sweeps/k-curve-linf \
-            --out results/sweeps/k-curve
+        "$bin" report results/sweeps/linf results/sweeps/jem-ce1000-linf results/sweeps/jem-1to1-linf \
+            results/sweeps/jem-1to1-k-curve-linf results/sweeps/k-curve-linf --out results/sweeps/k-curve
         ;;
     k10)
         # K = 10, the paper's setting, at the other two L∞ radii (ε = 0.2 is the k-curve's), then

@@ -52,6 +52,7 @@ cd "$(dirname "$0")/.."
 new=results/train/jem-attempts/aq/model # the new JEM, swept under this path until merged
 old=results/models/jem                  # the path it takes, and the old JEM's until then
 kept=results/models/jem-ce1000          # the old JEM's path after the swap
+wrn101=results/train/jem-attempts/ad/model # the 1 : 1 JEM on WRN-10-1, in some committed folders
 bin=${JEM_BENCH_BIN:-target/release/jem-bench} # another build while this one is rebuilt
 device=${JEM_BENCH_DEVICE:-cpu}
 work=${SWAP_WORK:-runs/swap}
@@ -169,6 +170,14 @@ merge() {
         # The old JEM's default L∞ sweep keeps a folder of its own, beside the 1 : 1 one's.
         "$bin" merge "$dest" --rename "$old=$kept" --models "$kept" --out "$work/jem-ce1000-linf"
         install_folder "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
+    fi
+    # The 1 : 1 WRN-10-1 JEM, swept beside the old JEM in the K > 1 L∞ folders, leaves them
+    # too and keeps its cells in a folder of its own (as results/regenerate.sh's jem-1to1 part
+    # makes it), which `report` joins into the curve against K.
+    local side=results/sweeps/jem-1to1-${dest##*/}
+    if grep -q "\"$wrn101\"" "$dest/settings.json" 2>/dev/null && [ ! -e "$side" ]; then
+        "$bin" merge "$dest" --models "$wrn101" --out "$work/${side##*/}"
+        install_folder "$work/${side##*/}" "$side"
     fi
     rm -rf "$work/$1-merged"
     "$bin" merge "${from[@]}" "${renames[@]}" --models "$models" --out "$work/$1-merged"
