@@ -29,8 +29,8 @@
 # `bash results/regenerate.sh reference autoattack k1-eot nonsense calibration ood` with its model
 # lists updated (the 1 : 1 JEM `ad` replaced by jem-ce1000; an hour or two).
 #
-# Two parts at once on two cores (each part has its own folder and lock): start `sweep k-curve`
-# and `sweep k10-linf` as two processes with RAYON_NUM_THREADS=1 each. Results do not depend on
+# Two parts at once on two cores (each part has its own folder and lock): start `sweep k10-linf`
+# and `sweep k10-l2` as two processes with RAYON_NUM_THREADS=1 each. Results do not depend on
 # the thread count (the same examples.csv at 1 and 2 threads), and two one-thread processes get
 # more done than one with both threads where batches are small: measured with `jem-bench bench
 # --op pgd-step --k 5 --grad full --chains 5 --width 2`, 1.23-1.33x the work per second at the
@@ -101,6 +101,9 @@ finished_elsewhere() {
 # baseline are swept there too, under the paths they keep), continued from its committed copy.
 sweep() {
     part "$1"
+    # A merged part's cells are in its committed folder, and its sweep copy is in the history
+    # only: sweeping it again would start from scratch.
+    if merged "$1"; then echo "$1: merged into $dest already; nothing to sweep" >&2; return 0; fi
     local sweep_models=$new
     [ "$1" = k10-l2 ] && sweep_models=$new,$kept,results/models/baseline
     resume "$1"
