@@ -39,6 +39,15 @@ continue_from() { # continue_from DEST WORK
     fi
 }
 
+# A batched sweep's committed folder, finished or not, is where its part continues on a fresh
+# clone (each finished batch is kept).
+resume_committed() { # resume_committed DEST WORK
+    if [ ! -e "$2" ] && [ -e "$1" ]; then cp -r "$1" "$2"; fi
+}
+
+# The batched sweeps: 100 digits in batches of 10, two cells at a time.
+batched=(--n-examples 100 --batch-size 10 --jobs 2)
+
 for part in ${parts[*]}; do
     case "$part" in
     reference)
@@ -80,11 +89,9 @@ for part in ${parts[*]}; do
         # curve with the embedded models'.
         for sweep in "k-curve-linf 2,5,10 0,0.2" "k10-linf 10 0,0.1,0.3"; do
             read -r name steps eps <<<"$sweep"
-            if [ ! -e "$work/jem-1to1-$name" ] && [ -e "results/sweeps/jem-1to1-$name" ]; then
-                cp -r "results/sweeps/jem-1to1-$name" "$work/jem-1to1-$name"
-            fi
+            resume_committed "results/sweeps/jem-1to1-$name" "$work/jem-1to1-$name"
             "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --steps "$steps" \
-                --eps "$eps" --n-examples 100 --batch-size 10 --jobs 2 --out "$work/jem-1to1-$name"
+                --eps "$eps" "${batched[@]}" --out "$work/jem-1to1-$name"
             replace "$work/jem-1to1-$name" "results/sweeps/jem-1to1-$name"
         done
         ;;
@@ -102,8 +109,8 @@ for part in ${parts[*]}; do
         # is left out: its K = 1 rows equal its K = 0 rows). Batches of 10 resume.
         continue_from results/sweeps/linf-k1-full-eot4 "$work/linf-k1-full-eot4"
         "$bin" robust --norm linf --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
-            --attacks apgd-ce --steps 1 --grad full --eot 4 --eps 0,0.1,0.2,0.3 --n-examples 100 \
-            --batch-size 10 --jobs 2 --out "$work/linf-k1-full-eot4"
+            --attacks apgd-ce --steps 1 --grad full --eot 4 --eps 0,0.1,0.2,0.3 "${batched[@]}" \
+            --out "$work/linf-k1-full-eot4"
         replace "$work/linf-k1-full-eot4" results/sweeps/linf-k1-full-eot4
         ;;
     k-curve)
@@ -115,11 +122,9 @@ for part in ${parts[*]}; do
         # may hold only the cells finished so far (results/README.md says which).
         # Batches of 10 keep each finished batch, so a run stopped mid-cell loses little;
         # a partial folder committed under results/ is picked up and continued here.
-        if [ ! -e "$work/k-curve-linf" ] && [ -e results/sweeps/k-curve-linf ]; then
-            cp -r results/sweeps/k-curve-linf "$work/k-curve-linf"
-        fi
+        resume_committed results/sweeps/k-curve-linf "$work/k-curve-linf"
         "$bin" robust --norm linf --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
-            --steps 2,5,10 --eps 0,0.2 --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k-curve-linf"
+            --steps 2,5,10 --eps 0,0.2 "${batched[@]}" --out "$work/k-curve-linf"
         replace "$work/k-curve-linf" results/sweeps/k-curve-linf
         "$bin" report results/sweeps/linf results/sweeps/jem-ce1000-linf results/sweeps/jem-1to1-linf \
             results/sweeps/jem-1to1-k-curve-linf results/sweeps/k-curve-linf --out results/sweeps/k-curve
@@ -132,11 +137,9 @@ for part in ${parts[*]}; do
         # batch by batch like k-curve, from a partial folder committed under results/.
         for sweep in "linf 0,0.1,0.3" "l2 0,1,2,3"; do
             read -r norm eps <<<"$sweep"
-            if [ ! -e "$work/k10-$norm" ] && [ -e "results/sweeps/k10-$norm" ]; then
-                cp -r "results/sweeps/k10-$norm" "$work/k10-$norm"
-            fi
+            resume_committed "results/sweeps/k10-$norm" "$work/k10-$norm"
             "$bin" robust --norm "$norm" --models results/models/jem,results/models/jem-ce1000,results/models/baseline \
-                --steps 10 --eps "$eps" --n-examples 100 --batch-size 10 --jobs 2 --out "$work/k10-$norm"
+                --steps 10 --eps "$eps" "${batched[@]}" --out "$work/k10-$norm"
             replace "$work/k10-$norm" "results/sweeps/k10-$norm"
         done
         ;;
