@@ -142,6 +142,15 @@ for part in ${parts[*]}; do
                 --steps 10 --eps "$eps" "${batched[@]}" --out "$work/k10-$norm"
             replace "$work/k10-$norm" "results/sweeps/k10-$norm"
         done
+        # The baseline's K = 10 L2 cell again under BPDA, the weaker attack, so that its digits
+        # can be compared one by one with the full-gradient cell's (examples.csv): whether the
+        # gradient through ten steps misleads the attack where the classifier's own does not.
+        # About half an hour on two cores; no convergence check, as BPDA's rows are upper bounds.
+        rm -rf "$work/k10-l2-bpda-baseline"
+        "$bin" robust --norm l2 --models results/models/baseline --attacks autoattack-rand --grad bpda \
+            --steps 10 --eps 0,2,3 --n-examples 100 --batch-size 10 --convergence-sample 0 \
+            --out "$work/k10-l2-bpda-baseline"
+        replace "$work/k10-l2-bpda-baseline" results/sweeps/k10-l2-bpda-baseline
         ;;
     nonsense)
         rm -rf "$work/nonsense" # nonsense searches do not resume
