@@ -142,15 +142,20 @@ for part in ${parts[*]}; do
                 --steps 10 --eps "$eps" "${batched[@]}" --out "$work/k10-$norm"
             replace "$work/k10-$norm" "results/sweeps/k10-$norm"
         done
-        # The baseline's K = 10 L2 cell again under BPDA, the weaker attack, so that its digits
-        # can be compared one by one with the full-gradient cell's (examples.csv): whether the
-        # gradient through ten steps misleads the attack where the classifier's own does not.
-        # About half an hour on two cores; no convergence check, as BPDA's rows are upper bounds.
-        rm -rf "$work/k10-l2-bpda-baseline"
-        "$bin" robust --norm l2 --models results/models/baseline --attacks autoattack-rand --grad bpda \
-            --steps 10 --eps 0,2,3 --n-examples 100 --batch-size 10 --convergence-sample 0 \
-            --out "$work/k10-l2-bpda-baseline"
-        replace "$work/k10-l2-bpda-baseline" results/sweeps/k10-l2-bpda-baseline
+        # The baseline's K = 10 L2 cell again under two other attacks, compared digit by digit
+        # with its full-gradient cell above (the examples.csv files) as checks for masked
+        # gradients: BPDA, the classifier's own gradient at the sampled point (about 30 min on
+        # two cores), and Square, the score-based black box, at ε = 2 (1 000 queries; about two
+        # hours). No convergence check: they test the attack above, not the model.
+        for check in "bpda --attacks autoattack-rand --grad bpda --eps 0,2,3" \
+            "square --attacks square --square-queries 1000 --eps 0,2"; do
+            read -r name flags <<<"$check"
+            resume_committed "results/sweeps/k10-l2-$name-baseline" "$work/k10-l2-$name-baseline"
+            # shellcheck disable=SC2086 # $flags is a list of words
+            "$bin" robust --norm l2 --models results/models/baseline $flags --steps 10 --n-examples 100 \
+                --batch-size 10 --convergence-sample 0 --out "$work/k10-l2-$name-baseline"
+            replace "$work/k10-l2-$name-baseline" "results/sweeps/k10-l2-$name-baseline"
+        done
         ;;
     nonsense)
         rm -rf "$work/nonsense" # nonsense searches do not resume
