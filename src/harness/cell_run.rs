@@ -118,7 +118,20 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
                 resumed: seconds.is_none(),
             })
         };
-        let parts = outputs::resumable_batches(dir, self.identity, count, fits, compute, kept)?;
+        let owner = outputs::PartOwner {
+            sweep: self.identity,
+            cell: self.cell,
+            kind,
+        };
+        // A part's time counts in the cell's: it must be one.
+        let fits = |j: usize, part: &T| {
+            let seconds = part.seconds();
+            if !(seconds.is_finite() && seconds >= 0.0) {
+                return Err(format!("it took {seconds} s, not a time"));
+            }
+            fits(j, part)
+        };
+        let parts = outputs::resumable_batches(dir, owner, count, fits, compute, kept)?;
         let read_back_seconds = read_back.iter().map(|&j| parts[j].seconds()).sum();
         Ok((parts, read_back_seconds))
     }
@@ -126,7 +139,7 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
 
 /// A kept part of a cell's run, as a rerun reads it back: it records the seconds it took.
 pub(super) trait KeptPart: Serialize + serde::de::DeserializeOwned {
-    /// The seconds computing the part took (0 where an older jem-bench kept no time).
+    /// The seconds computing the part took.
     fn seconds(&self) -> f64;
 }
 
@@ -187,7 +200,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         // A cascade's adversarials are its last stage's: the joint outcome of all its attacks.
         let last = stages.last().expect("every cell runs an attack");
         for (eps, outcome) in &last.outcomes {
-            save_adversarials(out, cell, *eps, &loaded, &all, outcome)?;
+            save_adversarials(out, identity, cell, *eps, &loaded, &all, outcome)?;
         }
     }
 
@@ -571,9 +584,11 @@ pub(super) fn probe<B: BenchBackend, M: Model<B>>(
 }
 
 /// `--save-adversarials`: the inputs an attack returned for the examples at `rows` (of the
-/// sweep's examples) at one ε, and a picture of a few breaks.
+/// sweep's examples) at one ε, and a picture of a few breaks. The file's metadata records the
+/// cell, the ε and the sweep's identity (`identity`).
 pub(super) fn save_adversarials(
     out: &std::path::Path,
+    identity: &str,
     cell: &Cell,
     eps: Option<f32>,
     loaded: &Loaded,
@@ -612,7 +627,12 @@ pub(super) fn save_adversarials(
         ("examples", view(Dtype::U32, vec![n], &examples_b)?),
         ("adversarial", view(Dtype::U8, vec![n], &broken)?),
     ];
-    let bytes = safetensors::serialize(tensors, None)?;
+    let metadata = std::collections::HashMap::from([
+        ("cell".to_string(), serde_json::to_string(cell)?),
+        ("eps".to_string(), serde_json::to_string(&eps)?),
+        ("sweep".to_string(), identity.to_string()),
+    ]);
+    let bytes = safetensors::serialize(tensors, Some(metadata))?;
     // Cell ids contain dots (`eps0.2`): append the extension rather than replace one.
     let stem = match eps {
         Some(e) => format!("{}.eps{e}", cell.id()),

@@ -219,9 +219,14 @@ pub struct Cell {
 }
 
 impl Cell {
-    /// A file-name-safe identifier, unique within a sweep.
+    /// The stem of the cell's files (`cells/<id>.json`, `cells/<id>.batches/`, saved
+    /// adversarials): readable — the model's path with each character outside `[A-Za-z0-9-]`
+    /// as `_` (its last 40), the attack, K and gradient mode — and unique: it ends in a digest
+    /// of the cell's exact identity (model path, attack, K, gradient mode), so models whose
+    /// paths read alike (`a/b/m` and `a_b/m`, `α/m` and `β/m`) never share a file. The files
+    /// record the cell and the sweep's identity too, and are refused where they do not match.
     pub fn id(&self) -> String {
-        let model: String = self
+        let readable: Vec<char> = self
             .model
             .chars()
             .map(|c| {
@@ -232,11 +237,18 @@ impl Cell {
                 }
             })
             .collect();
+        let model: String = readable[readable.len().saturating_sub(40)..]
+            .iter()
+            .collect();
+        let identity = serde_json::to_string(self).expect("a cell serialises");
+        let digest = crate::digest::of(identity.as_bytes());
+        // 64 bits of the digest: no two cells of one folder share them by chance.
         format!(
-            "{model}.{}.k{}.{}",
+            "{model}.{}.k{}.{}.{}",
             self.attack.name(),
             self.k,
             self.grad.map_or("none".into(), |g| g.to_string()),
+            &digest["sha256:".len()..][..16],
         )
     }
 }
@@ -286,6 +298,38 @@ pub fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cells_whose_models_read_alike_get_their_own_file_names() {
+        let cell = |model: &str, k: usize| Cell {
+            model: model.into(),
+            attack: CellAttack::Kind(AttackKind::Pgd),
+            k,
+            grad: None,
+        };
+        let cells = [
+            cell("X/a/b/m", 0),
+            cell("X/a_b/m", 0),
+            cell("X/a b/m", 0),
+            cell("X/α/m", 0),
+            cell("X/β/m", 0),
+            cell("X/a/b/m", 1),
+        ];
+        let ids: std::collections::BTreeSet<String> = cells.iter().map(Cell::id).collect();
+        assert_eq!(ids.len(), cells.len(), "{ids:?}");
+        // Readable, file-safe, and the same for the same cell.
+        let id = cells[0].id();
+        assert!(id.starts_with("X_a_b_m.pgd.k0.none."), "{id}");
+        assert!(
+            id.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+            "{id}"
+        );
+        assert_eq!(id, cell("X/a/b/m", 0).id());
+        // A long path keeps its end, within a file name's limits.
+        let long = cell(&"d/".repeat(200), 0).id();
+        assert!(long.len() < 100, "{long}");
+    }
 
     #[test]
     fn names_parse_back_and_are_the_serialised_names() {

@@ -34,29 +34,16 @@ struct CheckPart {
 }
 
 /// A kept part's outcome: per re-attacked survivor, whether it broke, and the seconds the part
-/// took, which the cell's time counts when a rerun reads the part back. A part kept by a
-/// jem-bench that recorded no time (a bare list) is read back too, as 0 s.
+/// took, which the cell's time counts when a rerun reads the part back.
 #[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum KeptCheck {
-    Timed { broken: Vec<bool>, seconds: f64 },
-    Untimed(Vec<bool>),
-}
-
-impl KeptCheck {
-    fn broken(&self) -> &[bool] {
-        match self {
-            KeptCheck::Timed { broken, .. } | KeptCheck::Untimed(broken) => broken,
-        }
-    }
+struct KeptCheck {
+    broken: Vec<bool>,
+    seconds: f64,
 }
 
 impl KeptPart for KeptCheck {
     fn seconds(&self) -> f64 {
-        match self {
-            KeptCheck::Timed { seconds, .. } => *seconds,
-            KeptCheck::Untimed(_) => 0.0,
-        }
+        self.seconds
     }
 }
 
@@ -192,10 +179,10 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             .map(|ok| !ok)
             .collect();
         let seconds = started.elapsed().as_secs_f64();
-        Ok(KeptCheck::Timed { broken, seconds })
+        Ok(KeptCheck { broken, seconds })
     };
     let fits = |j: usize, kept: &KeptCheck| {
-        let (rows, held) = (parts[j].rows.len(), kept.broken().len());
+        let (rows, held) = (parts[j].rows.len(), kept.broken.len());
         (held == rows).then_some(()).ok_or(format!(
             "{held} outcomes, where this part re-attacks {rows}"
         ))
@@ -211,7 +198,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     // Each sample's outcomes under each re-attack, its parts joined in order.
     let mut joined = vec![[Vec::new(), Vec::new()]; samples.len()];
     for (part, kept) in parts.iter().zip(&kept) {
-        joined[part.sample][part.strength].extend_from_slice(kept.broken());
+        joined[part.sample][part.strength].extend_from_slice(&kept.broken);
     }
     let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
     let per_eps = samples

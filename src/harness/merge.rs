@@ -24,7 +24,6 @@ use super::progress::TerminalProgress;
 use super::spec::SweepSpec;
 use super::sweep::finish;
 use crate::backend::BenchBackend;
-use crate::output_folder::FolderLock;
 
 /// What [`merge`] keeps, and under which names.
 #[derive(Debug, Clone, Default)]
@@ -140,9 +139,9 @@ pub fn merge<B: BenchBackend>(
         .into_iter()
         .map(|(found, cell)| renamed(found, cell, &identity))
         .collect();
-    crate::output_folder::claim(out, "robust")?;
-    let lock = FolderLock::acquire(out, "sweep.lock")?;
-    claim_folder(out, &settings, &identity, &[], &lock)?;
+    let lock = crate::output_folder::claim(out, "robust")?;
+    let every: Vec<&super::Cell> = plan.cells.iter().collect();
+    claim_folder(out, &settings, &identity, &every, &lock)?;
     for result in &results {
         outputs::save_cell(out, result)?;
     }

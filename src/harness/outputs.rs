@@ -266,6 +266,75 @@ impl TidyRow {
             .is_some_and(|checked| checked < self.robust_lo)
     }
 
+    /// What a row must be to be used or reported: ε ≥ 0; n ≥ 1; each accuracy a count of the n
+    /// examples, in its interval within [0, 1]; robust ≤ clean; the convergence check's counts
+    /// within its sample. The reason, where it is not.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(format!("eps {} is not a budget ≥ 0", self.eps));
+        }
+        if self.n == 0 {
+            return Err("n is 0: an accuracy of no examples".into());
+        }
+        let n = self.n as f64;
+        for (what, value, lo, hi) in [
+            (
+                "clean_accuracy",
+                self.clean_accuracy,
+                self.clean_lo,
+                self.clean_hi,
+            ),
+            (
+                "robust_accuracy",
+                self.robust_accuracy,
+                self.robust_lo,
+                self.robust_hi,
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(format!("{what} {value} is not in [0, 1]"));
+            }
+            if ((value * n).round() - value * n).abs() > 1e-6 * n {
+                return Err(format!("{what} {value} is no count of its {n} examples"));
+            }
+            // Intervals are written to 17 digits; allow their last.
+            let slack = 1e-12;
+            if !(lo >= -slack && lo <= value + slack && value <= hi + slack && hi <= 1.0 + slack) {
+                return Err(format!(
+                    "{what} {value} is outside its interval [{lo}, {hi}] or that is not within \
+                     [0, 1]"
+                ));
+            }
+        }
+        if self.robust_accuracy > self.clean_accuracy + 1e-12 {
+            return Err(format!(
+                "robust_accuracy {} exceeds clean_accuracy {}",
+                self.robust_accuracy, self.clean_accuracy
+            ));
+        }
+        let counts = [
+            self.check_sampled,
+            self.check_broken_eot,
+            self.check_broken_iterations,
+            self.check_broken,
+        ];
+        match counts {
+            [None, None, None, None] => {}
+            [Some(sampled), Some(eot), Some(iterations), Some(broken)]
+                if eot.max(iterations) <= broken
+                    && broken <= (eot + iterations).min(sampled)
+                    && sampled <= self.n => {}
+            _ => {
+                return Err(format!(
+                    "the convergence check's counts (sampled {:?}, broken by 4× EOT {:?}, by \
+                     2× iterations {:?}, by either {:?}) do not fit together or exceed n {}",
+                    counts[0], counts[1], counts[2], counts[3], self.n
+                ))
+            }
+        }
+        Ok(())
+    }
+
     /// What moved the estimate, e.g. `4× EOT broke 3 of 20 sampled survivors, 2× iterations 1`.
     pub fn check_detail(&self) -> Option<String> {
         let sampled = self.check_sampled?;
@@ -355,9 +424,10 @@ pub fn load_cell(out: &Path, cell: &Cell, identity: &str) -> anyhow::Result<Opti
     })?;
     anyhow::ensure!(
         &r.cell == cell,
-        "{}: holds another cell ({:?})",
+        "{}: holds another cell ({}, where this sweep's file of that name is {})",
         p.display(),
-        r.cell
+        r.cell.id(),
+        cell.id()
     );
     anyhow::ensure!(
         r.identity == identity,
@@ -367,6 +437,12 @@ pub fn load_cell(out: &Path, cell: &Cell, identity: &str) -> anyhow::Result<Opti
         p.display(),
         r.identity
     );
+    super::robustness::check_cell(&r).map_err(|why| {
+        anyhow::anyhow!(
+            "{}: {why} (delete the file to run the cell again)",
+            p.display()
+        )
+    })?;
     Ok(Some(r))
 }
 
@@ -375,71 +451,113 @@ pub fn batches_dir(out: &Path, cell: &Cell) -> std::path::PathBuf {
     out.join("cells").join(format!("{}.batches", cell.id()))
 }
 
-/// Computes the `count` batches of a cell in order, keeping each one in `dir` (as `<j>.json`)
-/// the moment it is done and reading back, instead of computing again, those an interrupted
-/// run of the same sweep left there (the folder's settings, `--batch-size` and the seed among
-/// them, are checked before any cell runs, so a batch file is what `compute` would return).
-/// The folder is removed by [`remove_batches`] once the cell's own file is written. Every kept
-/// batch is read and checked by `fits` (is it what batch `j` holds: its number of examples?)
-/// before anything is computed, so a file another layout left is refused at once rather than
-/// after hours of the batches before it. `kept` is told of each batch read back (`None`), then
-/// of each batch computed now, once it is on disk, with the seconds it took; its error stops
-/// the cell there.
+/// Whose a kept part is: the sweep (its identity), the cell and the kind of part. Every kept
+/// part file records them with its index and a digest of its content, and is refused where any
+/// of them does not match where it was found (a part copied over another, another cell's or
+/// sweep's parts copied in, an edited outcome).
+#[derive(Debug, Clone, Copy)]
+pub struct PartOwner<'a> {
+    pub sweep: &'a str,
+    pub cell: &'a Cell,
+    pub kind: super::spec::PartKind,
+}
+
+/// A kept part as its file holds it.
+#[derive(Serialize, Deserialize)]
+struct KeptFile<T> {
+    sweep: String,
+    cell: Cell,
+    kind: super::spec::PartKind,
+    index: usize,
+    /// `sha256:<hex>` of the part's JSON (as [`content_digest`] writes it).
+    digest: String,
+    part: T,
+}
+
+/// The digest a kept part's file records of its content: of its JSON text read back as a
+/// `serde_json::Value` and written again (keys sorted, numbers as read), a form that anything
+/// reading the file can recompute from the text it finds.
+fn content_digest<T: Serialize>(part: &T) -> anyhow::Result<String> {
+    let canonical: serde_json::Value = serde_json::from_str(&serde_json::to_string(part)?)?;
+    Ok(crate::digest::of(canonical.to_string().as_bytes()))
+}
+
+/// Reads kept part `index` of `owner` from `path`: `Ok(None)` where there is no file; refused,
+/// naming the file and what does not match, where it is not that part as it was written.
+fn read_kept<T: Serialize + serde::de::DeserializeOwned>(
+    path: &Path,
+    owner: &PartOwner,
+    index: usize,
+) -> anyhow::Result<Option<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let delete = "delete the file to run the part again";
+    let kept: KeptFile<T> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a part this jem-bench kept ({delete})",
+            path.display()
+        )
+    })?;
+    let mismatch = if kept.sweep != owner.sweep {
+        Some(format!(
+            "it was computed by another sweep (identity `{}`, this sweep's `{}`)",
+            kept.sweep, owner.sweep
+        ))
+    } else if &kept.cell != owner.cell {
+        Some(format!("it belongs to another cell ({})", kept.cell.id()))
+    } else if kept.kind != owner.kind {
+        Some(format!("it is a {}, not a {}", kept.kind, owner.kind))
+    } else if kept.index != index {
+        Some(format!("it is part {}, not part {index}", kept.index))
+    } else if content_digest(&kept.part)? != kept.digest {
+        Some("its content does not match the digest it was written with (edited?)".into())
+    } else {
+        None
+    };
+    match mismatch {
+        Some(why) => anyhow::bail!("{}: {why} ({delete})", path.display()),
+        None => Ok(Some(kept.part)),
+    }
+}
+
+/// Computes the `count` parts of one kind of a cell in order, keeping each one in `dir` (as
+/// `<j>.json`, recording its `owner` and index) the moment it is done and reading back,
+/// instead of computing again, those an interrupted run of the same sweep left there (the
+/// folder's settings, `--batch-size` and the seed among them, are checked before any cell
+/// runs, so a kept part is what `compute` would return). The folder is removed by
+/// [`remove_batches`] once the cell's own file is written. Every kept part is read and checked
+/// (its owner, index and digest, then by `fits`: is it what part `j` holds, its number of
+/// examples?) before anything is computed, so a file another layout left is refused at once
+/// rather than after hours of the parts before it. `kept` is told of each part read back
+/// (`None`), then of each part computed now, once it is on disk, with the seconds it took; its
+/// error stops the cell there.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     dir: &Path,
-    identity: &str,
+    owner: PartOwner,
     count: usize,
     fits: impl Fn(usize, &T) -> Result<(), String>,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
     mut kept: impl FnMut(usize, Option<f64>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<T>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    // The batches belong to one sweep, as the cell files do.
-    let owner = dir.join("identity");
-    match std::fs::read_to_string(&owner) {
-        Ok(found) => anyhow::ensure!(
-            found == identity,
-            "{} holds batches of another sweep (identity `{found}`, this sweep's `{identity}`); \
-             delete the folder or use another --out",
-            dir.display()
-        ),
-        Err(_) => {
-            let unowned = std::fs::read_dir(dir)
-                .with_context(|| format!("cannot read {}", dir.display()))?
-                .next()
-                .is_some();
-            anyhow::ensure!(
-                !unowned,
-                "{} holds batches that name no sweep (an older jem-bench wrote them); delete the \
-                 folder to run the cell again",
-                dir.display()
-            );
-            write_atomic(&owner, identity.as_bytes())?
-        }
-    }
     let file = |j: usize| dir.join(format!("{j}.json"));
     let mut found: Vec<Option<T>> = (0..count)
         .map(|j| {
             let p = file(j);
-            if !p.exists() {
+            let Some(part) = read_kept::<T>(&p, &owner, j)? else {
                 return Ok(None);
-            }
-            let text = std::fs::read_to_string(&p)
-                .with_context(|| format!("cannot read {}", p.display()))?;
-            let batch: T = serde_json::from_str(&text).with_context(|| {
-                format!(
-                    "{}: not a finished batch of this cell (delete it to run the batch again)",
-                    p.display()
-                )
-            })?;
-            fits(j, &batch).map_err(|why| {
+            };
+            fits(j, &part).map_err(|why| {
                 anyhow::anyhow!(
                     "{}: not part {j} of this cell as this jem-bench cuts it: {why} (delete \
                      the file to run the part again)",
                     p.display()
                 )
             })?;
-            Ok(Some(batch))
+            Ok(Some(part))
         })
         .collect::<anyhow::Result<_>>()?;
     for j in (0..count).filter(|&j| found[j].is_some()) {
@@ -447,15 +565,23 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     }
     (0..count)
         .map(|j| {
-            if let Some(batch) = found[j].take() {
-                return Ok(batch);
+            if let Some(part) = found[j].take() {
+                return Ok(part);
             }
             let started = std::time::Instant::now();
-            let batch = compute(j)?;
+            let part = compute(j)?;
             let seconds = started.elapsed().as_secs_f64();
-            write_atomic(&file(j), serde_json::to_string(&batch)?.as_bytes())?;
+            let record = KeptFile {
+                sweep: owner.sweep.to_string(),
+                cell: owner.cell.clone(),
+                kind: owner.kind,
+                index: j,
+                digest: content_digest(&part)?,
+                part,
+            };
+            write_atomic(&file(j), serde_json::to_string(&record)?.as_bytes())?;
             kept(j, Some(seconds))?;
-            Ok(batch)
+            Ok(record.part)
         })
         .collect()
 }
@@ -494,18 +620,50 @@ pub fn write_csvs<'a>(
     Ok(rows)
 }
 
-/// Reads a tidy CSV back (for `regress`, `report` and the tests).
+/// The key of a row: one row per model × attack × norm × ε × K × gradient mode.
+pub type RowKey = (String, RowAttack, Norm, u32, usize, GradColumn);
+
+/// `row`'s key.
+pub fn row_key(row: &TidyRow) -> RowKey {
+    (
+        row.model.clone(),
+        row.attack.clone(),
+        row.norm,
+        row.eps.to_bits(),
+        row.k,
+        row.grad,
+    )
+}
+
+/// Reads a tidy CSV back (for `regress`, `report` and the tests), each row checked
+/// ([`TidyRow::check`]) and its key found once: an error names the file and row refused.
 pub fn read_tidy(path: &Path) -> anyhow::Result<Vec<TidyRow>> {
     let mut r =
         csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut seen = std::collections::HashMap::new();
     r.deserialize()
         .enumerate()
         .map(|(i, row)| {
+            let line = i + 2;
             let mut row: TidyRow = row.with_context(|| {
-                format!("{}: row {} does not fit the schema", path.display(), i + 2)
+                format!("{}: row {line} does not fit the schema", path.display())
             })?;
-            // CSVs written before the column read as they would be written now.
-            row.upper_bound = row.is_bpda_bound();
+            row.check()
+                .map_err(|why| anyhow::anyhow!("{}: row {line}: {why}", path.display()))?;
+            if let Some(first) = seen.insert(row_key(&row), line) {
+                anyhow::bail!(
+                    "{}: rows {first} and {line} are both of {} {} {} ε={} K={} grad={}",
+                    path.display(),
+                    row.model,
+                    row.attack,
+                    row.norm,
+                    row.eps,
+                    row.k,
+                    row.grad
+                );
+            }
+            // A BPDA row at K > 0 is an upper bound whatever the file says.
+            row.upper_bound |= row.is_bpda_bound();
             Ok(row)
         })
         .collect()
@@ -566,11 +724,31 @@ mod tests {
         Ok(())
     }
 
+    /// The cells the tests' parts belong to.
+    static CELLS: std::sync::LazyLock<[Cell; 2]> = std::sync::LazyLock::new(|| {
+        let cell = |model: &str| Cell {
+            model: model.into(),
+            attack: super::super::cells::CellAttack::Kind(AttackKind::Pgd),
+            k: 0,
+            grad: None,
+        };
+        [cell("a/b/m"), cell("a_b/m")]
+    });
+
+    /// The attack batches of the sweep `sweep`'s first test cell.
+    fn owner(sweep: &str) -> PartOwner<'_> {
+        PartOwner {
+            sweep,
+            cell: &CELLS[0],
+            kind: super::super::spec::PartKind::AttackBatch,
+        }
+    }
+
     /// The `count` batches of `batch` in `kept`, told to no one.
-    fn every_batch(kept: &Path, identity: &str, count: usize) -> anyhow::Result<Vec<Vec<f64>>> {
+    fn every_batch(kept: &Path, owner: PartOwner, count: usize) -> anyhow::Result<Vec<Vec<f64>>> {
         resumable_batches(
             kept,
-            identity,
+            owner,
             count,
             any_batch,
             |j| Ok(batch(j)),
@@ -582,7 +760,7 @@ mod tests {
     fn a_kept_batch_of_another_layout_is_refused_before_anything_is_computed() {
         let dir = tempfile::tempdir().unwrap();
         let kept = dir.path().join("cell.batches");
-        every_batch(&kept, "sweep", 2).unwrap();
+        every_batch(&kept, owner("sweep"), 2).unwrap();
         std::fs::remove_file(kept.join("0.json")).unwrap();
         // Batch 1 on disk holds two values; this layout's batch 1 holds three.
         let three = |j: usize, b: &Vec<f64>| {
@@ -593,7 +771,7 @@ mod tests {
         let mut computed = Vec::new();
         let err = resumable_batches(
             &kept,
-            "sweep",
+            owner("sweep"),
             2,
             three,
             |j| {
@@ -625,7 +803,7 @@ mod tests {
         let (mut computed, mut on_disk, mut read_back) = (Vec::new(), Vec::new(), Vec::new());
         let died = resumable_batches(
             &kept,
-            "sweep",
+            owner("sweep"),
             5,
             any_batch,
             |j| {
@@ -650,7 +828,7 @@ mod tests {
         on_disk.clear();
         let resumed = resumable_batches(
             &kept,
-            "sweep",
+            owner("sweep"),
             5,
             any_batch,
             |j| {
@@ -677,7 +855,7 @@ mod tests {
         let other = dir.path().join("other.batches");
         let stopped = resumable_batches(
             &other,
-            "sweep",
+            owner("sweep"),
             5,
             any_batch,
             |j| Ok(batch(j)),
@@ -686,19 +864,67 @@ mod tests {
         assert!(stopped.is_err());
         assert!(other.join("0.json").exists() && !other.join("1.json").exists());
 
-        // A damaged batch file is an error that names it, not a silent recomputation.
-        std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
-        let err = every_batch(&kept, "sweep", 5).unwrap_err();
-        let message = format!("{err:#}");
-        assert!(
-            message.contains("1.json") && message.contains("delete it"),
-            "{message}"
-        );
-
         // Another sweep's batches are never read as this one's.
-        let err = every_batch(&kept, "another sweep", 5)
+        let err = every_batch(&kept, owner("another sweep"), 5)
             .unwrap_err()
             .to_string();
         assert!(err.contains("another sweep"), "{err}");
+
+        // A damaged batch file is an error that names it, not a silent recomputation.
+        std::fs::write(kept.join("1.json"), "{ truncated").unwrap();
+        let err = every_batch(&kept, owner("sweep"), 5).unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains("1.json") && message.contains("delete the file"),
+            "{message}"
+        );
+    }
+
+    /// Each kept part is bound to its sweep, cell, kind and index, and to its content: a part
+    /// copied over another, another cell's or kind's part, and an edited value are refused,
+    /// naming the file and the mismatch.
+    #[test]
+    fn a_kept_part_is_read_back_only_where_and_as_it_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("cell.batches");
+        every_batch(&kept, owner("sweep"), 3).unwrap();
+        let original = std::fs::read_to_string(kept.join("1.json")).unwrap();
+        let refused = |why: &str| {
+            let err = format!("{:#}", every_batch(&kept, owner("sweep"), 3).unwrap_err());
+            assert!(err.contains("1.json") && err.contains(why), "{err}");
+            std::fs::write(kept.join("1.json"), &original).unwrap();
+        };
+        std::fs::copy(kept.join("2.json"), kept.join("1.json")).unwrap();
+        refused("it is part 2, not part 1");
+        let mut part: serde_json::Value = serde_json::from_str(&original).unwrap();
+        part["part"][0] = serde_json::json!(1000.0);
+        std::fs::write(kept.join("1.json"), part.to_string()).unwrap();
+        refused("does not match the digest");
+        // The same part of a cell whose model reads alike, and a convergence check's part.
+        let other = dir.path().join("other.batches");
+        let alike = PartOwner {
+            cell: &CELLS[1],
+            ..owner("sweep")
+        };
+        every_batch(&other, alike, 3).unwrap();
+        std::fs::copy(other.join("1.json"), kept.join("1.json")).unwrap();
+        refused("another cell");
+        let check = PartOwner {
+            kind: super::super::spec::PartKind::ConvergenceCheck,
+            ..owner("sweep")
+        };
+        let err = format!("{:#}", every_batch(&kept, check, 3).unwrap_err());
+        assert!(err.contains("not a convergence check part"), "{err}");
+        // As written, every part reads back without computing anything.
+        let read = resumable_batches(
+            &kept,
+            owner("sweep"),
+            3,
+            any_batch,
+            |j| anyhow::bail!("batch {j} computed again"),
+            |_, _| Ok(()),
+        )
+        .unwrap();
+        assert_eq!(read, (0..3).map(batch).collect::<Vec<_>>());
     }
 }

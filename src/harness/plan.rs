@@ -237,6 +237,31 @@ pub(super) fn claim_folder(
             differences.join("; ")
         );
     }
+    // Every file under cells/ is one of this sweep's cells' (a finished cell, or the kept parts
+    // of one): anything else was written by another sweep or another version's naming, and
+    // would otherwise lie there unnoticed while its cell is computed again.
+    let ids: std::collections::BTreeSet<String> = cells.iter().map(|c| c.id()).collect();
+    let cells_dir = out.join("cells");
+    for entry in std::fs::read_dir(&cells_dir)
+        .with_context(|| format!("cannot read {}", cells_dir.display()))?
+    {
+        let path = entry
+            .with_context(|| format!("cannot read {}", cells_dir.display()))?
+            .path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let stem = name.as_deref().and_then(|n| {
+            n.strip_suffix(".json")
+                .or_else(|| n.strip_suffix(".batches"))
+        });
+        // Atomic writes leave `NAME.tmp` files only while they run (or after a crash).
+        let temporary = name.as_deref().is_some_and(|n| n.ends_with(".tmp"));
+        anyhow::ensure!(
+            temporary || stem.is_some_and(|s| ids.contains(s)),
+            "{}: not a cell of this sweep (another sweep or jem-bench version wrote it); \
+             delete it, or use another --out",
+            path.display()
+        );
+    }
     // The cells finished before: each must have been computed by this very sweep (its file
     // says so even where settings.json was deleted). Read before the settings are recorded,
     // so that a refused command records nothing.

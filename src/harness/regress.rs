@@ -10,12 +10,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::outputs::{read_tidy, GradColumn, RowAttack, TidyRow};
+use super::outputs::{read_tidy, row_key, RowKey, TidyRow};
 use super::progress::TerminalProgress;
 use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
 use crate::settings::InvalidSetting;
-use jem_attacks::Norm;
 
 use crate::backend::BenchBackend;
 use crate::model::write_atomic;
@@ -40,23 +39,10 @@ pub struct RegressSpec {
     pub allow_other_settings: bool,
 }
 
-type Key = (String, RowAttack, Norm, u32, usize, GradColumn);
-
-fn key(r: &TidyRow) -> Key {
-    (
-        r.model.clone(),
-        r.attack.clone(),
-        r.norm,
-        r.eps.to_bits(),
-        r.k,
-        r.grad,
-    )
-}
-
 /// The reference cells that regressed, one line each; empty when all hold.
 pub fn compare(reference: &[TidyRow], candidate: &[TidyRow], tolerance: f64) -> Vec<String> {
-    let found: std::collections::HashMap<Key, &TidyRow> =
-        candidate.iter().map(|r| (key(r), r)).collect();
+    let found: std::collections::HashMap<RowKey, &TidyRow> =
+        candidate.iter().map(|r| (row_key(r), r)).collect();
     reference
         .iter()
         .filter_map(|r| {
@@ -64,7 +50,7 @@ pub fn compare(reference: &[TidyRow], candidate: &[TidyRow], tolerance: f64) -> 
                 "{} {} {} ε={} K={} grad={}",
                 r.model, r.attack, r.norm, r.eps, r.k, r.grad
             );
-            match found.get(&key(r)) {
+            match found.get(&row_key(r)) {
                 None => Some(format!("{cell}: missing from the new sweep")),
                 Some(c) if c.robust_accuracy < r.robust_accuracy - tolerance - 1e-12 => {
                     Some(format!(
@@ -96,11 +82,11 @@ fn cell_settings(r: &TidyRow) -> [(&'static str, String); 9] {
 
 /// For each reference cell the candidate computed otherwise, the settings that differ.
 pub fn setting_differences(reference: &[TidyRow], candidate: &[TidyRow]) -> Vec<String> {
-    let found: std::collections::HashMap<Key, &TidyRow> =
-        candidate.iter().map(|r| (key(r), r)).collect();
+    let found: std::collections::HashMap<RowKey, &TidyRow> =
+        candidate.iter().map(|r| (row_key(r), r)).collect();
     let mut out = Vec::new();
     for r in reference {
-        let Some(c) = found.get(&key(r)) else {
+        let Some(c) = found.get(&row_key(r)) else {
             continue;
         };
         for ((name, want), (_, got)) in cell_settings(r).into_iter().zip(cell_settings(c)) {

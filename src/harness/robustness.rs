@@ -99,6 +99,74 @@ pub fn with_own_rates(mut result: CellResult) -> anyhow::Result<CellResult> {
     Ok(result)
 }
 
+/// What a cell file read back must be before it is used: its examples and rows all of its
+/// cell, its examples' distances sizes, every row valid ([`TidyRow::check`]), one row per key,
+/// and each row's counts, accuracies and intervals those its examples give (recomputed). The
+/// reason, where it is not.
+pub fn check_cell(result: &CellResult) -> Result<(), String> {
+    let cell = &result.cell;
+    let grad = GradColumn::of(cell.grad);
+    let mine =
+        |model: &str, k: usize, g: GradColumn| model == cell.model && k == cell.k && g == grad;
+    for (i, e) in result.examples.iter().enumerate() {
+        if !mine(&e.model, e.k, e.grad) {
+            return Err(format!(
+                "example record {i} is of {} K={} grad={}, not of the cell",
+                e.model, e.k, e.grad
+            ));
+        }
+        let sizes = [e.l0, e.l2, e.linf];
+        if sizes.iter().any(|d| d.is_nan() || *d < 0.0) || e.eps.is_some_and(|x| !(x >= 0.0)) {
+            return Err(format!(
+                "example record {i} has a negative or NaN size (ε {:?}, L0 {}, L2 {}, L∞ {})",
+                e.eps, e.l0, e.l2, e.linf
+            ));
+        }
+    }
+    let mut keys = BTreeSet::new();
+    for row in &result.rows {
+        let what = format!("row {} ε={}", row.attack, row.eps);
+        if !mine(&row.model, row.k, row.grad) {
+            return Err(format!(
+                "{what} is of {} K={}, not of the cell",
+                row.model, row.k
+            ));
+        }
+        row.check().map_err(|why| format!("{what}: {why}"))?;
+        if !keys.insert((row.attack.clone(), row.eps.to_bits())) {
+            return Err(format!("{what} is there twice"));
+        }
+        let has_examples = result
+            .examples
+            .iter()
+            .any(|e| e.attack == row.attack && e.eps.is_none_or(|x| x == row.eps));
+        if !has_examples {
+            return Err(format!("{what} has no example records"));
+        }
+    }
+    let recomputed = with_own_rates(result.clone()).map_err(|e| e.to_string())?;
+    for (kept, own) in result.rows.iter().zip(&recomputed.rows) {
+        let same = kept.n == own.n
+            && [
+                (kept.clean_accuracy, own.clean_accuracy),
+                (kept.robust_accuracy, own.robust_accuracy),
+                (kept.clean_lo, own.clean_lo),
+                (kept.clean_hi, own.clean_hi),
+                (kept.robust_lo, own.robust_lo),
+                (kept.robust_hi, own.robust_hi),
+            ]
+            .iter()
+            .all(|(a, b)| (a - b).abs() <= 1e-12);
+        if !same {
+            return Err(format!(
+                "row {} ε={} says {} of n = {}, where its example records give {} of n = {}",
+                kept.attack, kept.eps, kept.robust_accuracy, kept.n, own.robust_accuracy, own.n
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `robust.csv` of the finished cells: each cell's rows with breaks carried from its attack's
 /// smaller ε and Wilson intervals, then per model × K × gradient mode the worst-case rows.
 pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
@@ -341,7 +409,7 @@ mod tests {
             })
             .collect();
         let text = include_str!(
-            "../../results/reference/linf-small/cells/results_models_baseline.pgd.k0.none.json"
+            "../../results/reference/linf-small/cells/results_models_baseline.pgd.k0.none.f714f53c8564d075.json"
         );
         let template: CellResult = serde_json::from_str(text).expect("a cell file");
         let rows = [0.1f32, 0.2, 0.3, 0.25]
@@ -403,6 +471,10 @@ mod tests {
         for file in files {
             let text = std::fs::read_to_string(&file).expect("readable");
             let stored: CellResult = serde_json::from_str(&text).expect("a cell file");
+            // Each file is named for its cell and passes the check a sweep reads it with.
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            assert_eq!(name, format!("{}.json", stored.cell.id()));
+            check_cell(&stored).unwrap_or_else(|why| panic!("{}: {why}", file.display()));
             let recomputed = with_own_rates(stored.clone()).expect("rates");
             assert_eq!(
                 recomputed.rows.len(),
@@ -421,6 +493,49 @@ mod tests {
             }
         }
         assert!(rows >= 100, "only {rows} rows compared");
+    }
+
+    /// A cell file edited after the fact is refused: a flag flipped in its examples, or a
+    /// row's number out of range or at odds with its examples.
+    #[test]
+    fn an_edited_cell_is_refused() {
+        let text = include_str!(
+            "../../results/reference/linf-small/cells/results_models_baseline.pgd.k0.none.f714f53c8564d075.json"
+        );
+        let cell: CellResult = serde_json::from_str(text).expect("a cell file");
+        check_cell(&cell).unwrap();
+        let refused = |edit: &dyn Fn(&mut CellResult), why: &str| {
+            let mut edited = cell.clone();
+            edit(&mut edited);
+            let err = check_cell(&edited).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        };
+        // The first example PGD broke at the smallest ε > 0, as if it had held (at a larger ε
+        // an earlier break would carry).
+        let first_eps = cell
+            .examples
+            .iter()
+            .filter_map(|e| e.eps)
+            .filter(|&e| e > 0.0)
+            .fold(f32::INFINITY, f32::min);
+        let broken = cell
+            .examples
+            .iter()
+            .position(|e| e.eps == Some(first_eps) && e.clean_correct && e.adversarial)
+            .expect("a break at the smallest ε");
+        refused(
+            &|c| c.examples[broken].adversarial = false,
+            "where its example records give",
+        );
+        refused(&|c| c.rows[0].robust_accuracy = f64::NAN, "not in [0, 1]");
+        refused(&|c| c.rows[0].robust_accuracy = 1.7, "not in [0, 1]");
+        refused(&|c| c.rows[0].n = 0, "n is 0");
+        refused(&|c| c.rows[1] = c.rows[0].clone(), "twice");
+        refused(
+            &|c| c.examples[0].model = "another".into(),
+            "not of the cell",
+        );
+        refused(&|c| c.examples[0].l2 = -1.0, "negative or NaN");
     }
 
     /// Values from the closed form, checked against statsmodels' `proportion_confint(…,

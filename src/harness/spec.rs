@@ -153,13 +153,24 @@ pub struct CellPart {
 }
 
 /// What a [`CellPart`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum PartKind {
     /// A batch of examples through the cell's attack (the whole attack if unbatched).
     AttackBatch,
     /// Some of one ε's sampled survivors, re-attacked with more EOT draws or more iterations
     /// (the convergence check).
     ConvergenceCheck,
+}
+
+impl std::fmt::Display for PartKind {
+    /// `attack batch` or `convergence check part`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PartKind::AttackBatch => "attack batch",
+            PartKind::ConvergenceCheck => "convergence check part",
+        })
+    }
 }
 
 impl std::fmt::Display for CellPart {
@@ -321,9 +332,8 @@ impl SweepSpec {
         ] {
             settings::at_least_one(field, value)?;
         }
-        if self.ks.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
-        }
+        // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
+        self.defence.validate()?;
         if let Some(r) = self.pgd_rel_stepsize {
             settings::finite_positive("pgd_rel_stepsize", r)?;
         }

@@ -475,14 +475,19 @@ fn regress_passes_an_identical_sweep_and_names_a_doctored_cell() {
     };
     assert!(regress(reference.path()).status.success());
 
-    // Lower one cell's robust accuracy by 0.1 (K=1, FGSM at ε=0.1) in a copy.
+    // Lower one cell's robust accuracy by one example (K=1, FGSM at ε=0.1) in a copy, its
+    // interval with it, so that the row is a valid one that regressed.
     let doctored = tempfile::tempdir().unwrap();
     let mut rs = rows(reference.path());
     let target = rs
         .iter()
         .position(|r| r.attack == "fgsm" && r.k == 1 && r.eps == 0.1)
         .unwrap();
-    rs[target].robust_accuracy -= 0.1;
+    let row = &mut rs[target];
+    let robust = (row.robust_accuracy * row.n as f64).round() as usize;
+    assert!(robust > 0, "nothing to lower: {row:?}");
+    row.robust_accuracy = (robust - 1) as f64 / row.n as f64;
+    (row.robust_lo, row.robust_hi) = jem_bench::harness::wilson(robust - 1, row.n);
     let mut w = csv::Writer::from_path(doctored.path().join("robust.csv")).unwrap();
     rs.iter().for_each(|r| w.serialize(r).unwrap());
     w.flush().unwrap();
@@ -844,8 +849,31 @@ fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let cell = "results_models_baseline.fgsm.k0.none.eps0.2"; // the cell's ε = 0.2 run
-    let bytes = std::fs::read(dir.path().join(format!("adversarials/{cell}.safetensors"))).unwrap();
+    // The cell's ε = 0.2 run: `<cell id>.eps0.2`, the id readable and ending in a digest.
+    let file = std::fs::read_dir(dir.path().join("adversarials"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|name| {
+            name.starts_with("results_models_baseline.fgsm.k0.none.")
+                && name.ends_with(".eps0.2.safetensors")
+        })
+        .expect("the cell's adversarials at ε 0.2");
+    let stem = file.strip_suffix(".safetensors").unwrap().to_string();
+    let bytes = std::fs::read(dir.path().join("adversarials").join(&file)).unwrap();
+    // The file records whose adversarials it holds.
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let recorded = header.metadata().as_ref().expect("metadata");
+    let whose: serde_json::Value = serde_json::from_str(&recorded["cell"]).unwrap();
+    assert_eq!(
+        (
+            whose["model"].as_str(),
+            whose["attack"].as_str(),
+            whose["k"].as_u64()
+        ),
+        (Some("results/models/baseline"), Some("fgsm"), Some(0))
+    );
+    assert_eq!(recorded["eps"], "0.2");
+    assert!(recorded["sweep"].starts_with("sha256:"), "{recorded:?}");
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let f32s = |name: &str| -> Vec<f32> {
         st.tensor(name)
@@ -873,7 +901,7 @@ fn saved_adversarials_match_the_cells_and_stochastic_models_are_flagged() {
     for (a, c) in inputs.iter().zip(&clean) {
         assert!((a - c).abs() <= 0.2 + 1e-6 && (0.0..=1.0).contains(a));
     }
-    assert!(dir.path().join(format!("adversarials/{cell}.png")).exists());
+    assert!(dir.path().join(format!("adversarials/{stem}.png")).exists());
     for r in rows(dir.path()).iter().filter(|r| r.attack == "fgsm") {
         assert_eq!(r.stochastic, r.k > 0, "{r:?}");
         assert!(
@@ -1186,9 +1214,9 @@ fn report_draws_robust_accuracy_against_k() {
 /// 2 of the unbatched 6). (The parts here are doctored to say every sampled survivor broke,
 /// which no rerun would compute, so the cell's record shows whether they were read, and to have
 /// taken far longer than the run, so that the cell's time shows that it counts them; the
-/// attack's kept batches are doctored to have taken long too.) A part kept as an older
-/// jem-bench kept it, a bare list without its time, is read back too. A part of another size,
-/// as a jem-bench that cut the check otherwise kept it, is refused by name.
+/// attack's kept batches are doctored to have taken long too, each written with the digest a
+/// genuine part would carry.) A part of another size, as a jem-bench that cut the check
+/// otherwise kept it, is refused by name.
 #[test]
 fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
     for (batching, part_len) in [(&["--batch-size", "4"][..], 1), (&[], 2)] {
@@ -1258,24 +1286,30 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
         file.file_stem().unwrap().to_str().unwrap()
     ));
     std::fs::create_dir_all(kept.join("convergence")).unwrap();
-    let identity = cell["identity"].as_str().unwrap();
-    for folder in [kept.clone(), kept.join("convergence")] {
-        std::fs::write(folder.join("identity"), identity).unwrap();
-    }
+    // A kept part as jem-bench writes it: bound to its sweep, cell, kind and index, with a
+    // digest of its content (so a doctored part is written as a genuine one would be).
+    let envelope = |kind: &str, index: usize, part: serde_json::Value| {
+        serde_json::json!({
+            "sweep": cell["identity"],
+            "cell": cell["cell"],
+            "kind": kind,
+            "index": index,
+            "digest": jem_bench::digest::of(part.to_string().as_bytes()),
+            "part": part,
+        })
+        .to_string()
+    };
     // The first re-attack's parts come first: ε 0.1 is the grid's only ε > 0.
     let parts = sampled.div_ceil(part_len);
     let part = |j: usize| kept.join(format!("convergence/{j}.json"));
-    // Part 1, where there is one, as an older jem-bench kept it; the others as this one does.
     const PART_SECONDS: f64 = 100_000.0;
-    let untimed = |j: usize| j == 1;
     let doctored = |j: usize, len: usize| {
         let broken = vec![true; len];
-        let part = if untimed(j) {
-            serde_json::json!(broken)
-        } else {
-            serde_json::json!({ "broken": broken, "seconds": PART_SECONDS })
-        };
-        part.to_string()
+        envelope(
+            "convergence-check",
+            j,
+            serde_json::json!({ "broken": broken, "seconds": PART_SECONDS }),
+        )
     };
     // One outcome too many in the last part: refused before any part of the check runs.
     for j in 0..parts {
@@ -1294,10 +1328,12 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     for entry in std::fs::read_dir(&kept).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|x| x == "json") {
-            let mut batch: serde_json::Value =
+            let batch: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            batch["seconds"] = serde_json::json!(BATCH_SECONDS);
-            std::fs::write(&path, batch.to_string()).unwrap();
+            let mut part = batch["part"].clone();
+            part["seconds"] = serde_json::json!(BATCH_SECONDS);
+            let index = batch["index"].as_u64().unwrap() as usize;
+            std::fs::write(&path, envelope("attack-batch", index, part)).unwrap();
             batches += 1;
         }
     }
@@ -1325,13 +1361,108 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
         !kept.exists(),
         "the batch folder is removed once the cell is written"
     );
-    // The cell's time: what the kept batches and the timed parts took (the untimed one counts
-    // nothing) and this run's seconds.
-    let timed = (0..parts).filter(|&j| !untimed(j)).count() as f64 * PART_SECONDS
-        + batches as f64 * BATCH_SECONDS;
+    // The cell's time: what the kept batches and parts took and this run's seconds.
+    let timed = parts as f64 * PART_SECONDS + batches as f64 * BATCH_SECONDS;
     let seconds = resumed["seconds"].as_f64().unwrap();
     assert!(
         (timed..timed + 3_600.0).contains(&seconds),
         "{seconds} s, where the kept batches and parts took {timed} s"
     );
+}
+
+/// Models whose paths read alike once made file-safe (`a/b/m`, `a_b/m` and `a b/m`; `α/m` and
+/// `β/m`) each keep their own results, files and saved adversarials, with one worker and with
+/// two: every model's rows in the sweep of all five equal its rows swept alone. (Cells of such
+/// models once shared a file name, and the second model was credited with the first's batch.)
+#[test]
+fn models_whose_paths_read_alike_keep_their_own_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let models: Vec<(String, &str)> = [
+        ("X/a/b/m", "baseline"),
+        ("X/a_b/m", "adv"),
+        ("X/a b/m", "jem"),
+        ("X/α/m", "adv"),
+        ("X/β/m", "baseline"),
+    ]
+    .into_iter()
+    .map(|(path, source)| {
+        let at = root.join(path);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        for ext in ["safetensors", "json"] {
+            let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("results/models/{source}.{ext}"));
+            std::fs::copy(from, at.with_extension(ext)).unwrap();
+        }
+        (at.display().to_string(), source)
+    })
+    .collect();
+    let sweep = |models: &str, out: &Path, jobs: &str| {
+        let mut c = cli();
+        c.args([
+            "robust",
+            "--models",
+            models,
+            "--attacks",
+            "pgd",
+            "--pgd-steps",
+            "5",
+            "--steps",
+            "0",
+            "--eps",
+            "0,0.3",
+            "--n-examples",
+            "10",
+            "--batch-size",
+            "5",
+            "--save-adversarials",
+            "--jobs",
+            jobs,
+            "--out",
+        ])
+        .arg(out);
+        run(&mut c);
+        rows(out)
+    };
+    let adversarials = |out: &Path| std::fs::read_dir(out.join("adversarials")).unwrap().count();
+    let alone: Vec<(Vec<TidyRow>, usize)> = models
+        .iter()
+        .enumerate()
+        .map(|(i, (m, _))| {
+            let out = root.join(format!("alone{i}"));
+            (sweep(m, &out, "1"), adversarials(&out))
+        })
+        .collect();
+    // The adversarially trained copies hold at ε 0.3 where the baseline's break: the sweeps
+    // alone tell the models apart, so a result credited to the wrong model shows.
+    let at_03 = |rows: &[TidyRow]| {
+        rows.iter()
+            .find(|r| r.eps == 0.3 && r.attack == "pgd")
+            .unwrap()
+            .robust_accuracy
+    };
+    assert!(at_03(&alone[1].0) > at_03(&alone[0].0) + 0.5, "{alone:?}");
+    let all: Vec<&str> = models.iter().map(|(m, _)| m.as_str()).collect();
+    for jobs in ["1", "2"] {
+        let out = root.join(format!("all-jobs{jobs}"));
+        let together = sweep(&all.join(","), &out, jobs);
+        for ((m, source), (rows_alone, _)) in models.iter().zip(&alone) {
+            let mine: Vec<&TidyRow> = together.iter().filter(|r| &r.model == m).collect();
+            assert_eq!(mine.len(), rows_alone.len(), "{m}");
+            for (a, b) in mine.iter().zip(rows_alone) {
+                assert_eq!(
+                    (a.robust_accuracy, a.clean_accuracy, a.n),
+                    (b.robust_accuracy, b.clean_accuracy, b.n),
+                    "{m} (a copy of {source}) with --jobs {jobs}: {} ε={}",
+                    a.attack,
+                    a.eps
+                );
+            }
+        }
+        // One cell file and one set of saved adversarials per model.
+        let cells = std::fs::read_dir(out.join("cells")).unwrap().count();
+        assert_eq!(cells, models.len(), "--jobs {jobs}");
+        let saved: usize = alone.iter().map(|(_, n)| n).sum();
+        assert_eq!(adversarials(&out), saved, "--jobs {jobs}");
+    }
 }
