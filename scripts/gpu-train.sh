@@ -49,7 +49,7 @@ keep_latest() {
         *) rm -f "$f" ;;
         esac
     done
-    rm -f "$run/train.lock"
+    rm -f "$run/jem-bench.lock"
 }
 
 build() {

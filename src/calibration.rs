@@ -116,9 +116,8 @@ impl CalibrateSpec {
             let problem = format!("K = {k} named twice");
             return Err(InvalidSetting::bare("steps", &problem).into());
         }
-        if self.steps.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
-        }
+        // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
+        self.defence.validate()?;
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
             &self.steps,
@@ -184,7 +183,7 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
     }
     let started = Instant::now();
     let prepared = args.prepare::<B>(device)?;
-    crate::output_folder::claim(&args.out, "calibrate")?;
+    let _lock = crate::output_folder::claim(&args.out, "calibrate")?;
     let mut rows = Vec::new();
     let mut bins = Vec::new();
     let mut results = Vec::new();
@@ -196,12 +195,12 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
             let m = c.metrics;
             // Progress on stderr: stdout carries the results, printed once they are written.
             eprintln!(
-                "{model} K = {k}: accuracy {:.4}, NLL {:.4}, Brier {:.4}, ECE {:.4} ({:.0} s)",
+                "{model} K = {k}: accuracy {:.4}, NLL {:.4}, Brier {:.4}, ECE {:.4} ({})",
                 m.accuracy,
                 m.nll,
                 m.brier,
                 m.ece,
-                cell.elapsed().as_secs_f64()
+                crate::duration::duration(cell.elapsed().as_secs_f64())
             );
             rows.push(Row {
                 model: model.clone(),

@@ -111,9 +111,8 @@ impl NonsenseSpec {
                 format!("expected a number in [0, 1), found {m}"),
             );
         }
-        if self.steps.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
-        }
+        // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
+        self.defence.validate()?;
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
             &self.steps,
@@ -156,7 +155,7 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
         args.models = crate::model::embedded_models();
     }
     args.validate::<B>(device)?;
-    crate::output_folder::claim(&args.out, "nonsense")?;
+    let _lock = crate::output_folder::claim(&args.out, "nonsense")?;
     let mut rows = Vec::new();
     let mut searches = csv::Writer::from_writer(Vec::new());
     searches.write_record([

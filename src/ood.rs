@@ -182,9 +182,8 @@ impl OodSpec {
             .iter()
             .map(|name| OodSet::parse(name))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        if self.steps.iter().any(|&k| k > 0) {
-            self.defence.validate()?;
-        }
+        // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
+        self.defence.validate()?;
         let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
             &self.models,
             &self.steps,
@@ -273,7 +272,7 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
     }
     let started = Instant::now();
     let prepared = args.prepare::<B>(device)?;
-    crate::output_folder::claim(&args.out, "ood")?;
+    let _lock = crate::output_folder::claim(&args.out, "ood")?;
     let mut rows = Vec::new();
     let mut cells = Vec::new();
     for p in &prepared {
@@ -310,10 +309,10 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
             }
             // Progress on stderr: stdout carries the results, printed once they are written.
             eprintln!(
-                "{} K = {k}: {} sets scored in {:.0} s",
+                "{} K = {k}: {} sets scored in {}",
                 cell.model,
                 cell.sets.len(),
-                clock.elapsed().as_secs_f64()
+                crate::duration::duration(clock.elapsed().as_secs_f64())
             );
             cells.push(cell);
         }

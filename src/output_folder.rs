@@ -30,8 +30,14 @@ pub fn maker(dir: &Path) -> Option<(&'static str, &'static str)> {
         .copied()
 }
 
-/// Refuses `dir` if another command than `command` made it; creates it otherwise.
-pub fn claim(dir: &Path, command: &str) -> anyhow::Result<()> {
+/// The lock file every command takes in its output folder.
+pub const LOCK_FILE: &str = "jem-bench.lock";
+
+/// Claims `dir` for `command` while the returned lock is held: locks it (creating it), so that
+/// no other jem-bench, of this command or another, works in it at the same time; then refuses
+/// it if another command than `command` made it. Hold the lock until the command is done.
+pub fn claim(dir: &Path, command: &str) -> anyhow::Result<FolderLock> {
+    let lock = FolderLock::acquire(dir, command)?;
     if let Some((other, entry)) = maker(dir) {
         anyhow::ensure!(
             other == command,
@@ -40,7 +46,7 @@ pub fn claim(dir: &Path, command: &str) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
+    Ok(lock)
 }
 
 /// An exclusive lock on an output folder (an OS file lock on `dir/name`): a second process on
@@ -51,11 +57,12 @@ pub struct FolderLock {
 }
 
 impl FolderLock {
-    /// Creates `dir` if needed and locks it through its file `name` (`sweep.lock`, …).
-    pub fn acquire(dir: &Path, name: &str) -> anyhow::Result<Self> {
+    /// Creates `dir` if needed and locks it through its file [`LOCK_FILE`] for `command`
+    /// (which a refused second process is told of).
+    pub fn acquire(dir: &Path, command: &str) -> anyhow::Result<Self> {
         use std::io::{Read, Seek, Write};
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let path = dir.join(name);
+        let path = dir.join(LOCK_FILE);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -81,7 +88,7 @@ impl FolderLock {
         }
         file.set_len(0)?;
         file.rewind()?;
-        write!(file, "pid {}", std::process::id())?;
+        write!(file, "`jem-bench {command}`, pid {}", std::process::id())?;
         Ok(Self { _file: file })
     }
 }

@@ -21,7 +21,6 @@ use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
-use crate::output_folder::FolderLock;
 use crate::settings::InvalidSetting;
 
 /// `jem-bench robust`: the sweep of `spec.models` (default: the embedded models), loaded onto
@@ -88,8 +87,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         runner.observer.nothing_to_do(shard, plan.cells.len());
         return Ok(Vec::new());
     }
-    crate::output_folder::claim(&out, "robust")?;
-    let lock = FolderLock::acquire(&out, "sweep.lock")?;
+    let lock = crate::output_folder::claim(&out, "robust")?;
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
     // `--jobs` worker threads. The CSVs always hold the finished cells in plan order: every
     // cell the folder holds finished, also other shards' where shards run one after another

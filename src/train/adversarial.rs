@@ -118,11 +118,22 @@ impl AdvConfig {
         }
     }
 
-    /// Checks the settings: ε a positive radius, steps and validation images at least 1, the
+    /// Checks the settings: ε a positive radius (at most 1 under L∞), a positive step size,
+    /// steps and validation images at least 1, the
     /// clean weight in [0, 1], TRADES' β positive and without a clean weight or zero start. An
     /// error names the field.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         settings::finite_positive("eps", self.eps)?;
+        if self.norm == Norm::Linf && self.eps > 1.0 {
+            return Err(InvalidSetting::bare(
+                "eps",
+                &format!(
+                    "expected an L∞ radius of at most 1 (pixels lie in [0, 1]), found {}",
+                    self.eps
+                ),
+            ));
+        }
+        settings::finite_positive("adv_rel_stepsize", self.adv_rel_stepsize)?;
         settings::at_least_one("adv_steps", self.adv_steps)?;
         // The best epoch is chosen by robust validation accuracy.
         settings::at_least_one("adv_val_size", self.adv_val_size)?;

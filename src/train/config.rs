@@ -142,6 +142,7 @@ impl TrainSpec {
         // A factor: below 1 decays; above 1 raises the rate (the divergence tests use it).
         settings::finite_positive("decay_rate", self.decay_rate)?;
         settings::finite_non_negative("sigma_data", self.sigma_data)?;
+        self.guard.validate()?;
         match self.kind {
             TrainKind::Jem => self.jem.validate(),
             TrainKind::Adv => self.adv.validate(),

@@ -30,6 +30,25 @@ impl Default for GuardConfig {
 }
 
 impl GuardConfig {
+    /// Checks the settings: thresholds finite and > 0, and a factor in (0, 1), so that each
+    /// rollback lowers the learning rate. An error names the field.
+    pub fn validate(&self) -> Result<(), crate::settings::InvalidSetting> {
+        use crate::settings;
+        settings::finite_positive("guard_max_loss", self.guard_max_loss)?;
+        settings::finite_positive("guard_max_energy_gap", self.guard_max_energy_gap)?;
+        let f = self.guard_lr_factor;
+        if !(f > 0.0 && f < 1.0) {
+            return Err(settings::InvalidSetting::bare(
+                "guard_lr_factor",
+                &format!(
+                    "expected a factor in (0, 1) that lowers the learning rate at each \
+                     rollback, found {f}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Why a step's numbers mean divergence, if they do (the objective adds its own signs).
     pub fn symptom(&self, stats: &StepStats) -> Option<String> {
         if !stats.loss.is_finite() {

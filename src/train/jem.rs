@@ -113,6 +113,12 @@ impl JemConfig {
         ] {
             settings::finite_non_negative(field, value)?;
         }
+        if self.px_weight == 0.0 && self.pyx_weight == 0.0 {
+            return Err(InvalidSetting::bare(
+                "px_weight",
+                "is 0 and so is the weight of log p(y|x): the objective would train nothing",
+            ));
+        }
         settings::probability("reinit_freq", self.reinit_freq)
     }
 

@@ -158,6 +158,19 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
     ) -> anyhow::Result<Self> {
         cfg.validate()?;
         let (source, train, val) = cfg.load_data()?;
+        // A random crop of a padded image must leave some of the image in every crop.
+        let side = train.height.min(train.width);
+        if cfg.pad >= side {
+            return Err(crate::settings::InvalidSetting::new(
+                "pad",
+                cfg.pad.to_string(),
+                &format!(
+                    "expected a padding below the images' side ({side} pixels in {})",
+                    cfg.data
+                ),
+            )
+            .into());
+        }
         let arch = cfg.architecture(&train);
         arch.blocks_per_stage()?;
         // Everything that can be refused is checked before the folder is written.
@@ -167,9 +180,8 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
             .map(|from| warm_start::<B>(from, &arch, stream_seed(cfg.seed, WIDEN, 0), device))
             .transpose()?;
         objective.prepare(&arch, &train, stream_seed(cfg.seed, OBJECTIVE_INIT, 0))?;
-        crate::output_folder::claim(&cfg.out, "train")?;
         // One process per run folder: a second would "resume" the same state and redo its work.
-        let lock = crate::output_folder::FolderLock::acquire(&cfg.out, "train.lock")?;
+        let lock = crate::output_folder::claim(&cfg.out, "train")?;
         let settings = cfg.settings();
         let state = StateDir::new(&cfg.out);
         let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;

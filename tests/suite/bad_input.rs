@@ -649,6 +649,21 @@ fn every_list_flag_refuses_a_repeated_value() {
             "--eps",
             vec!["robust", "--models", model, "--eps", "0,0.1,0.10"],
         ),
+        // Equal as the f32 a sweep computes with: the same ε, so the same rows twice.
+        (
+            "--eps",
+            vec![
+                "robust",
+                "--models",
+                model,
+                "--eps",
+                "0,0.1,0.1000000000001",
+            ],
+        ),
+        (
+            "--eps",
+            vec!["robust", "--models", model, "--eps", "0,1e-50"],
+        ),
         (
             "--steps",
             vec!["robust", "--models", model, "--steps", "0,0"],
@@ -1282,7 +1297,7 @@ fn output_folders_belong_to_the_command_that_made_them() {
         .spawn()
         .unwrap();
     let started = std::time::Instant::now();
-    while !run.join("train.lock").exists() && started.elapsed().as_secs() < 60 {
+    while !run.join("jem-bench.lock").exists() && started.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let second = train().output().unwrap();
@@ -1444,4 +1459,133 @@ fn curves_draw_real_training_logs_and_name_a_bad_row_before_writing() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("DIR[=LABEL][@START]"), "{}", stderr(&o));
+}
+
+/// Flags a command takes are checked whether or not the settings use them, and ranges that
+/// would train nothing, never lower a diverging rate or crop outside the image are refused —
+/// all before the output folder exists.
+#[test]
+fn every_flag_is_checked_before_the_folder_is_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = |extra: &[&str]| {
+        let run = dir.path().join("run");
+        let o = cli()
+            .args(["train", "--epochs", "1", "--train-subset", "64", "--out"])
+            .arg(&run)
+            .args(extra)
+            .output()
+            .unwrap();
+        (o, run)
+    };
+    for (flags, named) in [
+        (&["--kind", "baseline", "--pad", "28"][..], "--pad 28"),
+        (&["--kind", "baseline", "--pad", "100"], "--pad 100"),
+        (
+            &["--kind", "baseline", "--guard-lr-factor", "0"],
+            "--guard-lr-factor",
+        ),
+        (
+            &["--kind", "baseline", "--guard-lr-factor", "2"],
+            "--guard-lr-factor",
+        ),
+        (
+            &["--kind", "baseline", "--guard-lr-factor", "NaN"],
+            "--guard-lr-factor",
+        ),
+        (
+            &["--kind", "adv", "--adv-rel-stepsize", "NaN"],
+            "--adv-rel-stepsize",
+        ),
+        (&["--kind", "adv", "--eps", "1.5"], "--eps"),
+        (
+            &["--kind", "jem", "--px-weight", "0", "--pyx-weight", "0"],
+            "--px-weight",
+        ),
+    ] {
+        let (o, run) = train(flags);
+        assert_fails_with(&o, &[named]);
+        assert!(!run.exists(), "{flags:?} created {}", run.display());
+    }
+    // The defence's flags at K = 0, where no SGLD step runs: still numbers or refused.
+    for (flag, value) in [
+        ("--init-noise", "NaN"),
+        ("--sgld-noise", "inf"),
+        ("--sgld-step-size", "-1"),
+    ] {
+        let out = dir.path().join("sweep");
+        assert_fails_with(&small_sweep(&out, &[flag, value]), &[flag]);
+        assert!(!out.exists(), "{flag} {value} created {}", out.display());
+    }
+}
+
+/// `report` on a sweep that has not finished every cell it plans (here: one shard of two)
+/// names the missing cells and exits 1; `--partial` draws the finished ones and lists the rest.
+#[test]
+fn report_names_the_cells_a_sweep_has_not_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shard");
+    assert_ok(&small_sweep(&out, &["--attacks", "pgd", "--shard", "0/2"]));
+    let report = |extra: &[&str]| cli().arg("report").arg(&out).args(extra).output().unwrap();
+    assert_fails_with(
+        &report(&[]),
+        &["1 of its 2 cells are not finished", "pgd K=0", "--partial"],
+    );
+    let drawn = assert_ok(&report(&["--partial"]));
+    assert!(
+        drawn.contains("partial: 1 of 2 cells not finished"),
+        "{drawn}"
+    );
+}
+
+/// Every command that writes a folder takes the same lock on it: while another jem-bench holds
+/// it (here a lock held by this test, as a running `robust` holds it), each is refused, naming
+/// the holder, and writes nothing.
+#[test]
+fn every_command_refuses_a_folder_another_jem_bench_works_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("busy");
+    let _held = jem_bench::output_folder::FolderLock::acquire(&out, "robust").unwrap();
+    let model = "results/models/baseline";
+    let commands: [&[&str]; 5] = [
+        &[
+            "robust",
+            "--models",
+            model,
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "0",
+            "--n-examples",
+            "2",
+        ],
+        &["calibrate", "--models", model, "--steps", "0", "--n", "10"],
+        &["ood", "--models", model, "--steps", "0", "--n", "10"],
+        &[
+            "nonsense",
+            "--models",
+            model,
+            "--steps",
+            "0",
+            "--per-class",
+            "1",
+        ],
+        &[
+            "train",
+            "--kind",
+            "baseline",
+            "--epochs",
+            "1",
+            "--train-subset",
+            "64",
+        ],
+    ];
+    for args in commands {
+        let o = cli().args(args).arg("--out").arg(&out).output().unwrap();
+        assert_fails_with(&o, &["in use by another jem-bench", "`jem-bench robust`"]);
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["jem-bench.lock"], "{args:?} wrote into the folder");
+    }
 }
