@@ -12,6 +12,7 @@ pub mod calibration;
 pub mod choice;
 pub mod defended;
 pub mod digest;
+pub mod duration;
 pub mod energy;
 pub mod harness;
 pub mod image_grid;

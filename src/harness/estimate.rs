@@ -111,15 +111,7 @@ pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
     seconds / n as f64
 }
 
-/// `1 h 05 min`, `12 min`, `40 s`.
-pub fn duration(seconds: f64) -> String {
-    let s = seconds.max(0.0).round() as u64;
-    match s {
-        0..=89 => format!("{s} s"),
-        90..=3599 => format!("{} min", (s + 30) / 60),
-        _ => format!("{} h {:02} min", s / 3600, (s % 3600 + 30) / 60),
-    }
-}
+pub use crate::duration::duration;
 
 #[cfg(test)]
 mod tests {
@@ -185,13 +177,5 @@ mod tests {
         assert_eq!(check_factor(&few, &cell(AttackKind::Pgd, 1), 3), 6.0);
         // FAB-T alone runs once for every ε, and its check once at each of the 3.
         assert_eq!(check_factor(&few, &cell(AttackKind::FabT, 1), 3), 18.0);
-    }
-
-    #[test]
-    fn durations_read_as_seconds_minutes_or_hours() {
-        assert_eq!(duration(40.2), "40 s");
-        assert_eq!(duration(720.0), "12 min");
-        assert_eq!(duration(3900.0), "1 h 05 min");
-        assert_eq!(duration(-3.0), "0 s");
     }
 }
