@@ -58,11 +58,16 @@ pub struct ReportArgs {
     /// accuracy against K as OUT/k-curve.csv, .svg and .png.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Draw a sweep that has not finished every cell its settings plan (killed, still running,
+    /// or one shard of several): the finished cells are drawn and the missing ones listed.
+    /// Without it such a sweep is refused, naming the missing cells.
+    #[arg(long)]
+    pub partial: bool,
 }
 
 impl ReportArgs {
     pub fn run(self) -> anyhow::Result<()> {
-        harness::report(&self.runs, self.out.as_deref())
+        harness::report(&self.runs, self.out.as_deref(), self.partial)
     }
 }
 

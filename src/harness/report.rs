@@ -447,16 +447,74 @@ fn cell_seconds(dir: &Path) -> Option<f64> {
     Some(total)
 }
 
+/// The cells a sweep folder's `settings.json` plans that have no finished cell file (for a
+/// shard's folder, the other shards' cells too); `None` where the folder records no sweep
+/// settings (a `robust.csv` alone).
+fn unfinished_cells(dir: &Path) -> anyhow::Result<Option<(Vec<super::Cell>, usize)>> {
+    let path = dir.join("settings.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let settings: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a sweep's settings", path.display()))?;
+    let spec: super::SweepSpec = serde_json::from_value(settings["args"].clone())
+        .with_context(|| format!("{}: `args` is not a sweep's settings", path.display()))?;
+    let models: Vec<String> = serde_json::from_value(settings["models"].clone())
+        .with_context(|| format!("{}: `models` is not a list of models", path.display()))?;
+    let own = super::own_attack::recorded(&settings);
+    let planned = super::cells::list(&models, &spec.attack_list(), &own, &spec.ks, &spec.grad);
+    let total = planned.len();
+    let missing = planned
+        .into_iter()
+        .filter(|cell| !super::outputs::cell_path(dir, cell).exists())
+        .collect();
+    Ok(Some((missing, total)))
+}
+
 /// `jem-bench report`: regenerates the summary, table and plots of the finished sweeps `runs`
 /// from their `robust.csv`; with `out`, also draws all of them into one figure there
 /// (curves.svg, .png) and, where they hold at least 3 values of K, robust accuracy against K
-/// (k-curve.csv, .svg, .png).
-pub fn report(runs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+/// (k-curve.csv, .svg, .png). A sweep whose settings plan cells it has not finished (killed,
+/// still running, or one shard of several) is refused, naming them, unless `partial` asks to
+/// draw what is there; then the table says what is missing.
+pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Result<()> {
     anyhow::ensure!(!runs.is_empty(), "no sweep folders to report");
-    let mut all = Vec::new();
+    // Every folder is checked before anything is drawn.
+    let mut unfinished = Vec::new();
     for dir in runs {
+        let missing = unfinished_cells(dir)?;
+        if let Some((missing, total)) = &missing {
+            let names: Vec<String> = missing
+                .iter()
+                .map(|c| {
+                    let grad = c.grad.map_or(String::new(), |g| format!(" grad={g}"));
+                    format!("{} {} K={}{grad}", c.model, c.attack.name(), c.k)
+                })
+                .collect();
+            anyhow::ensure!(
+                partial || names.is_empty(),
+                "{}: {} of its {total} cells are not finished ({}); run the sweep's command again \
+                 to finish it (or merge its shards), or pass --partial to draw the finished ones",
+                dir.display(),
+                names.len(),
+                names.join(", ")
+            );
+            unfinished.push((names, *total));
+        } else {
+            unfinished.push((Vec::new(), 0));
+        }
+    }
+    let mut all = Vec::new();
+    for (dir, (missing, total)) in runs.iter().zip(&unfinished) {
         let rows = read_tidy(&dir.join("robust.csv"))?;
         print!("{}", write(dir, &rows, cell_seconds(dir))?);
+        if !missing.is_empty() {
+            println!(
+                "partial: {} of {total} cells not finished, not drawn: {}",
+                missing.len(),
+                missing.join(", ")
+            );
+        }
         println!("wrote {}", dir.display());
         all.extend(rows);
     }
