@@ -15,6 +15,15 @@ use jem_bench::harness::{AttackKind, Shard, SweepSpec};
 /// runs ([`Runner`](jem_bench::harness::Runner)).
 #[derive(Debug, Clone, Args)]
 pub struct RobustArgs {
+    /// A quick look, a first table in minutes: 20 test images, APGD-CE alone with 20
+    /// iterations and 2 EOT draws, no convergence check (the budget flags it sets cannot be
+    /// given with it). Every row is marked as an upper bound on robust accuracy, and the line
+    /// under the table estimates the full evaluation. Output: runs/quick-NORM.
+    #[arg(
+        long,
+        conflicts_with_all = ["attacks", "n_examples", "apgd_iterations", "eot", "convergence_sample"]
+    )]
+    pub quick: bool,
     /// Threat model: linf or l2.
     #[arg(long, default_value = "linf")]
     pub norm: Norm,
@@ -119,9 +128,11 @@ impl RobustArgs {
             Some(n) => NonZeroUsize::new(n)
                 .ok_or_else(|| anyhow::anyhow!("--jobs: expected at least 1, found 0"))?,
         };
+        let folder = if self.quick { "quick" } else { "robust" };
         let out = self
             .out
-            .unwrap_or_else(|| PathBuf::from(format!("runs/robust-{}", self.norm)));
+            .unwrap_or_else(|| PathBuf::from(format!("runs/{folder}-{}", self.norm)));
+        let quick = SweepSpec::quick_look(self.norm);
         let spec = SweepSpec {
             norm: self.norm,
             models: self.models,
@@ -144,6 +155,21 @@ impl RobustArgs {
             seed: self.seed,
             defence: self.defence.spec(),
             save_adversarials: self.save_adversarials,
+            quick: false,
+        };
+        // The quick look's budgets replace the defaults the flags it conflicts with hold.
+        let spec = if self.quick {
+            SweepSpec {
+                attacks: quick.attacks,
+                apgd_iterations: quick.apgd_iterations,
+                eot: quick.eot,
+                n_examples: quick.n_examples,
+                convergence_sample: quick.convergence_sample,
+                quick: true,
+                ..spec
+            }
+        } else {
+            spec
         };
         Ok((spec, out, self.shard, jobs))
     }
@@ -181,6 +207,25 @@ mod tests {
             (Norm::L2, vec![0, 10], 7)
         );
         assert_eq!(out, PathBuf::from("runs/robust-l2"));
+    }
+
+    #[test]
+    fn quick_is_the_quick_look_and_refuses_the_budgets_it_sets() {
+        let (spec, out, ..) = parse(&["--quick"]).into_parts().unwrap();
+        assert_eq!(spec, SweepSpec::quick_look(Norm::Linf));
+        assert_eq!(out, PathBuf::from("runs/quick-linf"));
+        let (spec, ..) = parse(&["--quick", "--norm", "l2", "--steps", "0", "--seed", "3"])
+            .into_parts()
+            .unwrap();
+        assert_eq!(
+            (spec.norm, spec.ks, spec.seed, spec.quick),
+            (Norm::L2, vec![0], 3, true)
+        );
+        for flag in ["--attacks", "--n-examples", "--apgd-iterations", "--eot"] {
+            let value = if flag == "--attacks" { "pgd" } else { "5" };
+            let line = ["robust", "--quick", flag, value];
+            assert!(Robust::try_parse_from(line).is_err(), "{flag}");
+        }
     }
 
     #[test]

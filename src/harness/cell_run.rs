@@ -369,8 +369,9 @@ fn rows_and_examples(
             defence: defence_settings.to_string(),
             stochastic: probe.stochastic,
             zero_gradients: probe.zero_gradients,
-            // Set for every row alike where the rows are assembled (robustness::tidy_rows).
-            upper_bound: false,
+            // A quick look's rows are upper bounds; BPDA rows at K > 0 are marked where the
+            // rows are assembled (robustness::tidy_rows).
+            upper_bound: spec.quick,
             check_sampled: None,
             check_broken_eot: None,
             check_broken_iterations: None,

@@ -40,35 +40,91 @@ pub fn gradients_per_example(
         CellAttack::Kind(kind) => *kind,
         CellAttack::Own(name) => return own_per_eps(name, spec.eot_at(cell.k)) * eps as f64,
     };
-    let eot = spec.eot_at(cell.k) as f64;
+    stage_gradients(spec, attack, cell.k, classes)
+        .into_iter()
+        .map(|(per_eps, once)| if once { per_eps } else { per_eps * eps as f64 })
+        .sum()
+}
+
+/// Per stage of `attack` (itself for a single attack) at K = `k`: the input gradients one
+/// example takes at most at one ε, and whether the stage runs once for every ε (a
+/// minimum-perturbation attack on its own) rather than at each.
+fn stage_gradients(
+    spec: &SweepSpec,
+    attack: AttackKind,
+    k: usize,
+    classes: usize,
+) -> Vec<(f64, bool)> {
+    let eot = spec.eot_at(k) as f64;
     let targets = TARGETS.min(classes.saturating_sub(1)) as f64;
-    let eps = eps as f64;
     let restarts = |kind| spec.restarts_of(kind) as f64;
     attack
         .stages()
         .into_iter()
         .map(|kind| match kind {
-            AttackKind::Pgd | AttackKind::PgdLong => {
-                spec.pgd_schedule(kind).0 as f64 * restarts(kind) * eot * eps
-            }
-            AttackKind::Fgsm => eot * eps,
+            AttackKind::Pgd | AttackKind::PgdLong => (
+                spec.pgd_schedule(kind).0 as f64 * restarts(kind) * eot,
+                false,
+            ),
+            AttackKind::Fgsm => (eot, false),
             AttackKind::ApgdCe | AttackKind::ApgdDlr => {
-                spec.apgd_iterations as f64 * restarts(kind) * eot * eps
+                (spec.apgd_iterations as f64 * restarts(kind) * eot, false)
             }
-            AttackKind::ApgdT => spec.apgd_iterations as f64 * restarts(kind) * eot * targets * eps,
+            AttackKind::ApgdT => (
+                spec.apgd_iterations as f64 * restarts(kind) * eot * targets,
+                false,
+            ),
             // Once for every ε on its own, per ε inside a cascade.
-            AttackKind::FabT if attack.is_preset() => {
-                spec.fab_iterations as f64 * targets * eot * eps
-            }
-            AttackKind::FabT => spec.fab_iterations as f64 * targets * eot,
-            AttackKind::Square => spec.square_queries as f64 * FORWARD * eps,
-            AttackKind::Boundary => spec.boundary_steps as f64 * FORWARD,
-            AttackKind::Pointwise => POINTWISE_QUERIES * FORWARD,
+            AttackKind::FabT => (
+                spec.fab_iterations as f64 * targets * eot,
+                !attack.is_preset(),
+            ),
+            AttackKind::Square => (spec.square_queries as f64 * FORWARD, false),
+            AttackKind::Boundary => (spec.boundary_steps as f64 * FORWARD, true),
+            AttackKind::Pointwise => (POINTWISE_QUERIES * FORWARD, true),
             AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
                 unreachable!("a preset's stages are single attacks")
             }
         })
-        .sum()
+        .collect()
+}
+
+/// Input gradients per example that a built-in `cell` of `spec` is expected to take, where a
+/// weaker run of the same model and K left `standing` (a fraction, per ε > 0 of `grid`,
+/// ascending) of the examples and classified `clean` of them correctly: at each ε the first
+/// stage attacks what the smaller ε left standing (the examples it breaks stop half-way, on
+/// average), later stages and the convergence check only what is left standing at ε. Survivors
+/// of a weaker run are at least those of the cell's, so this errs long. `None` for an own
+/// attack or a minimum-perturbation one (which attacks every example once for every ε).
+pub fn expected_gradients_per_example(
+    spec: &SweepSpec,
+    cell: &Cell,
+    classes: usize,
+    clean: f64,
+    standing: &[f64],
+) -> Option<f64> {
+    let attack = cell.attack.kind()?;
+    let stages = stage_gradients(spec, attack, cell.k, classes);
+    if stages.iter().any(|&(_, once)| once) {
+        return None;
+    }
+    let whole: f64 = stages.iter().map(|(g, _)| g).sum();
+    let check = cell.k > 0 && spec.convergence_sample > 0;
+    let n = spec.n_examples as f64;
+    let mut before = clean.clamp(0.0, 1.0);
+    let mut total = 0.0;
+    for &left in standing {
+        let left = left.clamp(0.0, before);
+        let (first, later) = stages.split_first().expect("an attack has a stage");
+        total += first.0 * (left + 0.5 * (before - left));
+        total += later.iter().map(|(g, _)| g * left).sum::<f64>();
+        if check {
+            let sampled = (spec.convergence_sample as f64).min(left * n) / n;
+            total += (MORE_EOT + MORE_ITERATIONS) as f64 * sampled * whole;
+        }
+        before = left;
+    }
+    Some(total)
 }
 
 /// The convergence check's cost relative to the cell's attack over `eps` budgets > 0: a
@@ -158,6 +214,40 @@ mod tests {
         assert_eq!(
             gradients_per_example(&spec, &cell(AttackKind::ApgdT, 0), 1, 2, no_own),
             100.0
+        );
+    }
+
+    /// Where a weaker run left every example standing, the expected count is the bound; where
+    /// it broke them all at the first ε, only the first stage's half-run on the correctly
+    /// classified ones remains.
+    #[test]
+    fn the_expected_count_is_the_bound_when_nothing_breaks_and_shrinks_with_the_survivors() {
+        let spec = SweepSpec::default();
+        for k in [0, 1] {
+            let cell = cell(AttackKind::Adaptive, k);
+            let bound = gradients_per_example(&spec, &cell, 3, 10, no_own)
+                * (1.0 + check_factor(&spec, &cell, 3));
+            let all = expected_gradients_per_example(&spec, &cell, 10, 1.0, &[1.0; 3]).unwrap();
+            assert!(
+                (all - bound).abs() <= 1e-9 * bound,
+                "K = {k}: {all} vs {bound}"
+            );
+            let none = expected_gradients_per_example(&spec, &cell, 10, 0.9, &[0.0; 3]).unwrap();
+            // APGD-CE's 100 iterations, each with the K's EOT draws, half-run on 90 %.
+            let first = 100.0 * spec.eot_at(k) as f64;
+            assert!((none - first * 0.5 * 0.9).abs() < 1e-9, "K = {k}: {none}");
+            let some =
+                expected_gradients_per_example(&spec, &cell, 10, 1.0, &[0.8, 0.5, 0.2]).unwrap();
+            assert!(
+                none < some && some < all,
+                "K = {k}: {none} < {some} < {all}"
+            );
+        }
+        // A minimum-perturbation attack attacks every example once for every ε.
+        let fab = cell(AttackKind::FabT, 0);
+        assert_eq!(
+            expected_gradients_per_example(&spec, &fab, 10, 1.0, &[0.5]),
+            None
         );
     }
 

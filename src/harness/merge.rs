@@ -146,7 +146,7 @@ pub fn merge<B: BenchBackend>(
         outputs::save_cell(out, result)?;
     }
     outputs::write_csvs(out, &results)?;
-    finish(&plan, &results, &TerminalProgress::default(), 0).map(|_| ())
+    finish(&plan, &joined, &results, &TerminalProgress::default(), 0).map(|_| ())
 }
 
 impl Folder {

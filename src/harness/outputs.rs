@@ -220,8 +220,9 @@ pub struct TidyRow {
     /// gradients).
     #[serde(default)]
     pub zero_gradients: usize,
-    /// The gradients through the K > 0 SGLD steps were approximated by BPDA: the robust
-    /// accuracy is an upper bound, which an adaptive attack (`--grad full` with EOT) may lower.
+    /// The robust accuracy is an upper bound, which a stronger attack may lower: the gradients
+    /// through the K > 0 SGLD steps were approximated by BPDA (an adaptive attack, `--grad full`
+    /// with EOT, may find more), or the row is a quick look's (`--quick`: weaker budgets).
     #[serde(default)]
     pub upper_bound: bool,
     /// The convergence check of a stochastic cell, on the rows of its attack's last stage (a

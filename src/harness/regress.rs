@@ -230,6 +230,12 @@ pub fn regress<B: BenchBackend>(a: &RegressSpec, device: &B::Device) -> anyhow::
         a.reference.join("robust.csv").display()
     );
     let saved = read_settings(&a.reference)?;
+    anyhow::ensure!(
+        saved["args"]["quick"] != true,
+        "{} is a quick look (`robust --quick`), whose rows are upper bounds from weak attacks: \
+         no reference; make the reference with the budgets it should guard",
+        a.reference.display()
+    );
     let saved_weights = &saved["weights"];
     let candidate_dir = match &a.run {
         Some(dir) => {

@@ -342,7 +342,10 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
     let curves = curves(rows)?;
     // The sweep's own attacks, as its settings record them (a merged report has none).
     let settings = std::fs::read_to_string(dir.join("settings.json")).ok();
-    let settings = settings.and_then(|t| serde_json::from_str(&t).ok());
+    let settings: Option<serde_json::Value> = settings.and_then(|t| serde_json::from_str(&t).ok());
+    let quick = settings
+        .as_ref()
+        .is_some_and(|s| s["args"]["quick"] == true);
     let own = settings.map_or_else(Vec::new, |s| super::own_attack::recorded(&s));
     let checks = checks::run(rows, classes(rows)?, &own);
     let first = &rows[0];
@@ -420,7 +423,11 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
               below this estimate's interval: the attack had not converged (summary.json: \
               convergence_checks)\n";
     }
-    if curves.iter().any(|c| c.upper_bound) {
+    if quick {
+        t += "* a quick look (--quick): 20 images, APGD-CE alone with 20 iterations, no \
+              convergence check; every robust accuracy is an upper bound, which the full \
+              evaluation may lower (robust.csv: upper_bound)\n";
+    } else if curves.iter().any(|c| c.upper_bound) {
         t +=
             "* BPDA through the SGLD steps: an upper bound on robust accuracy; an adaptive attack \
               (--grad full with --eot) may find more (robust.csv: upper_bound)\n";

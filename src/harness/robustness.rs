@@ -174,7 +174,7 @@ pub fn tidy_rows(results: &[&CellResult]) -> anyhow::Result<Vec<TidyRow>> {
     let mut out = per_attack_rows(results, &runs)?;
     out.extend(worst_case_rows(results, &runs)?);
     for row in &mut out {
-        row.upper_bound = row.is_bpda_bound();
+        row.upper_bound |= row.is_bpda_bound();
     }
     Ok(out)
 }

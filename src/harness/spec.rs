@@ -85,6 +85,11 @@ pub struct SweepSpec {
     /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub save_adversarials: bool,
+    /// A quick look ([`SweepSpec::quick_look`]): budgets far below the default evaluation's,
+    /// so every row it writes is marked as an upper bound on robust accuracy. Never a
+    /// reference: `regress` refuses one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quick: bool,
 }
 
 /// Where and how a sweep runs: none of it changes what the sweep computes, so none of it is
@@ -220,11 +225,29 @@ impl Default for SweepSpec {
             seed: 0,
             defence: DefenceSpec::default(),
             save_adversarials: false,
+            quick: false,
         }
     }
 }
 
 impl SweepSpec {
+    /// A first table in minutes rather than hours: the default sweep's models, norm, ε and K
+    /// on 20 test images, APGD-CE alone with 20 iterations, 2 EOT draws (through the exact
+    /// gradient of the SGLD steps at K > 0) and no convergence check. Weaker than the adaptive
+    /// default in every respect, so every row is an upper bound ([`SweepSpec::quick`]).
+    pub fn quick_look(norm: Norm) -> Self {
+        SweepSpec {
+            norm,
+            attacks: vec![AttackKind::ApgdCe],
+            apgd_iterations: 20,
+            eot: Some(2),
+            n_examples: 20,
+            convergence_sample: 0,
+            quick: true,
+            ..SweepSpec::default()
+        }
+    }
+
     pub(super) fn eps_grid(&self) -> Vec<f32> {
         if !self.eps.is_empty() {
             return self.eps.clone();

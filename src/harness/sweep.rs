@@ -10,12 +10,13 @@ use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{Classifier, GradMode};
 
 use super::cell_run::run_cell;
-use super::cells::Cell;
+use super::cells::{AttackKind, Cell};
 use super::estimate;
 use super::outputs::{self, CellResult, TidyRow};
 use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
+use super::robustness::WORST_CASE;
 use super::spec::{CellPart, Runner, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -168,7 +169,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         Ok(())
     })?;
     let results: Vec<CellResult> = done.into_iter().flatten().collect();
-    finish(plan, &results, runner.observer, pending.len())
+    finish(plan, spec, &results, runner.observer, pending.len())
 }
 
 /// What a worker sends about the cell it runs.
@@ -177,6 +178,32 @@ enum Message {
     Part(CellPart),
     /// The cell finished (or failed).
     Finished(anyhow::Result<CellResult>),
+}
+
+/// Seconds one example's input gradient takes through `cell`'s defended model (its model, K
+/// and gradient mode), timed on up to 16 of its examples.
+fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    cell: &Cell,
+) -> anyhow::Result<f64> {
+    let subject = plan.subject(cell);
+    let grad = cell.grad.unwrap_or(GradMode::Bpda);
+    let defended = Defended::new(
+        subject.network(),
+        subject.sgld(),
+        cell.k,
+        grad,
+        &spec.defence,
+    )?;
+    let data = subject.test_set();
+    let idx: Vec<usize> = (0..spec.n_examples.min(16)).collect();
+    let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
+    let device = subject.device();
+    let x = batches::images::<B::InnerBackend>(data, &idx, device);
+    let y =
+        Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), device);
+    Ok(estimate::seconds_per_gradient(&defended, x, y))
 }
 
 /// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
@@ -199,24 +226,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         let seconds = match timed.iter().find(|(k, _)| *k == key) {
             Some((_, s)) => *s,
             None => {
-                let grad = cell.grad.unwrap_or(GradMode::Bpda);
-                let defended = Defended::new(
-                    subject.network(),
-                    subject.sgld(),
-                    cell.k,
-                    grad,
-                    &spec.defence,
-                )?;
-                let data = subject.test_set();
-                let idx: Vec<usize> = (0..spec.n_examples.min(16)).collect();
-                let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
-                let device = subject.device();
-                let x = batches::images::<B::InnerBackend>(data, &idx, device);
-                let y = Tensor::<B::InnerBackend, 1, Int>::from_data(
-                    TensorData::new(labels, [idx.len()]),
-                    device,
-                );
-                let s = estimate::seconds_per_gradient(&defended, x, y);
+                let s = seconds_per_gradient(plan, spec, cell)?;
                 timed.push((key, s));
                 s
             }
@@ -233,22 +243,96 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     Ok(out)
 }
 
+/// What the default evaluation of a quick look's models, norm, ε and K would take here: the
+/// line printed under a quick look's table. Its cells' gradients are timed now; the expected
+/// time counts, per model and K, the examples the quick look left standing at each ε (at least
+/// as many as the default's stronger attacks leave: it errs long); the bound, every example
+/// attacked at every ε to the last iteration.
+fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    quick: &SweepSpec,
+    rows: &[TidyRow],
+) -> anyhow::Result<String> {
+    let full = SweepSpec {
+        norm: quick.norm,
+        eps: quick.eps.clone(),
+        ks: quick.ks.clone(),
+        seed: quick.seed,
+        data: quick.data.clone(),
+        defence: quick.defence.clone(),
+        ..SweepSpec::default()
+    };
+    let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
+    grid.sort_by(f32::total_cmp);
+    let (mut expected, mut bound) = (0.0, 0.0);
+    for subject in &plan.subjects {
+        for &k in &full.ks {
+            let cell = Cell {
+                model: subject.name().to_string(),
+                attack: super::CellAttack::Kind(AttackKind::Adaptive.at(k)),
+                k,
+                grad: (k > 0).then_some(GradMode::Full),
+            };
+            let seconds = seconds_per_gradient(plan, &full, &cell)?;
+            let classes = subject.test_set().num_classes();
+            let n = full.n_examples as f64;
+            let most =
+                estimate::gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0)
+                    * (1.0 + estimate::check_factor(&full, &cell, grid.len()));
+            bound += seconds * n * most;
+            // The quick look's worst case at this model and K.
+            let worst: Vec<&TidyRow> = rows
+                .iter()
+                .filter(|r| r.model == cell.model && r.k == k && r.attack == WORST_CASE)
+                .collect();
+            let clean = worst.first().map_or(1.0, |r| r.clean_accuracy);
+            let standing: Vec<f64> = grid
+                .iter()
+                .map(|&e| {
+                    worst
+                        .iter()
+                        .find(|r| r.eps == e)
+                        .map_or(1.0, |r| r.robust_accuracy)
+                })
+                .collect();
+            let likely =
+                estimate::expected_gradients_per_example(&full, &cell, classes, clean, &standing)
+                    .unwrap_or(most);
+            expected += seconds * n * likely;
+        }
+    }
+    let norm = quick.norm;
+    Ok(format!(
+        "the full evaluation, `jem-bench robust --norm {norm}` (100 images, the adaptive \
+         attacks, convergence checks): about {} here from what this quick look left standing, \
+         at most {}",
+        estimate::duration(expected),
+        estimate::duration(bound)
+    ))
+}
+
 /// Checks a sweep's settings, models and data without touching the disk (what `robust` does
 /// first), so that a caller can refuse bad settings before it prepares a folder.
 pub fn check<B: BenchBackend>(spec: &SweepSpec, device: &B::Device) -> anyhow::Result<()> {
     Plan::<B, _>::from_args(spec, std::path::Path::new(""), device).map(|_| ())
 }
 
-/// Summary, sanity checks, plots and table of the finished cells, `ran` of them run now.
-pub(super) fn finish<B: BenchBackend, N: Classifier<B>>(
+/// Summary, sanity checks, plots and table of the finished cells, `ran` of them run now; under
+/// a quick look's table, what the full evaluation would take.
+pub(super) fn finish<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
+    spec: &SweepSpec,
     results: &[CellResult],
     observer: &dyn SweepObserver,
     ran: usize,
 ) -> anyhow::Result<Vec<TidyRow>> {
     let rows = super::robustness::tidy_rows(&results.iter().collect::<Vec<_>>())?;
     let seconds = results.iter().map(|r| r.seconds).sum::<f64>();
-    let table = report::write(&plan.out, &rows, Some(seconds))?;
+    let mut table = report::write(&plan.out, &rows, Some(seconds))?;
+    if spec.quick && !rows.is_empty() {
+        table += &full_evaluation(plan, spec, &rows)?;
+        table += "\n";
+    }
     observer.finished(&plan.out, &table, ran, results.len());
     Ok(rows)
 }

@@ -1466,3 +1466,69 @@ fn models_whose_paths_read_alike_keep_their_own_results() {
         assert_eq!(adversarials(&out), saved, "--jobs {jobs}");
     }
 }
+
+/// A quick look marks every row as an upper bound in robust.csv and in the table, ends with
+/// the full evaluation's estimated time, and is refused as a reference.
+#[test]
+fn a_quick_look_marks_its_rows_as_upper_bounds_and_is_no_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("quick");
+    let o = cli()
+        .args([
+            "robust",
+            "--quick",
+            "--models",
+            "results/models/baseline",
+            "--steps",
+            "0",
+            "--eps",
+            "0,0.1",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let written = rows(&out);
+    assert!(!written.is_empty());
+    for row in &written {
+        assert!(row.upper_bound, "{row:?}");
+        assert_eq!(
+            (row.n, row.attack.to_string().as_str()),
+            (
+                20,
+                if row.attack == "worst-case" {
+                    "worst-case"
+                } else {
+                    "apgd-ce"
+                }
+            )
+        );
+    }
+    assert!(
+        table.contains("none*") && table.contains("a quick look (--quick)"),
+        "{table}"
+    );
+    let last = table
+        .lines()
+        .rev()
+        .find(|l| l.contains("full evaluation"))
+        .expect(&table);
+    assert!(
+        last.contains("jem-bench robust --norm linf") && last.contains("at most"),
+        "{last}"
+    );
+    let o = cli()
+        .args(["regress", "--reference"])
+        .arg(&out)
+        .arg("--run")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("is a quick look"),
+        "{err}"
+    );
+}
