@@ -1,15 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates every committed result that depends on the embedded models (results/models/):
-# the CI reference sweep, the default L∞ and L2 sweeps with their curves (their K = 0 cells are
-# AutoAttack's cascade), the same L∞ sweep of jem-ce1000, of the earlier 1 : 1 JEM (with its
-# curve against K) and of the control, the K = 1 cells under APGD-CE alone with the full
-# gradient and EOT, robust accuracy against K, K = 10, the nonsense table, and the calibration
-# and OOD-detection tables.
-# Run it from the repository root after an embedded model changes (`regress` refuses a reference
-# swept with other weights). Days on two cores: the embedded JEM is a WRN-10-2, about four times
-# the WRN-10-1's cost per pass; its default L∞ cells alone took 2 h 12 min (2026-11-28), the
-# L2 ones about as long, and k-curve (K = 2, 5, 10 through exact gradients with EOT) and k10 run
-# for days; every sweep resumes where it stopped, the long ones batch by batch.
+# Regenerates the committed results that depend on the models under results/models/ (what each
+# folder is: results/README.md). Run it from the repository root after a model changes
+# (`regress` refuses a reference swept with other weights). Days on two cores in all; every
+# sweep resumes where it stopped, the batched ones batch by batch.
 #
 #   bash results/regenerate.sh            # everything
 #   bash results/regenerate.sh reference  # one part: reference | sweeps (or linf | l2) | jem-ce1000 | jem-1to1 | control | k1-eot | k-curve | k10 | nonsense | calibration | ood
@@ -79,10 +72,10 @@ for part in ${parts[*]}; do
         replace "$work/jem-ce1000-linf" results/sweeps/jem-ce1000-linf
         ;;
     jem-1to1)
-        # An earlier JEM at the paper's 1 : 1 balance on the narrower WRN-10-1 (run `ad`, stopped
-        # at 96.69 % test accuracy), swept the same way: the same objective on a quarter of the
-        # network (docs/training-log.md).
-        "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --out "$work/jem-1to1-linf"
+        # The JEM at the paper's 1 : 1 balance on the narrower WRN-10-1 that the embedded JEM was
+        # widened from (96.69 % test accuracy), swept the same way: the same objective on a
+        # quarter of the network (docs/training-log.md).
+        "$bin" robust --norm linf --models results/models/jem-1to1 --out "$work/jem-1to1-linf"
         replace "$work/jem-1to1-linf" results/sweeps/jem-1to1-linf
         # And its K > 1 cells, swept as the k-curve and k10 parts sweep the embedded models
         # (hours of cell time each; batches of 10 resume); `report` joins the first into one
@@ -90,16 +83,16 @@ for part in ${parts[*]}; do
         for sweep in "k-curve-linf 2,5,10 0,0.2" "k10-linf 10 0,0.1,0.3"; do
             read -r name steps eps <<<"$sweep"
             resume_committed "results/sweeps/jem-1to1-$name" "$work/jem-1to1-$name"
-            "$bin" robust --norm linf --models results/train/jem-attempts/ad/model --steps "$steps" \
+            "$bin" robust --norm linf --models results/models/jem-1to1 --steps "$steps" \
                 --eps "$eps" "${batched[@]}" --out "$work/jem-1to1-$name"
             replace "$work/jem-1to1-$name" "results/sweeps/jem-1to1-$name"
         done
         ;;
     control)
         # The control for the JEMs: the embedded baseline's recipe trained with the JEMs' data
-        # noise σ = 0.1 (results/train/baseline-sigma01, docs/training-log.md), swept as the
+        # noise σ = 0.1 (results/models/baseline-sigma01, docs/training-log.md), swept as the
         # default sweeps the embedded models, so that JEM against control isolates the p(x) term.
-        "$bin" robust --norm linf --models results/train/baseline-sigma01/model --out "$work/baseline-sigma01-linf"
+        "$bin" robust --norm linf --models results/models/baseline-sigma01 --out "$work/baseline-sigma01-linf"
         replace "$work/baseline-sigma01-linf" results/sweeps/baseline-sigma01-linf
         ;;
     k1-eot)
@@ -119,7 +112,7 @@ for part in ${parts[*]}; do
         # 5, 10 at ε = 0.2 for the two JEMs and the baseline, beside the default sweeps' K = 0
         # and 1 (`report` joins them into k-curve.csv / .svg / .png). Days on two cores (a K = 10
         # gradient costs about 7 of K = 1); it resumes cell by cell, and the committed folder
-        # may hold only the cells finished so far (results/README.md says which).
+        # may hold only the cells finished so far.
         # Batches of 10 keep each finished batch, so a run stopped mid-cell loses little;
         # a partial folder committed under results/ is picked up and continued here.
         resume_committed results/sweeps/k-curve-linf "$work/k-curve-linf"
@@ -132,9 +125,8 @@ for part in ${parts[*]}; do
     k10)
         # K = 10, the paper's setting, at the other two L∞ radii (ε = 0.2 is the k-curve's), then
         # at the default L2 radii, under the same adaptive default, for the same three models.
-        # Days on two cores (the 1 : 1 JEM's K = 10 cell took 2 h 17 min for its first batch of
-        # 10 digits at ε 0 and 0.2, 2026-11-28); each sweep resumes
-        # batch by batch like k-curve, from a partial folder committed under results/.
+        # Days on two cores; each sweep resumes batch by batch like k-curve, from a partial
+        # folder committed under results/.
         for sweep in "linf 0,0.1,0.3" "l2 0,1,2,3"; do
             read -r norm eps <<<"$sweep"
             resume_committed "results/sweeps/k10-$norm" "$work/k10-$norm"

@@ -6,7 +6,7 @@
 #   scripts/gpu-check.sh build          # here: --features cuda builds, stripped and xz'd into
 #                                       # .gpu-check/bin (git-ignored), about 30 MB
 #   scripts/gpu-check.sh stash          # here, before the device call: moves the large tracked
-#                                       # folders not read there (results/train, datasets/data, …)
+#                                       # folders not read there (datasets/data, the sweeps, …)
 #                                       # into .gpu-check/stash, so that what travels fits 64 MiB
 #   scripts/gpu-check.sh unstash        # here, after it: puts them back
 #   scripts/gpu-check.sh run [OUT]      # on the GPU machine, from the repository root: writes

@@ -451,7 +451,7 @@ mod tests {
     fn model_labels_are_short_and_a_run_is_named_by_its_folders() {
         let labels = model_labels(&[
             "results/models/jem",
-            "results/train/jem-attempts/ad/model",
+            "runs/jem-attempts/ad/model",
             "runs/a/baseline.safetensors",
         ]);
         assert_eq!(

@@ -1418,8 +1418,8 @@ fn curves_draw_real_training_logs_and_name_a_bad_row_before_writing() {
     let o = cli()
         .args([
             "curves",
-            "results/train/jem-attempts/ad=1 : 1 JEM",
-            "results/train/jem-attempts/aq/epochs.csv=wider@12900",
+            "results/train/jem-1to1=1 : 1 JEM",
+            "results/train/jem/epochs.csv=wider@12900",
             "results/train/baseline-sigma01",
             "--out",
         ])
@@ -1435,13 +1435,13 @@ fn curves_draw_real_training_logs_and_name_a_bad_row_before_writing() {
 
     let corrupt = dir.path().join("corrupt");
     std::fs::create_dir(&corrupt).unwrap();
-    let log = std::fs::read_to_string(root().join("results/train/jem-attempts/ad/epochs.csv"))
+    let log = std::fs::read_to_string(root().join("results/train/jem-1to1/epochs.csv"))
         .unwrap()
         .replacen(",0.26920,", ",0.2692x,", 1);
     std::fs::write(corrupt.join("epochs.csv"), log).unwrap();
     let refused = dir.path().join("refused");
     let o = cli()
-        .args(["curves", "results/train/jem-attempts/ad"])
+        .args(["curves", "results/train/jem-1to1"])
         .arg(&corrupt)
         .arg("--out")
         .arg(&refused)
@@ -1453,7 +1453,7 @@ fn curves_draw_real_training_logs_and_name_a_bad_row_before_writing() {
     );
     assert!(!refused.with_extension("svg").exists());
     let o = cli()
-        .args(["curves", "results/train/jem-attempts/ad@soon", "--out"])
+        .args(["curves", "results/train/jem-1to1@soon", "--out"])
         .arg(&refused)
         .output()
         .unwrap();
