@@ -435,7 +435,7 @@ pub(super) fn builder<'a, B: BenchBackend, N: Classifier<B> + 'static>(
 }
 
 /// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
-fn attack_batch<B: BenchBackend, M: Model<B>>(
+pub(super) fn attack_batch<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
     cell: &Cell,
     build: &Build<'_, B, M>,

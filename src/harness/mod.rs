@@ -32,6 +32,8 @@ pub use progress::TerminalProgress;
 pub use regress::{compare, regress, RegressSpec};
 pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
-pub use spec::{CellPart, PartKind, Runner, Shard, Silent, SweepObserver, SweepSpec};
+pub use spec::{
+    CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
+};
 pub use subject::Subject;
-pub use sweep::{run, sweep, sweep_with_attacks};
+pub use sweep::{check, run, sweep, sweep_with_attacks};

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::estimate;
 use super::outputs::CellResult;
-use super::spec::{CellPart, Shard, SweepObserver};
+use super::spec::{CellPart, Shard, SweepEstimate, SweepObserver};
 
 /// Draws the bar on stderr and prints the table on stdout.
 #[derive(Default)]
@@ -56,15 +56,17 @@ impl TerminalProgress {
 }
 
 impl SweepObserver for TerminalProgress {
-    fn starting(&self, estimates: &[f64], finished_before: usize) {
-        let total: f64 = estimates.iter().sum();
+    fn starting(&self, estimate: &SweepEstimate, finished_before: usize) {
+        let estimates = &estimate.cells;
+        let total = estimate.expected();
         if !estimates.is_empty() {
             eprintln!(
-                "{} cells to run, estimated at most {} here (one timed gradient per model, K and \
-                 gradient mode, every example attacked at every ε to the last iteration; broken \
-                 examples drop out, so it usually takes less)",
+                "{} cells to run, about {} here (timed gradients, and the examples a short pilot \
+                 attack left standing at each ε), at most {} (every example attacked at every ε \
+                 to the last iteration)",
                 estimates.len(),
-                estimate::duration(total)
+                estimate::duration(total),
+                estimate::duration(estimate.bound)
             );
         }
         // Counted in estimated milliseconds, so that the remaining time weighs cells by cost.
@@ -190,10 +192,17 @@ mod tests {
         }
     }
 
+    fn estimate(cells: &[f64]) -> SweepEstimate {
+        SweepEstimate {
+            cells: cells.to_vec(),
+            bound: 2.0 * cells.iter().sum::<f64>(),
+        }
+    }
+
     #[test]
     fn parts_move_the_bar_within_their_cell_and_the_cell_ends_on_its_estimate() {
         let progress = TerminalProgress::default();
-        progress.starting(&[10.0, 4.0], 0);
+        progress.starting(&estimate(&[10.0, 4.0]), 0);
         let position = || progress.bar.borrow().as_ref().unwrap().position();
         // Two cells in flight: parts count for their own cell only.
         progress.part_finished(&part(1, 0, 0.25), 10.0);
@@ -222,7 +231,7 @@ mod tests {
     #[test]
     fn parts_read_back_shrink_what_is_left_instead_of_counting_as_done() {
         let progress = TerminalProgress::default();
-        progress.starting(&[10.0], 0);
+        progress.starting(&estimate(&[10.0]), 0);
         let state = || {
             let bar = progress.bar.borrow().as_ref().unwrap().clone();
             (bar.position(), bar.length())

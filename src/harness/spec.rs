@@ -119,9 +119,9 @@ impl Runner<'static> {
 
 /// What a running sweep reports. Every method does nothing by default.
 pub trait SweepObserver {
-    /// Before the first cell: the estimated seconds of each cell to run (in the order they
-    /// start) and how many cells were finished by an earlier run.
-    fn starting(&self, _estimates: &[f64], _finished_before: usize) {}
+    /// Before the first cell: what the cells to run are expected to take (see
+    /// [`SweepEstimate`]) and how many cells were finished by an earlier run.
+    fn starting(&self, _estimate: &SweepEstimate, _finished_before: usize) {}
     /// A part of a running cell finished and was kept, or was read back from what an earlier,
     /// interrupted run kept (`part.resumed`: its share of the estimate is not to run now); see
     /// [`CellPart`]. `estimated_seconds` is what the whole cell had been estimated at.
@@ -133,6 +133,27 @@ pub trait SweepObserver {
     fn finished(&self, _out: &Path, _table: &str, _ran: usize, _cells: usize) {}
     /// This shard has no cells of a sweep of `cells` cells.
     fn nothing_to_do(&self, _shard: Shard, _cells: usize) {}
+}
+
+/// What the cells a sweep is about to run are expected to take here, printed before the first
+/// one. Each cell's gradient is timed on a batch of its own size, and a short pilot (APGD-CE,
+/// 10 iterations, one draw, on up to 16 of its examples) tells how many examples stand at each
+/// ε, so that the examples an attack breaks early, and the later stages of a cascade that never
+/// see them, are not counted at full cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepEstimate {
+    /// Expected seconds of each cell to run, in the order they start.
+    pub cells: Vec<f64>,
+    /// Seconds they take at most, every example attacked at every ε to the last iteration.
+    pub bound: f64,
+}
+
+impl SweepEstimate {
+    /// Expected seconds of the whole sweep: the cells' sum (cells run side by side share the
+    /// cores their timed gradients used).
+    pub fn expected(&self) -> f64 {
+        self.cells.iter().sum()
+    }
 }
 
 /// A part of a cell that is kept as it finishes, so that a killed sweep resumes after it: a

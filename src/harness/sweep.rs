@@ -17,7 +17,8 @@ use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
 use super::robustness::WORST_CASE;
-use super::spec::{CellPart, Runner, SweepObserver, SweepSpec};
+use super::cell_run::batch_len;
+use super::spec::{CellPart, Runner, SweepEstimate, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
@@ -102,10 +103,11 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         .filter(|&i| done[mine_at[i]].is_none())
         .collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
-    let estimates = estimate_cells(plan, spec, &mine, &pending)?;
+    let estimate = estimate_cells(plan, spec, &mine, &pending)?;
     runner
         .observer
-        .starting(&estimates, mine.len() - pending.len());
+        .starting(&estimate, mine.len() - pending.len());
+    let estimates = estimate.cells;
     outputs::write_csvs(&out, done.iter().flatten())?;
 
     let next = AtomicUsize::new(0);
@@ -180,8 +182,16 @@ enum Message {
     Finished(anyhow::Result<CellResult>),
 }
 
+/// Examples a gradient is timed on: the cell's batch, up to 128 (per example a larger batch
+/// costs about as much); a batch of 16 cost twice as much per example as one of 100 does.
+const TIMED_BATCH: usize = 128;
+
+/// Examples and iterations of the pilot attack that tells the estimate how many examples stand.
+const PILOT_EXAMPLES: usize = 16;
+const PILOT_ITERATIONS: usize = 10;
+
 /// Seconds one example's input gradient takes through `cell`'s defended model (its model, K
-/// and gradient mode), timed on up to 16 of its examples.
+/// and gradient mode), timed on a batch of the cell's size (up to [`TIMED_BATCH`]).
 fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
@@ -189,36 +199,92 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
 ) -> anyhow::Result<f64> {
     let subject = plan.subject(cell);
     let grad = cell.grad.unwrap_or(GradMode::Bpda);
-    let defended = Defended::new(
-        subject.network(),
-        subject.sgld(),
-        cell.k,
-        grad,
-        &spec.defence,
-    )?;
+    let defended = Defended::new(subject.network(), subject.sgld(), cell.k, grad, &spec.defence)?;
+    let len = batch_len(spec, spec.n_examples).min(spec.n_examples).min(TIMED_BATCH);
+    let (x, y) = first_examples(subject, len);
+    Ok(estimate::seconds_per_gradient(&defended, x, y))
+}
+
+/// The first `len` test images of `subject` and their labels.
+fn first_examples<B: BenchBackend, N: Module<B>>(
+    subject: &Subject<B, N>,
+    len: usize,
+) -> super::cell_run::Examples<B> {
     let data = subject.test_set();
-    let idx: Vec<usize> = (0..spec.n_examples.min(16)).collect();
+    let idx: Vec<usize> = (0..len.max(1)).collect();
     let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
     let device = subject.device();
     let x = batches::images::<B::InnerBackend>(data, &idx, device);
     let y =
         Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), device);
-    Ok(estimate::seconds_per_gradient(&defended, x, y))
+    (x, y)
 }
 
-/// Estimated seconds of each pending cell (in `pending`'s order): one timed gradient per
-/// model, K and gradient mode, times the gradients its attack takes at most.
+/// What a weak, short attack leaves of `cell`'s model, K and gradient mode: the fraction of
+/// up to [`PILOT_EXAMPLES`] examples classified correctly, and of those standing at each ε > 0
+/// of the grid (ascending) after APGD-CE with [`PILOT_ITERATIONS`] iterations and one draw.
+/// At least as many as the cell's attack leaves, so an estimate from it errs long.
+fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    cell: &Cell,
+    grid: &[f32],
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let subject = plan.subject(cell);
+    let grad = cell.grad.unwrap_or(GradMode::Bpda);
+    let defended = Defended::new(subject.network(), subject.sgld(), cell.k, grad, &spec.defence)?;
+    let pilot_cell = Cell {
+        attack: super::CellAttack::Kind(AttackKind::ApgdCe),
+        ..cell.clone()
+    };
+    let pilot_spec = SweepSpec {
+        apgd_iterations: PILOT_ITERATIONS,
+        eot: Some(1),
+        restarts: 1,
+        ..spec.clone()
+    };
+    let (x, y) = first_examples(subject, spec.n_examples.min(PILOT_EXAMPLES));
+    let build = super::cell_run::builder(&pilot_cell, &plan.own);
+    let stages =
+        super::cell_run::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
+    let last = stages.last().expect("an attack has a stage");
+    let share = |flags: Vec<bool>| {
+        let n = flags.len().max(1) as f64;
+        flags.into_iter().filter(|&f| f).count() as f64 / n
+    };
+    let clean = last.outcomes.first().map_or(1.0, |(_, o)| {
+        share(o.examples.iter().map(|e| e.clean_correct).collect())
+    });
+    let standing = grid
+        .iter()
+        .map(|&eps| {
+            let (at, outcome) = last
+                .outcomes
+                .iter()
+                .find(|(at, _)| at.is_none_or(|a| a == eps))
+                .expect("a stage answers every ε of the grid");
+            share(super::convergence::standing(outcome, *at, spec.norm, eps))
+        })
+        .collect();
+    Ok((clean, standing))
+}
+
+/// What each pending cell (in `pending`'s order) is expected to take, and what they take at
+/// most: per model, K and gradient mode one timed gradient and, for the built-in attacks that
+/// run at each ε, a pilot attack's survivors (see [`SweepEstimate`]).
 pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     mine: &[&Cell],
     pending: &[usize],
-) -> anyhow::Result<Vec<f64>> {
-    let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
-    // Seconds per example-gradient, per (model, K, gradient mode).
-    type Timed<'a> = ((&'a str, usize, Option<GradMode>), f64);
-    let mut timed: Vec<Timed> = Vec::new();
-    let mut out = Vec::new();
+) -> anyhow::Result<SweepEstimate> {
+    let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
+    grid.sort_by(f32::total_cmp);
+    let eps = grid.len();
+    type Key<'a> = (&'a str, usize, Option<GradMode>);
+    let mut timed: Vec<(Key, f64)> = Vec::new();
+    let mut piloted: Vec<(Key, (f64, Vec<f64>))> = Vec::new();
+    let (mut cells, mut bound) = (Vec::new(), 0.0);
     for &i in pending {
         let cell = mine[i];
         let subject = plan.subject(cell);
@@ -236,11 +302,28 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             let attack = plan.own.iter().find(|o| o.name() == name);
             attack.map_or(0.0, |o| o.gradients_per_eps(eot))
         };
-        let gradients = estimate::gradients_per_example(spec, cell, eps, classes, own);
         let n = spec.n_examples as f64;
-        out.push(seconds * gradients * n * (1.0 + estimate::check_factor(spec, cell, eps)));
+        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
+            * (1.0 + estimate::check_factor(spec, cell, eps));
+        bound += seconds * n * most;
+        // Only where the count can use survivors; the pilot's cost then is a small fraction
+        // of the cell's (480 of its 100 × 5 280 example-gradients at the default's K = 1).
+        let uses_survivors = eps > 0
+            && estimate::expected_gradients_per_example(spec, cell, classes, 1.0, &vec![1.0; eps])
+                .is_some();
+        let likely = if uses_survivors {
+            if !piloted.iter().any(|(k, _)| *k == key) {
+                piloted.push((key, pilot(plan, spec, cell, &grid)?));
+            }
+            let (_, (clean, standing)) = piloted.iter().find(|(k, _)| *k == key).expect("piloted");
+            estimate::expected_gradients_per_example(spec, cell, classes, *clean, standing)
+                .unwrap_or(most)
+        } else {
+            most
+        };
+        cells.push(seconds * n * likely);
     }
-    Ok(out)
+    Ok(SweepEstimate { cells, bound })
 }
 
 /// What the default evaluation of a quick look's models, norm, ε and K would take here: the
