@@ -25,6 +25,7 @@ pub mod plot;
 pub mod sample;
 pub mod seeds;
 pub mod settings;
+pub mod slurm;
 pub mod tables;
 pub mod test_set;
 pub mod train;

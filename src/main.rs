@@ -250,7 +250,11 @@ fn main() -> ExitCode {
 }
 
 fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
+    let slurm = args.slurm.spec();
     let (spec, out, shard, jobs) = args.into_parts()?;
+    if let Some(slurm) = slurm {
+        return submit_to_slurm(&slurm, &spec, &out, device);
+    }
     let progress = jem_bench::harness::TerminalProgress::default();
     let runner = jem_bench::harness::Runner {
         out,
@@ -259,6 +263,42 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
         observer: &progress,
     };
     jem_bench::harness::run::<Train>(&spec, &runner, device).map(|_| ())
+}
+
+/// `robust --slurm N`: the sweep checked here (settings, models, data), its scripts written to
+/// OUT/slurm/, then submitted; the job ids and the merged folder printed.
+fn submit_to_slurm(
+    slurm: &jem_bench::slurm::SlurmSpec,
+    spec: &jem_bench::harness::SweepSpec,
+    out: &std::path::Path,
+    device: &backend::Device,
+) -> anyhow::Result<()> {
+    jem_bench::harness::check::<Train>(spec, device)?;
+    let absolute = |p: &std::path::Path| std::path::absolute(p);
+    let program = std::env::current_exe().context("cannot locate the jem-bench binary")?;
+    let workdir = std::env::current_dir().context("cannot read the working folder")?;
+    let out = absolute(out).with_context(|| format!("cannot resolve {}", out.display()))?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sweep = cli::robust::sweep_arguments(&args);
+    let scripts = slurm.write(&jem_bench::slurm::SweepCommand {
+        program: &program,
+        workdir: &workdir,
+        sweep: &sweep,
+        out: &out,
+    })?;
+    let jobs = jem_bench::slurm::submit(&scripts)?;
+    println!(
+        "submitted {} shards as job array {} ({}) and their merge as job {} ({}, after every \
+         shard succeeded); the merged sweep will be in {} (logs in {})",
+        slurm.shards,
+        jobs.array,
+        scripts.array.display(),
+        jobs.merge,
+        scripts.merge.display(),
+        out.display(),
+        out.join("slurm/logs").display()
+    );
+    Ok(())
 }
 
 fn run_train(cfg: TrainSpec, device: &backend::Device) -> anyhow::Result<()> {

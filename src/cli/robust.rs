@@ -116,6 +116,78 @@ pub struct RobustArgs {
     /// not depend on it, so it is not part of the sweep's settings.
     #[arg(long)]
     pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub slurm: SlurmFlags,
+}
+
+/// Running the sweep on a Slurm cluster instead of here (docs/scaling.md).
+#[derive(Debug, Clone, Args)]
+pub struct SlurmFlags {
+    /// Submit the sweep to Slurm as a job array of N shards and a merge job that waits for
+    /// them, instead of running it here: the scripts are written to OUT/slurm/ (kept, to read,
+    /// edit or resubmit), each shard runs in OUT/shards/I, the merged sweep lands in OUT.
+    /// Rerunning the command resubmits; finished shards' cells are reused.
+    #[arg(long, value_name = "N", conflicts_with = "shard")]
+    pub slurm: Option<usize>,
+    /// Slurm partition of both jobs.
+    #[arg(long, requires = "slurm")]
+    pub slurm_partition: Option<String>,
+    /// Time limit of each shard, as Slurm writes it (`4:00:00`, `1-00:00:00`).
+    #[arg(long, requires = "slurm")]
+    pub slurm_time: Option<String>,
+    /// CPU cores per shard (`--cpus-per-task`).
+    #[arg(long, requires = "slurm")]
+    pub slurm_cpus: Option<usize>,
+    /// GPUs per shard (`--gres=gpu:N`; run the sweep with `--device cuda`).
+    #[arg(long, requires = "slurm")]
+    pub slurm_gpus: Option<usize>,
+    /// A file of extra `#SBATCH` lines for both jobs (an account, a QOS, modules are not
+    /// lines of it: only `#SBATCH …`, comments and blank lines).
+    #[arg(long, requires = "slurm")]
+    pub slurm_extra: Option<PathBuf>,
+}
+
+impl SlurmFlags {
+    /// The flags' settings, if `--slurm` was given.
+    pub fn spec(&self) -> Option<jem_bench::slurm::SlurmSpec> {
+        self.slurm.map(|shards| jem_bench::slurm::SlurmSpec {
+            shards,
+            partition: self.slurm_partition.clone(),
+            time: self.slurm_time.clone(),
+            cpus: self.slurm_cpus,
+            gpus: self.slurm_gpus,
+            extra: self.slurm_extra.clone(),
+        })
+    }
+}
+
+/// The command line of this process as a shard runs it: every argument but the program,
+/// `--out`, `--shard` and the Slurm flags (each with its value, written `--flag value` or
+/// `--flag=value`).
+pub fn sweep_arguments(args: &[String]) -> Vec<String> {
+    const DROPPED: [&str; 8] = [
+        "--out",
+        "--shard",
+        "--slurm",
+        "--slurm-partition",
+        "--slurm-time",
+        "--slurm-cpus",
+        "--slurm-gpus",
+        "--slurm-extra",
+    ];
+    let mut kept = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
+        if DROPPED.contains(&flag) {
+            if !arg.contains('=') {
+                args.next();
+            }
+        } else {
+            kept.push(arg.clone());
+        }
+    }
+    kept
 }
 
 impl RobustArgs {
@@ -207,6 +279,22 @@ mod tests {
             (Norm::L2, vec![0, 10], 7)
         );
         assert_eq!(out, PathBuf::from("runs/robust-l2"));
+    }
+
+    #[test]
+    fn a_shard_runs_the_sweeps_own_arguments_without_where_and_how() {
+        let args: Vec<String> = [
+            "--device", "cpu", "robust", "--models", "a,b", "--out", "x", "--slurm", "3",
+            "--slurm-time=1:00:00", "--eps", "0,0.1", "--slurm-partition", "p",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            sweep_arguments(&args),
+            ["--device", "cpu", "robust", "--models", "a,b", "--eps", "0,0.1"]
+        );
+        assert!(Robust::try_parse_from(["robust", "--slurm-time", "1:00"]).is_err());
+        assert!(Robust::try_parse_from(["robust", "--slurm", "2", "--shard", "0/2"]).is_err());
     }
 
     #[test]
