@@ -1,0 +1,173 @@
+//! [`OnnxNetwork`]: a loaded graph's constants as burn tensors on a device, and the forward
+//! pass that interprets the graph's operations on them — a [`jem_attacks::Classifier`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::module::{Module, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use jem_attacks::Classifier;
+
+use crate::compile::{Operand, MAX_RANK};
+use crate::error::{ErrorKind, OnnxError};
+use crate::graph::{OnnxGraph, OnnxModel};
+use crate::host::{HostData, HostTensor};
+use crate::ops;
+
+/// A per-channel affine map applied to the pixels (in [0, 1]) before the graph:
+/// `(x − mean) / std`, for networks exported without their input normalisation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Normalisation {
+    /// Per-channel mean.
+    pub mean: Vec<f32>,
+    /// Per-channel standard deviation (positive).
+    pub std: Vec<f32>,
+}
+
+/// An ONNX classifier on burn tensors of backend `B`: `[N, C, H, W]` pixels in [0, 1] to
+/// `[N, K]` logits, differentiable (any order) through autodiff. A burn [`Module`]: the graph's
+/// constants are its parameters (`consts.I`, in the graph's order), so it moves between
+/// devices, freezes (`no_grad`) and is digested like any other network; the graph and the
+/// normalisation are fixed settings.
+#[derive(Module, Debug)]
+pub struct OnnxNetwork<B: Backend> {
+    #[module(skip)]
+    graph: Arc<OnnxGraph>,
+    consts: Vec<Param<Tensor<B, MAX_RANK>>>,
+    #[module(skip)]
+    normalisation: Option<Normalisation>,
+}
+
+impl<B: Backend> OnnxNetwork<B> {
+    /// The graph's constants uploaded to `device`.
+    pub fn new(graph: impl Into<Arc<OnnxGraph>>, device: &B::Device) -> Self {
+        let graph = graph.into();
+        let consts = graph
+            .consts
+            .iter()
+            .map(|t| Param::from_tensor(upload(t, device)))
+            .collect();
+        Self {
+            graph,
+            consts,
+            normalisation: None,
+        }
+    }
+
+    /// [`OnnxModel::load`] then [`new`](Self::new).
+    pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, OnnxError> {
+        Ok(Self::new(OnnxModel::load(path)?, device))
+    }
+
+    /// Applies `(x − mean) / std` per channel before the graph (or, with `None`, nothing).
+    pub fn with_normalisation(
+        mut self,
+        normalisation: Option<Normalisation>,
+    ) -> Result<Self, OnnxError> {
+        let Some(n) = normalisation else {
+            self.normalisation = None;
+            return Ok(self);
+        };
+        let c = self.graph.input_shape[0];
+        if n.mean.len() != c || n.std.len() != c {
+            return Err(ErrorKind::Input(format!(
+                "normalisation for {} / {} channels, the network takes {c}",
+                n.mean.len(),
+                n.std.len()
+            ))
+            .into());
+        }
+        if n.std.iter().any(|&s| s.is_nan() || s <= 0.0) {
+            return Err(ErrorKind::Input(format!(
+                "normalisation std {:?} must be positive",
+                n.std
+            ))
+            .into());
+        }
+        self.normalisation = Some(n);
+        Ok(self)
+    }
+
+    /// The normalisation applied before the graph, if any.
+    pub fn normalisation(&self) -> Option<&Normalisation> {
+        self.normalisation.as_ref()
+    }
+
+    /// The loaded graph.
+    pub fn graph(&self) -> &OnnxGraph {
+        &self.graph
+    }
+
+    /// Logits `[N, K]` of pixels `x`, `[N, C, H, W]` in [0, 1].
+    ///
+    /// # Panics
+    /// If `x` is not `[N, C, H, W]` with the graph's C, H, W.
+    pub fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let [n, c, h, w] = x.dims();
+        assert_eq!(
+            [c, h, w],
+            self.graph.input_shape,
+            "OnnxNetwork: input of shape {:?}, the graph takes [N, {:?}]",
+            x.dims(),
+            self.graph.input_shape
+        );
+        let x = match &self.normalisation {
+            Some(norm) => {
+                let device = x.device();
+                let channel = |v: &[f32]| {
+                    Tensor::<B, 4>::from_data(TensorData::new(v.to_vec(), [1, c, 1, 1]), &device)
+                };
+                (x - channel(&norm.mean)) / channel(&norm.std)
+            }
+            None => x,
+        };
+        let mut slots: Vec<Option<Tensor<B, MAX_RANK>>> = vec![None; self.graph.slots];
+        slots[self.graph.input_slot] = Some(x.unsqueeze_dim(0));
+        for step in &self.graph.steps {
+            let inputs = step
+                .inputs
+                .iter()
+                .map(|op| match op {
+                    Operand::Slot(i) => slots[*i]
+                        .clone()
+                        .expect("slots are written before they are read"),
+                    Operand::Const(i) => self.consts[*i].val(),
+                })
+                .collect();
+            let shapes: Vec<[usize; MAX_RANK]> =
+                step.shapes.iter().map(|s| s.map(|d| d.dim(n))).collect();
+            let outputs = ops::run(&step.op, inputs, &shapes);
+            for slot in &step.free {
+                slots[*slot] = None;
+            }
+            for (slot, y) in step.outputs.iter().zip(outputs) {
+                slots[*slot] = Some(y);
+            }
+        }
+        let y = slots[self.graph.output_slot]
+            .take()
+            .expect("the output slot is written");
+        let k = self.graph.output_shape[MAX_RANK - 1].dim(n);
+        y.reshape([n, k])
+    }
+}
+
+impl<B: Backend> Classifier<B> for OnnxNetwork<B> {
+    fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        OnnxNetwork::logits(self, x)
+    }
+}
+
+/// A constant as a canonical (rank-5) float tensor on `device`.
+fn upload<B: Backend>(t: &HostTensor, device: &B::Device) -> Tensor<B, MAX_RANK> {
+    let values = match &t.data {
+        HostData::Float(v) => v.clone(),
+        _ => t
+            .to_f32()
+            .expect("the compiler stores only float constants"),
+    };
+    let mut shape = [1usize; MAX_RANK];
+    shape[MAX_RANK - t.shape.len()..].copy_from_slice(&t.shape);
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
