@@ -105,9 +105,12 @@ struct EvalArgs {
 
 #[derive(clap::Args)]
 struct ImportArgs {
-    /// PyTorch state_dict as .safetensors, or .pt / .pth written by torch.save.
+    /// A network exported to ONNX (`torch.onnx.export`, any architecture the supported
+    /// operators build: docs/import.md), or a PyTorch Wide-ResNet state_dict as .safetensors,
+    /// or .pt / .pth written by torch.save.
     input: PathBuf,
-    /// Output checkpoint NAME (writes NAME.safetensors and NAME.json).
+    /// Output checkpoint NAME (writes NAME.safetensors and NAME.json; NAME.onnx and NAME.json
+    /// for an ONNX file).
     #[arg(long)]
     out: PathBuf,
     /// Replace an existing checkpoint at --out (refused without it).
@@ -118,10 +121,12 @@ struct ImportArgs {
     /// Key of the state_dict inside a .pt file (JEM checkpoints: model_state_dict).
     #[arg(long)]
     top_level_key: Option<String>,
+    /// Wide-ResNet depth (a state_dict only).
     #[arg(long)]
-    depth: usize,
+    depth: Option<usize>,
+    /// Wide-ResNet widening factor (a state_dict only).
     #[arg(long)]
-    width: usize,
+    width: Option<usize>,
     #[arg(long, default_value_t = 3)]
     in_channels: usize,
     #[arg(long, default_value_t = 10)]
@@ -301,6 +306,53 @@ fn submit_to_slurm(
     Ok(())
 }
 
+/// `import MODEL.onnx`: the graph checked (operators, shapes) against `--data`, then copied
+/// to OUT.onnx beside its sidecar OUT.json. The Wide-ResNet flags do not apply.
+fn run_import_onnx(args: &ImportArgs) -> anyhow::Result<()> {
+    let wrn_only = [
+        ("--depth", args.depth.is_some()),
+        ("--width", args.width.is_some()),
+        ("--top-level-key", args.top_level_key.is_some()),
+    ];
+    for (flag, given) in wrn_only {
+        anyhow::ensure!(
+            !given,
+            "{flag} describes a Wide-ResNet state_dict; an ONNX file carries its own graph"
+        );
+    }
+    let mut existing = args.out.as_os_str().to_owned();
+    existing.push(".onnx");
+    let mut sidecar = args.out.as_os_str().to_owned();
+    sidecar.push(".json");
+    for path in [
+        std::path::PathBuf::from(existing),
+        std::path::PathBuf::from(sidecar),
+    ] {
+        anyhow::ensure!(
+            args.overwrite || !path.exists(),
+            "{} exists; pass --overwrite to replace it",
+            path.display()
+        );
+    }
+    let sidecar = jem_bench::model::import_onnx(
+        &args.input,
+        &args.data,
+        args.mean.clone(),
+        args.std.clone(),
+        &args.out,
+    )?;
+    println!(
+        "imported {} (opset {}, input {:?}, {} classes) as {}.onnx + {}.json",
+        args.input.display(),
+        sidecar.opset,
+        sidecar.input_shape,
+        sidecar.classes,
+        args.out.display(),
+        args.out.display()
+    );
+    Ok(())
+}
+
 fn run_train(cfg: TrainSpec, device: &backend::Device) -> anyhow::Result<()> {
     let outcome = match cfg.kind {
         TrainKind::Baseline => train::train::<Train, _>(&cfg, &mut ClassifierObjective, device)?,
@@ -400,9 +452,23 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
 }
 
 fn run_import(args: ImportArgs) -> anyhow::Result<()> {
+    if args
+        .input
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+    {
+        return run_import_onnx(&args);
+    }
     let device = backend::device();
-    let (depth, width, channels, classes) =
-        (args.depth, args.width, args.in_channels, args.num_classes);
+    let required = |value: Option<usize>, flag: &str| {
+        value.with_context(|| format!("{flag} is required to import a state_dict"))
+    };
+    let (depth, width, channels, classes) = (
+        required(args.depth, "--depth")?,
+        required(args.width, "--width")?,
+        args.in_channels,
+        args.num_classes,
+    );
     let mut arch =
         WideResNetConfig::of_layout(args.naming.variant(), depth, width, channels, classes);
     if let Some(mean) = args.mean.clone() {

@@ -15,7 +15,7 @@ use super::own_attack::{check_names, gradient_use, OwnAttack};
 use super::spec::SweepSpec;
 use super::subject::Subject;
 use crate::backend::BenchBackend;
-use crate::model::{write_atomic, WideResNet, SOFTWARE};
+use crate::model::{write_atomic, LoadedNetwork, SOFTWARE};
 use crate::output_folder::FolderLock;
 use crate::settings::{refusal, InvalidSetting};
 
@@ -85,7 +85,7 @@ pub(super) struct Plan<B: BenchBackend, N: Classifier<B> + 'static> {
     pub(super) own: Vec<OwnAttack<B, N>>,
 }
 
-impl<B: BenchBackend> Plan<B, WideResNet<B>> {
+impl<B: BenchBackend> Plan<B, LoadedNetwork<B>> {
     /// The command line's sweep: `--models` (or the embedded ones) on `--data` (or each
     /// model's own data set), loaded onto `device` and checked before anything touches the
     /// disk.

@@ -248,6 +248,12 @@ pub fn regress<B: BenchBackend>(a: &RegressSpec, device: &B::Device) -> anyhow::
             let now = paths
                 .iter()
                 .map(|m| {
+                    if let Some(onnx) = crate::model::OnnxCheckpoint::find(m) {
+                        let (model, _) = onnx
+                            .load::<B::InnerBackend>(device)
+                            .with_context(|| format!("model {m} of the reference"))?;
+                        return crate::model::weights_digest(&model);
+                    }
                     let (model, _) = crate::model::Checkpoint::at(m)
                         .load::<B::InnerBackend>(device)
                         .with_context(|| format!("model {m} of the reference"))?;

@@ -14,7 +14,7 @@ use jem_attacks::{Classifier, SgldConfig};
 use jem_datasets::ImageSet;
 
 use crate::backend::BenchBackend;
-use crate::model::{weights_digest, Checkpoint};
+use crate::model::{weights_digest, Checkpoint, LoadedNetwork, OnnxCheckpoint};
 use crate::train::JemConfig;
 
 /// A model under evaluation.
@@ -40,8 +40,9 @@ pub struct Subject<B: BenchBackend, N> {
     data_name: String,
     sgld: Option<SgldConfig>,
     /// A checkpoint's architecture, with its input normalisation (which its weights do not
-    /// hold); `None` for a network given as is.
-    architecture: Option<crate::model::WideResNetConfig>,
+    /// hold): a Wide-ResNet's configuration, or an ONNX checkpoint's sidecar (with its graph's
+    /// digest); `None` for a network given as is.
+    architecture: Option<serde_json::Value>,
 }
 
 impl<B: BenchBackend, N: Classifier<B> + Module<B>> Subject<B, N> {
@@ -143,16 +144,21 @@ impl<B: BenchBackend, N: Module<B>> Subject<B, N> {
     }
 }
 
-impl<B: BenchBackend> Subject<B, crate::model::WideResNet<B>> {
-    /// A jem-bench checkpoint (or an embedded model's name under `results/models/`) on its own
-    /// data set or on `data` (`mnist`, `cifar10:DIR`, …), checked against each other; its
-    /// defence uses its own JEM training settings (the paper's for other models). The network
-    /// is loaded onto `device`.
+impl<B: BenchBackend> Subject<B, LoadedNetwork<B>> {
+    /// A checkpoint (or an embedded model's name under `results/models/`) on its own data set
+    /// or on `data` (`mnist`, `cifar10:DIR`, …), checked against each other: a jem-bench
+    /// Wide-ResNet, whose defence uses its own JEM training settings (the paper's for other
+    /// models), or a classifier imported from ONNX (`NAME.onnx`), whose defence uses the
+    /// paper's settings on its input normalisation's scale. The network is loaded onto
+    /// `device`.
     pub fn from_checkpoint(
         path: &str,
         data: Option<&str>,
         device: &B::Device,
     ) -> anyhow::Result<Self> {
+        if let Some(onnx) = OnnxCheckpoint::find(path) {
+            return Self::from_onnx(path, &onnx, data, device);
+        }
         let ckpt = Checkpoint::at(path);
         ckpt.ensure_exists()?;
         let (network, sidecar) = ckpt.load::<B>(device)?;
@@ -160,14 +166,48 @@ impl<B: BenchBackend> Subject<B, crate::model::WideResNet<B>> {
         let sgld = crate::defended::sgld_of(&sidecar)?;
         Ok(Self {
             name: path.to_string(),
+            // Of the network itself, as sweeps before ONNX models recorded it.
             digest: weights_digest::<B, _>(&network)?,
             device: device.clone(),
-            architecture: Some(sidecar.architecture.clone()),
-            network: Mutex::new(network),
+            architecture: Some(serde_json::to_value(&sidecar.architecture)?),
+            network: Mutex::new(LoadedNetwork::Wrn(network)),
             data_name: spec,
             test,
             sgld: Some(sgld),
         })
+    }
+
+    fn from_onnx(
+        path: &str,
+        onnx: &OnnxCheckpoint,
+        data: Option<&str>,
+        device: &B::Device,
+    ) -> anyhow::Result<Self> {
+        let (network, sidecar) = onnx.load::<B>(device)?;
+        let digest = weights_digest::<B, _>(&network)?;
+        let data = data.unwrap_or(&sidecar.data).to_string();
+        let channels = sidecar.input_shape[0];
+        let scale = match (&sidecar.mean, &sidecar.std) {
+            (Some(mean), Some(std)) => crate::model::InputNormalization {
+                mean: mean.clone(),
+                std: std.clone(),
+            },
+            // A graph on [0, 1] pixels: the paper's settings, taken on that scale.
+            _ => crate::model::InputNormalization {
+                mean: vec![0.0; channels],
+                std: vec![1.0; channels],
+            },
+        };
+        let sgld = JemConfig::default().sampler(&scale).config;
+        let subject = Subject::new(path, LoadedNetwork::Onnx(network), &data)
+            .map_err(|e| crate::settings::refusal("data", &data, e))?;
+        Ok(Self {
+            digest,
+            device: device.clone(),
+            architecture: Some(serde_json::to_value(&sidecar)?),
+            ..subject
+        }
+        .with_sgld(sgld))
     }
 }
 

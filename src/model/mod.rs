@@ -3,6 +3,8 @@
 
 mod checkpoint;
 mod import;
+mod network;
+mod onnx;
 mod precision;
 mod widen;
 mod wrn;
@@ -12,6 +14,8 @@ pub use checkpoint::{
     FORMAT_VERSION, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
+pub use network::LoadedNetwork;
+pub use onnx::{import_onnx, OnnxCheckpoint, OnnxSidecar};
 pub use precision::{to_f32, Precision};
 pub use widen::{widen, widening_factor};
 pub use wrn::{ConvShape, InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};

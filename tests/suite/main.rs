@@ -21,6 +21,7 @@ mod jem;
 mod library_sweep;
 mod linearisation;
 mod model;
+mod onnx;
 mod portable_gradients;
 mod sample_quality;
 mod training;
