@@ -92,17 +92,23 @@ impl SlurmSpec {
         Ok(lines)
     }
 
-    /// The `#SBATCH` lines both scripts share.
-    fn resources(&self, extra: &[String]) -> Vec<String> {
+    /// The `#SBATCH` lines of a script: the partition and the extra lines for both; the time
+    /// limit, cores and GPUs for the shards only (the merge reads files for seconds).
+    fn resources(&self, extra: &[String], shards: bool) -> Vec<String> {
         let mut lines = Vec::new();
         if let Some(p) = &self.partition {
             lines.push(format!("#SBATCH --partition={p}"));
         }
-        if let Some(t) = &self.time {
-            lines.push(format!("#SBATCH --time={t}"));
-        }
-        if let Some(c) = self.cpus {
-            lines.push(format!("#SBATCH --cpus-per-task={c}"));
+        if shards {
+            if let Some(t) = &self.time {
+                lines.push(format!("#SBATCH --time={t}"));
+            }
+            if let Some(c) = self.cpus {
+                lines.push(format!("#SBATCH --cpus-per-task={c}"));
+            }
+            if let Some(g) = self.gpus {
+                lines.push(format!("#SBATCH --gres=gpu:{g}"));
+            }
         }
         lines.extend(extra.iter().cloned());
         lines
@@ -120,20 +126,29 @@ impl SlurmSpec {
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs)
             .with_context(|| format!("cannot create {}", logs.display()))?;
-        let header = |name: &str, log: &str| {
+        let header = |name: &str, log: &str, shards: bool| {
             let mut lines = vec![
                 "#!/bin/bash".to_string(),
                 format!("#SBATCH --job-name={name}"),
                 format!("#SBATCH --output={}", logs.join(log).display()),
             ];
-            lines.extend(self.resources(&extra));
+            lines.extend(self.resources(&extra, shards));
             lines
         };
-        let mut array = header("jem-bench-shards", "shard-%a.log");
+        let mut array = header("jem-bench-shards", "shard-%a.log", true);
         array.push(format!("#SBATCH --array=0-{}", n - 1));
-        if let Some(g) = self.gpus {
-            array.push(format!("#SBATCH --gres=gpu:{g}"));
-        }
+        // Cells side by side on the cores the task holds, not on every core the node has.
+        let jobs = match self.cpus {
+            Some(c)
+                if !command
+                    .sweep
+                    .iter()
+                    .any(|a| a == "--jobs" || a.starts_with("--jobs=")) =>
+            {
+                format!(" --jobs {c}")
+            }
+            _ => String::new(),
+        };
         array.extend([
             "# One shard of the sweep per array task, each in its own folder; rerunning a task"
                 .into(),
@@ -141,12 +156,12 @@ impl SlurmSpec {
             "set -euo pipefail".into(),
             format!("cd {workdir}"),
             format!(
-                "exec {program} {} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {}/\"$SLURM_ARRAY_TASK_ID\"",
+                "exec {program} {}{jobs} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {}/\"$SLURM_ARRAY_TASK_ID\"",
                 sweep.join(" "),
                 quoted(&out.join("shards").display().to_string())
             ),
         ]);
-        let mut merge = header("jem-bench-merge", "merge.log");
+        let mut merge = header("jem-bench-merge", "merge.log", false);
         merge.extend([
             "# Joins the shards' folders (a shard with no cells writes none) into the sweep's."
                 .into(),
@@ -284,12 +299,21 @@ mod tests {
             assert!(array.lines().any(|l| l == line), "{line} in {array}");
         }
         assert!(
-            array.contains("exec /opt/jem-bench robust --models 'a b/m' --shard \"$SLURM_ARRAY_TASK_ID/3\""),
+            array.contains(
+                "exec /opt/jem-bench robust --models 'a b/m' --jobs 8 --shard \"$SLURM_ARRAY_TASK_ID/3\""
+            ),
             "{array}"
         );
         let merge = std::fs::read_to_string(&scripts.merge).unwrap();
-        assert!(merge.contains(" merge ") && !merge.contains("--array"), "{merge}");
-        assert!(!merge.contains("--gres"), "the merge needs no GPU: {merge}");
+        assert!(
+            merge.contains(" merge ") && !merge.contains("--array"),
+            "{merge}"
+        );
+        assert!(
+            !merge.contains("--gres") && !merge.contains("--cpus") && !merge.contains("--time"),
+            "the merge asks for nothing but its partition and the extra lines: {merge}"
+        );
+        assert!(merge.contains("#SBATCH --partition=gpu") && merge.contains("--account=lab"));
 
         // Lines that are not #SBATCH lines, and words with spaces, are refused.
         std::fs::write(&extra, "srun rm -rf /\n").unwrap();
@@ -300,8 +324,15 @@ mod tests {
             extra: None,
             ..spec.clone()
         };
-        assert!(spaced.validate().unwrap_err().to_string().contains("slurm_partition"));
-        let none = SlurmSpec { shards: 0, ..SlurmSpec::default() };
+        assert!(spaced
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("slurm_partition"));
+        let none = SlurmSpec {
+            shards: 0,
+            ..SlurmSpec::default()
+        };
         assert!(none.validate().is_err());
     }
 }
