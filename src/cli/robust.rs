@@ -284,8 +284,20 @@ mod tests {
     #[test]
     fn a_shard_runs_the_sweeps_own_arguments_without_where_and_how() {
         let args: Vec<String> = [
-            "--device", "cpu", "robust", "--models", "a,b", "--out", "x", "--slurm", "3",
-            "--slurm-time=1:00:00", "--eps", "0,0.1", "--slurm-partition", "p",
+            "--device",
+            "cpu",
+            "robust",
+            "--models",
+            "a,b",
+            "--out",
+            "x",
+            "--slurm",
+            "3",
+            "--slurm-time=1:00:00",
+            "--eps",
+            "0,0.1",
+            "--slurm-partition",
+            "p",
         ]
         .map(String::from)
         .to_vec();

@@ -9,6 +9,7 @@ use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{Classifier, GradMode};
 
+use super::cell_run::batch_len;
 use super::cell_run::run_cell;
 use super::cells::{AttackKind, Cell};
 use super::estimate;
@@ -17,7 +18,6 @@ use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
 use super::robustness::WORST_CASE;
-use super::cell_run::batch_len;
 use super::spec::{CellPart, Runner, SweepEstimate, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -199,8 +199,16 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
 ) -> anyhow::Result<f64> {
     let subject = plan.subject(cell);
     let grad = cell.grad.unwrap_or(GradMode::Bpda);
-    let defended = Defended::new(subject.network(), subject.sgld(), cell.k, grad, &spec.defence)?;
-    let len = batch_len(spec, spec.n_examples).min(spec.n_examples).min(TIMED_BATCH);
+    let defended = Defended::new(
+        subject.network(),
+        subject.sgld(),
+        cell.k,
+        grad,
+        &spec.defence,
+    )?;
+    let len = batch_len(spec, spec.n_examples)
+        .min(spec.n_examples)
+        .min(TIMED_BATCH);
     let (x, y) = first_examples(subject, len);
     Ok(estimate::seconds_per_gradient(&defended, x, y))
 }
@@ -232,7 +240,13 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
 ) -> anyhow::Result<(f64, Vec<f64>)> {
     let subject = plan.subject(cell);
     let grad = cell.grad.unwrap_or(GradMode::Bpda);
-    let defended = Defended::new(subject.network(), subject.sgld(), cell.k, grad, &spec.defence)?;
+    let defended = Defended::new(
+        subject.network(),
+        subject.sgld(),
+        cell.k,
+        grad,
+        &spec.defence,
+    )?;
     let pilot_cell = Cell {
         attack: super::CellAttack::Kind(AttackKind::ApgdCe),
         ..cell.clone()
