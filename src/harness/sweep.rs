@@ -198,20 +198,32 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
     spec: &SweepSpec,
     cell: &Cell,
 ) -> anyhow::Result<f64> {
+    let len = batch_len(spec, spec.n_examples)
+        .min(spec.n_examples)
+        .min(TIMED_BATCH);
+    let (x, y) = first_examples(plan.subject(cell), len);
+    Ok(estimate::seconds_per_gradient(
+        &defended(plan, spec, cell)?,
+        x,
+        y,
+    ))
+}
+
+/// `cell`'s model behind its K SGLD steps, with its gradient mode.
+fn defended<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    cell: &Cell,
+) -> anyhow::Result<Defended<N>> {
     let subject = plan.subject(cell);
     let grad = cell.grad.unwrap_or(GradMode::Bpda);
-    let defended = Defended::new(
+    Defended::new(
         subject.network(),
         subject.sgld(),
         cell.k,
         grad,
         &spec.defence,
-    )?;
-    let len = batch_len(spec, spec.n_examples)
-        .min(spec.n_examples)
-        .min(TIMED_BATCH);
-    let (x, y) = first_examples(subject, len);
-    Ok(estimate::seconds_per_gradient(&defended, x, y))
+    )
 }
 
 /// The first `len` test images of `subject` and their labels.
@@ -239,15 +251,7 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     cell: &Cell,
     grid: &[f32],
 ) -> anyhow::Result<(f64, Vec<f64>)> {
-    let subject = plan.subject(cell);
-    let grad = cell.grad.unwrap_or(GradMode::Bpda);
-    let defended = Defended::new(
-        subject.network(),
-        subject.sgld(),
-        cell.k,
-        grad,
-        &spec.defence,
-    )?;
+    let defended = defended(plan, spec, cell)?;
     let pilot_cell = Cell {
         attack: super::CellAttack::Kind(AttackKind::ApgdCe),
         ..cell.clone()
@@ -258,7 +262,7 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         restarts: 1,
         ..spec.clone()
     };
-    let (x, y) = first_examples(subject, spec.n_examples.min(PILOT_EXAMPLES));
+    let (x, y) = first_examples(plan.subject(cell), spec.n_examples.min(PILOT_EXAMPLES));
     let build = super::cell_run::builder(&pilot_cell, &plan.own);
     let stages =
         super::cell_run::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;

@@ -73,20 +73,7 @@ pub(crate) fn fold(cx: &Cx) -> Res<Option<Compiled>> {
             let axis = cx.axis(cx.attr_i("axis", 0)?, rank)?;
             let idx = cx.host(1)?;
             let dim = t.shape[axis] as i64;
-            let indices = idx
-                .to_i64()?
-                .into_iter()
-                .map(|i| {
-                    let j = if i < 0 { i + dim } else { i };
-                    if (0..dim).contains(&j) {
-                        Ok(j as usize)
-                    } else {
-                        Err(format!(
-                            "index {i} is out of range for a dimension of {dim}"
-                        ))
-                    }
-                })
-                .collect::<Res<Vec<_>>>()?;
+            let indices = super::gather_indices(&idx, dim)?;
             t.gather(axis, &indices, &idx.shape)
         }
         "Slice" => {

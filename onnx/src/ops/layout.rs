@@ -155,20 +155,7 @@ pub(crate) fn compile(cx: &Cx) -> Res<Compiled> {
                 .as_fixed()
                 .ok_or("gathering along the batch dimension")?;
             let idx = cx.host(1)?;
-            let indices = idx
-                .to_i64()?
-                .into_iter()
-                .map(|i| {
-                    let j = if i < 0 { i + dim } else { i };
-                    if (0..dim).contains(&j) {
-                        Ok(j as usize)
-                    } else {
-                        Err(format!(
-                            "index {i} is out of range for a dimension of {dim}"
-                        ))
-                    }
-                })
-                .collect::<Res<Vec<_>>>()?;
+            let indices = super::gather_indices(&idx, dim)?;
             let mut out = shape[..axis].to_vec();
             out.extend(idx.shape.iter().map(|&d| Sym::fixed(d as i64)));
             out.extend_from_slice(&shape[axis + 1..]);

@@ -203,3 +203,19 @@ fn take<T>(it: &mut impl Iterator<Item = T>) -> T {
 
 #[cfg(test)]
 mod tests;
+
+/// Gather's constant indices into a dimension of `dim` (negative ones count from its end),
+/// each checked to fall inside it.
+fn gather_indices(idx: &crate::host::HostTensor, dim: i64) -> Res<Vec<usize>> {
+    idx.to_i64()?
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + dim } else { i };
+            if (0..dim).contains(&j) {
+                Ok(j as usize)
+            } else {
+                Err(format!("index {i} is out of range for a dimension of {dim}").into())
+            }
+        })
+        .collect()
+}
