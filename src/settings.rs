@@ -112,6 +112,15 @@ pub fn refusal(
     InvalidSetting::new(field, value.to_string(), &format!("{error:#}"))
 }
 
+/// Bytes of memory the machine has available now (Linux's `MemAvailable`); `None` where it
+/// cannot be read, and nothing is refused for size.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// A real setting, f32 or f64, shown as written (an f32 0.1 as `0.1`).
 pub trait Number: Into<f64> + Copy + std::fmt::Display {}
 

@@ -64,6 +64,30 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
             .into());
         }
     }
+    if spec.ks.iter().any(|&k| k > 0) {
+        // The defence holds every chain of every example of a batch at once (the network's
+        // activations of each come on top): what cannot hold even the images is refused here,
+        // not by an aborted allocation.
+        let chains = spec.defence.chains.max(spec.defence.recheck_chains) as u128;
+        let batch = super::cell_run::batch_len(spec, spec.n_examples).min(spec.n_examples) as u128;
+        let bytes = chains * batch * data.image_len() as u128 * 4;
+        if let Some(available) = crate::settings::available_memory() {
+            if bytes > available as u128 {
+                return Err(InvalidSetting::new(
+                    "chains",
+                    spec.defence.chains.to_string(),
+                    &format!(
+                        "{chains} chains × {batch} images of {data_name} need {} GiB for the \
+                         images alone; this machine has {} GiB available (lower --chains, \
+                         --recheck-chains or --batch-size)",
+                        bytes >> 30,
+                        available >> 30
+                    ),
+                )
+                .into());
+            }
+        }
+    }
     if spec.ks.iter().any(|&k| k > 0) && subject.sgld().is_none() {
         return Err(InvalidSetting::bare(
             "ks",

@@ -1506,6 +1506,11 @@ fn every_flag_is_checked_before_the_folder_is_claimed() {
         assert_fails_with(&o, &[named]);
         assert!(!run.exists(), "{flags:?} created {}", run.display());
     }
+    // Chains that cannot fit in memory: refused by size, not by an aborted allocation.
+    let out = dir.path().join("sweep");
+    let o = small_sweep(&out, &["--steps", "1", "--chains", "100000000"]);
+    assert_fails_with(&o, &["--chains 100000000", "GiB"]);
+    assert!(!out.exists(), "--chains 1e8 created {}", out.display());
     // The defence's flags at K = 0, where no SGLD step runs: still numbers or refused.
     for (flag, value) in [
         ("--init-noise", "NaN"),
