@@ -271,6 +271,13 @@ impl Checkpoint {
         if self.embedded.is_some() {
             return Ok(());
         }
+        let onnx = self.weights.with_extension("onnx");
+        anyhow::ensure!(
+            self.weights.exists() || !onnx.exists(),
+            "{} is a model imported from ONNX: `robust`, `merge` and `regress` take it; this \
+             command takes Wide-ResNet checkpoints only (NAME.safetensors + NAME.json) so far",
+            onnx.display()
+        );
         for (what, p) in [("weights", &self.weights), ("sidecar", &self.sidecar)] {
             anyhow::ensure!(
                 p.exists(),

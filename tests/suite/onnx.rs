@@ -171,6 +171,20 @@ fn other_architectures_sweep_with_and_without_the_defence_and_bad_graphs_are_ref
         &refused,
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("--depth"));
+    // A command that takes Wide-ResNets only says so.
+    let o = cli()
+        .args(["calibrate", "--models"])
+        .arg(&cnn)
+        .args(["--steps", "0", "--n", "10", "--out"])
+        .arg(dir.path().join("calibration"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("imported from ONNX") && err.contains("robust"),
+        "{err}"
+    );
     // A graph edited after import is not the graph its sidecar describes.
     let mut bytes = std::fs::read(cnn.with_extension("onnx")).unwrap();
     let last = bytes.len() - 1;
