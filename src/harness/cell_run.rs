@@ -16,7 +16,8 @@ use super::attack_config::Configured;
 use super::cells::{Cell, CellAttack};
 use super::convergence::convergence_checks;
 use super::estimate;
-use super::outputs::{self, CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
+use super::kept_parts;
+use super::outputs::{CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
 use super::own_attack::{gradient_use, OwnAttack};
 use super::plan::Plan;
 use super::robustness;
@@ -90,7 +91,7 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
     }
 
     /// The cell's `count` parts of one `kind`, each kept in `dir` as `compute` finishes it and
-    /// read back by a rerun (refused unless it `fits`: see [`outputs::resumable_batches`]), the
+    /// read back by a rerun (refused unless it `fits`: see [`kept_parts::resumable_batches`]), the
     /// observer told of each with its `share` of the cell's estimated cost. Returns the parts in
     /// order and the seconds that those read back had taken in the earlier, interrupted runs
     /// that kept them (the cell's time counts them).
@@ -118,7 +119,7 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
                 resumed: seconds.is_none(),
             })
         };
-        let owner = outputs::PartOwner {
+        let owner = kept_parts::PartOwner {
             sweep: self.identity,
             cell: self.cell,
             kind,
@@ -131,7 +132,7 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
             }
             fits(j, part)
         };
-        let parts = outputs::resumable_batches(dir, owner, count, fits, compute, kept)?;
+        let parts = kept_parts::resumable_batches(dir, owner, count, fits, compute, kept)?;
         let read_back_seconds = read_back.iter().map(|&j| parts[j].seconds()).sum();
         Ok((parts, read_back_seconds))
     }
@@ -191,7 +192,7 @@ pub(super) fn run_cell<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         defended: &defended,
         grid: &grid,
         batch: &batch,
-        keep: outputs::batches_dir(out, cell),
+        keep: kept_parts::batches_dir(out, cell),
         report,
     };
     let (stages, attack_read_back) = attack_in_batches(&work, n)?;

@@ -11,6 +11,7 @@ mod cells;
 mod checks;
 mod convergence;
 mod estimate;
+mod kept_parts;
 mod merge;
 mod outputs;
 mod own_attack;

@@ -13,6 +13,7 @@ use super::cell_run::batch_len;
 use super::cell_run::run_cell;
 use super::cells::{AttackKind, Cell};
 use super::estimate;
+use super::kept_parts;
 use super::outputs::{self, CellResult, TidyRow};
 use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
@@ -163,7 +164,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                 }
             };
             outputs::save_cell(&out, &r)?;
-            outputs::remove_batches(&out, &r.cell)?;
+            kept_parts::remove_batches(&out, &r.cell)?;
             runner.observer.cell_finished(&r, estimates[at]);
             done[mine_at[i]] = Some(r);
             outputs::write_csvs(&out, done.iter().flatten())?;
