@@ -5,6 +5,7 @@
 //! Robustness-curve plots and `report` (regenerating summary, table and plots from CSV),
 //! `--shard` with `merge` (which also joins sweeps of other models), and `regress` against a stored reference.
 
+mod adversarials;
 mod attack_config;
 mod cell_run;
 mod cells;
