@@ -1,6 +1,10 @@
 //! The one interface every attack and the SGLD sampler work through: a batch of images in,
 //! logits out, on any burn backend; gradients with respect to the input come from autodiff.
+//! Two optional derivatives serve the SGLD defence's exact gradients through its steps: a
+//! piecewise-linear network's linearisation ([`Classifier::linearise`]) and any network's
+//! forward-mode Jacobian-vector product ([`Classifier::jacobian_vector_product`]).
 
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
@@ -20,6 +24,26 @@ pub trait Classifier<B: Backend> {
     /// central differences of the logits.
     fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, Linearised<'_, B>)> {
         let _ = x;
+        None
+    }
+
+    /// The logits f(x) and the Jacobian-vector product J(x) v (`[N, K]` each, v shaped like
+    /// `x`), by forward mode: for any network, smooth or not. Both must be differentiable in
+    /// `x` and `v` through the backend's autodiff — ordinary tensor operations on the tangent
+    /// and the forward pass's values, nothing detached — because reverse mode over J(x) v is
+    /// what gives second derivatives without nesting autodiff: the SGLD defence's exact
+    /// Hessian-vector products ([`log_sum_exp_hessian_vector`]) for networks that do not
+    /// [`linearise`](Self::linearise), where the piecewise-linear form Jᵀ(diag p − p pᵀ)J
+    /// would drop the term Σ_k p_k ∇²f_k of a smooth activation (SiLU, GELU, Softplus, Tanh).
+    ///
+    /// `None`, the default, where the network does not provide it; the defence then falls back
+    /// to finite differences ([`crate::HessianVector`]).
+    fn jacobian_vector_product(
+        &self,
+        x: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> Option<(Tensor<B, 2>, Tensor<B, 2>)> {
+        let _ = (x, v);
         None
     }
 }
@@ -49,6 +73,32 @@ where
         .grad(&grads)
         .expect("the input was marked as requiring a gradient");
     (g, logits.inner())
+}
+
+/// H(x) v, per example, for the Hessian H of LSE(f(x)) — JEM's negative energy — exactly,
+/// by reverse mode over the classifier's forward-mode derivative
+/// ([`Classifier::jacobian_vector_product`]): ∇ₓ LSE(f(x)) = J(x)ᵀ p(x), p = softmax(f(x)), so
+/// H v = ∇ₓ[p(x) · J(x) v] with v held constant — one forward pass with tangents and one
+/// backward pass through both, single-level autodiff. `None` where the classifier offers no
+/// forward mode.
+///
+/// As with [`input_gradient`], pass a model whose parameters do not require gradients.
+pub fn log_sum_exp_hessian_vector<B, M>(
+    model: &M,
+    x: Tensor<B::InnerBackend, 4>,
+    v: Tensor<B::InnerBackend, 4>,
+) -> Option<Tensor<B::InnerBackend, 4>>
+where
+    B: AutodiffBackend,
+    M: Classifier<B>,
+{
+    let x = Tensor::<B, 4>::from_inner(x).require_grad();
+    let (logits, jv) = model.jacobian_vector_product(x.clone(), Tensor::from_inner(v))?;
+    let grads = (softmax(logits, 1) * jv).sum().backward();
+    Some(
+        x.grad(&grads)
+            .expect("the input was marked as requiring a gradient"),
+    )
 }
 
 /// Row-wise LogSumExp of `[N, K]` logits, computed stably (max subtracted first): JEM's

@@ -5,10 +5,14 @@
 //! - `Full`: reverse mode through all K steps. The step x ← x + D ⊙ ∇ₓLSE f(x) + noise
 //!   (D = α s² per channel) has Jacobian I + diag(D) H(x), H the Hessian of LSE∘f. burn has
 //!   no double backward, so the Hessian-vector products are formed as [`HessianVector`] says:
-//!   for a piecewise-linear network that can linearise itself ([`Classifier::linearise`]),
-//!   exactly, from the activation pattern recorded on the way forward, at the cost of one
-//!   forward and one backward pass of the linearised network per step (tests check the whole
-//!   map against finite differences for K = 1 and 10).
+//!   exactly wherever the classifier offers it — a piecewise-linear network that linearises
+//!   itself ([`Classifier::linearise`]) from the activation pattern recorded on the way
+//!   forward, at the cost of one forward and one backward pass of the linearised network per
+//!   step; any other network with a forward mode ([`Classifier::jacobian_vector_product`]) by
+//!   reverse mode over it ([`log_sum_exp_hessian_vector`]), one forward pass with tangents and
+//!   one backward pass per step — and by finite differences otherwise (tests check the whole
+//!   map against finite differences for K = 1 and 10, and tests/fixtures/onnx against
+//!   PyTorch's double backward through one step).
 //! - `Bpda`: the K steps are the identity on the backward pass; the gradient is taken at x_K
 //!   (what the official JEM attack effectively did).
 
@@ -20,12 +24,18 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 use crate::channels::scale_channels;
-use crate::classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
+use crate::classifier::{
+    input_gradient, log_sum_exp, log_sum_exp_hessian_vector, Classifier, Linearised,
+};
 use crate::model::{LossFn, Model};
 use crate::norm::Norm;
 use crate::sgld::{SgldSampler, SgldTarget};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Where the chains' standard-normal noise comes from: called with the state each draw is for
+/// (a generator's draws, or given ones: [`SgldDefence::loss_gradient_with_noise`]).
+type NoiseSource<'a, B> = &'a mut dyn FnMut(&Tensor<Inner<B>, 4>) -> Tensor<Inner<B>, 4>;
 
 /// How the gradient passes the SGLD steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -72,7 +82,8 @@ pub struct SgldDefenceConfig {
     pub init_noise: f32,
     /// How gradients pass the K SGLD steps (`full` or `bpda`).
     pub grad: GradMode,
-    /// How `Full` mode forms Hessian-vector products.
+    /// How `Full` mode forms Hessian-vector products (exactly where the classifier offers it,
+    /// under the default `PiecewiseLinear`).
     pub hvp: HessianVector,
     /// Finite-difference step h of the Hessian-vector products, in pixel units.
     pub hvp_step: f32,
@@ -82,18 +93,30 @@ pub struct SgldDefenceConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HessianVector {
-    /// For networks that are piecewise linear in their input (ReLU / LeakyReLU, average
-    /// pooling, convolutions, linear layers and affine normalisation: every WRN here), the
-    /// Hessian of LSE∘f is Jᵀ(diag p − p pᵀ)J almost everywhere (f's own second derivative
-    /// vanishes between kinks). Where the classifier linearises itself
-    /// ([`Classifier::linearise`]), J v is one forward pass of the network linearised at x
-    /// (its activation pattern recorded during the SGLD step) and Jᵀ(·) one reverse pass of
-    /// it: exact, about two forward passes per step. Otherwise J v comes from central
-    /// differences of the logits (step `hvp_step`) and Jᵀ(·) from reverse mode through the
-    /// network. Differencing gradients instead would blow up at every kink crossed.
+    /// The default: exact wherever the classifier offers it, in this order.
+    ///
+    /// 1. For networks that are piecewise linear in their input (ReLU / LeakyReLU, pooling,
+    ///    convolutions, linear layers and affine normalisation: every WRN here), the Hessian
+    ///    of LSE∘f is Jᵀ(diag p − p pᵀ)J almost everywhere (f's own second derivative vanishes
+    ///    between kinks). Where the classifier linearises itself ([`Classifier::linearise`]),
+    ///    J v is one forward pass of the network linearised at x (its activation pattern
+    ///    recorded during the SGLD step) and Jᵀ(·) one reverse pass of it: about two forward
+    ///    passes per step.
+    /// 2. Otherwise, where the classifier has a forward mode
+    ///    ([`Classifier::jacobian_vector_product`]), for any network, smooth ones included:
+    ///    H v = ∇ₓ[softmax(f(x)) · J(x) v] by reverse mode over it
+    ///    ([`log_sum_exp_hessian_vector`]), which keeps the term Σ_k p_k ∇²f_k that the
+    ///    piecewise-linear form drops.
+    /// 3. Otherwise the piecewise-linear form, approximately: J v from central differences of
+    ///    the logits (step `hvp_step`) and Jᵀ(·) from reverse mode through the network; wrong
+    ///    by that dropped term for a smooth network. Differencing gradients instead would blow
+    ///    up at every kink crossed.
+    ///
+    /// (The name, recorded in every sweep's settings, is the fallback's.)
     PiecewiseLinear,
-    /// Central differences of exact input gradients, (∇(x + h û) − ∇(x − h û)) / 2h · ‖v‖:
-    /// for networks that are smooth in their input (softplus, tanh, …).
+    /// Central differences of exact input gradients, (∇(x + h û) − ∇(x − h û)) / 2h · ‖v‖,
+    /// whatever the classifier offers: for networks that are smooth in their input (softplus,
+    /// tanh, …), and as an independent check of the exact products.
     GradientDifferences,
 }
 
@@ -141,12 +164,14 @@ impl<M> SgldDefence<M> {
         }
     }
 
+    /// The chains from `x`, their standard-normal noise from `noise` (called with the state it
+    /// is for: the initial noise first, where `init_noise` > 0, then once per step).
     fn run_chains<B: AutodiffBackend>(
         &self,
         x: &Tensor<Inner<B>, 4>,
         chains: usize,
         keep: bool,
-        rng: &mut StdRng,
+        noise: NoiseSource<'_, B>,
     ) -> Chains<'_, B>
     where
         M: Classifier<B>,
@@ -158,12 +183,12 @@ impl<M> SgldDefence<M> {
             let scale = self
                 .sampler
                 .pixel_factor(|s| init_noise * s, &state.device());
-            state = state.clone() + scale_channels(self.sampler.draw_noise(&state, rng), scale);
+            state = state.clone() + scale_channels(noise(&state), scale);
         }
         let linearise = keep && self.config.hvp == HessianVector::PiecewiseLinear;
         let mut steps = Vec::new();
         for _ in 0..self.sampler.config.steps {
-            let eps = self.sampler.draw_noise(&state, rng);
+            let eps = noise(&state);
             let linearised = if linearise {
                 self.linearised_step::<B>(state.clone())
             } else {
@@ -239,6 +264,13 @@ impl<M> SgldDefence<M> {
                 .expect("the input was marked as requiring a gradient");
         }
         let x = step.state.clone();
+        if self.config.hvp == HessianVector::PiecewiseLinear {
+            if let Some(hv) =
+                log_sum_exp_hessian_vector::<B, M>(&self.classifier, x.clone(), v.clone())
+            {
+                return hv;
+            }
+        }
         let [n, ..] = x.dims();
         let len = Norm::L2.size(v.clone()).reshape([n, 1, 1, 1]);
         let unit = v / len.clone().clamp_min(1e-30);
@@ -327,39 +359,51 @@ impl<M> SgldDefence<M> {
         (g, averaged)
     }
 
-    fn forward<B: AutodiffBackend>(
-        &self,
-        x: Tensor<Inner<B>, 4>,
-        chains: usize,
-        rng: &mut StdRng,
-    ) -> Tensor<Inner<B>, 2>
-    where
-        M: Classifier<B>,
-    {
-        let run = self.run_chains::<B>(&x, chains, false, rng);
-        let logits = self.classifier.logits(Tensor::from_inner(run.last)).inner();
-        Self::average(logits, chains)
-    }
-}
-
-impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
-    fn logits(&self, x: Tensor<Inner<B>, 4>, rng: &mut StdRng) -> Tensor<Inner<B>, 2> {
-        self.forward::<B>(x, self.config.chains, rng)
-    }
-
-    fn recheck_logits(&self, x: Tensor<Inner<B>, 4>, rng: &mut StdRng) -> Tensor<Inner<B>, 2> {
-        self.forward::<B>(x, self.config.recheck_chains, rng)
-    }
-
-    fn loss_gradient(
+    /// [`Model::loss_gradient`] with the chains' standard-normal noise given instead of drawn:
+    /// the initial noise first (where `init_noise` > 0), then one draw per SGLD step, each
+    /// `[chains·N, C, H, W]` and chain-major (row c·N + i is chain c of example i) — the draws
+    /// `loss_gradient` makes, in its order. A chain is then a fixed function of the input, so
+    /// that the gradient through its steps can be checked against another implementation fed
+    /// the same draws (tests/fixtures/onnx: PyTorch's double backward).
+    ///
+    /// # Panics
+    /// If `noise` holds another number of draws, or a draw of another shape.
+    pub fn loss_gradient_with_noise<B: AutodiffBackend>(
         &self,
         x: Tensor<Inner<B>, 4>,
         loss: LossFn<'_, B>,
-        rng: &mut StdRng,
-    ) -> (Tensor<Inner<B>, 4>, Tensor<Inner<B>, 2>) {
+        noise: Vec<Tensor<Inner<B>, 4>>,
+    ) -> (Tensor<Inner<B>, 4>, Tensor<Inner<B>, 2>)
+    where
+        M: Classifier<B>,
+    {
+        let expected = self.sampler.config.steps + usize::from(self.config.init_noise > 0.0);
+        assert_eq!(noise.len(), expected, "SgldDefence: draws of noise given");
+        let mut draws = noise.into_iter();
+        self.gradient::<B>(x, loss, &mut |state| {
+            let draw = draws.next().expect("counted above");
+            assert_eq!(
+                draw.dims(),
+                state.dims(),
+                "SgldDefence: a draw of noise of another shape"
+            );
+            draw
+        })
+    }
+
+    /// The loss gradient for the noise `noise` gives (see [`Self::run_chains`]).
+    fn gradient<B: AutodiffBackend>(
+        &self,
+        x: Tensor<Inner<B>, 4>,
+        loss: LossFn<'_, B>,
+        noise: NoiseSource<'_, B>,
+    ) -> (Tensor<Inner<B>, 4>, Tensor<Inner<B>, 2>)
+    where
+        M: Classifier<B>,
+    {
         let chains = self.config.chains;
         let full = self.config.grad == GradMode::Full;
-        let run = self.run_chains::<B>(&x, chains, full, rng);
+        let run = self.run_chains::<B>(&x, chains, full, noise);
         let (mut v, logits) = self.averaged_loss_gradient::<B>(run.last.clone(), chains, loss);
         if full {
             let step_size = self.sampler.config.step_size;
@@ -384,6 +428,39 @@ impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
             }
         }
         (Self::sum_chains(v, chains), logits)
+    }
+
+    fn forward<B: AutodiffBackend>(
+        &self,
+        x: Tensor<Inner<B>, 4>,
+        chains: usize,
+        rng: &mut StdRng,
+    ) -> Tensor<Inner<B>, 2>
+    where
+        M: Classifier<B>,
+    {
+        let run = self.run_chains::<B>(&x, chains, false, &mut |s| self.sampler.draw_noise(s, rng));
+        let logits = self.classifier.logits(Tensor::from_inner(run.last)).inner();
+        Self::average(logits, chains)
+    }
+}
+
+impl<B: AutodiffBackend, M: Classifier<B>> Model<B> for SgldDefence<M> {
+    fn logits(&self, x: Tensor<Inner<B>, 4>, rng: &mut StdRng) -> Tensor<Inner<B>, 2> {
+        self.forward::<B>(x, self.config.chains, rng)
+    }
+
+    fn recheck_logits(&self, x: Tensor<Inner<B>, 4>, rng: &mut StdRng) -> Tensor<Inner<B>, 2> {
+        self.forward::<B>(x, self.config.recheck_chains, rng)
+    }
+
+    fn loss_gradient(
+        &self,
+        x: Tensor<Inner<B>, 4>,
+        loss: LossFn<'_, B>,
+        rng: &mut StdRng,
+    ) -> (Tensor<Inner<B>, 4>, Tensor<Inner<B>, 2>) {
+        self.gradient::<B>(x, loss, &mut |s| self.sampler.draw_noise(s, rng))
     }
 
     fn is_stochastic(&self) -> bool {

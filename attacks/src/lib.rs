@@ -82,7 +82,9 @@ pub use attack::{
 };
 pub use boundary::BoundaryConfig;
 pub use channels::{scale_channels, shift_channels};
-pub use classifier::{input_gradient, log_sum_exp, Classifier, Linearised};
+pub use classifier::{
+    input_gradient, log_sum_exp, log_sum_exp_hessian_vector, Classifier, Linearised,
+};
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use fab::{hyperplane_step_l2, hyperplane_step_linf, FabConfig};

@@ -12,6 +12,7 @@ use crate::host::HostTensor;
 use crate::load::{self, DeclaredDim, Model};
 use crate::ops::SUPPORTED_OPERATORS;
 use crate::sym::{self, Sym};
+use crate::tangent::TangentPlan;
 
 /// The oldest opset of the default domain accepted (PyTorch's exporter writes 13 and later by
 /// default; 11 and 12 differ from 13 only in ways the loader handles).
@@ -61,6 +62,7 @@ pub struct OnnxGraph {
     pub(crate) input_slot: usize,
     pub(crate) output_slot: usize,
     pub(crate) output_shape: Canon,
+    pub(crate) tangent: TangentPlan,
 }
 
 impl OnnxGraph {
@@ -92,6 +94,17 @@ impl OnnxGraph {
     /// How many operations one forward pass runs.
     pub fn operation_count(&self) -> usize {
         self.steps.len()
+    }
+
+    /// Whether the logits are piecewise linear in the input: every operation on values computed
+    /// from the input is (ReLU, LeakyReLU, max- and average pooling, convolutions and linear
+    /// layers with constant weights, BatchNormalization, layout operations, …), so that
+    /// recording on which side of each kink the input lies fixes the Jacobian (the network
+    /// linearises exactly: [`jem_attacks::Classifier::linearise`]). Smooth activations
+    /// (SiLU, GELU, Tanh, …), LayerNormalization, Softmax and products of two computed values
+    /// are not.
+    pub fn is_piecewise_linear(&self) -> bool {
+        self.tangent.piecewise_linear
     }
 
     /// The forward pass, one line per operation: the file's node name and what runs.
@@ -256,6 +269,7 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
     }
     c.schedule_frees(Some(output_slot));
     let output_shape = crate::compile::canon(&shape).map_err(ErrorKind::Output)?;
+    let tangent = TangentPlan::new(&c.steps, input_slot, c.slots);
     Ok(OnnxGraph {
         input_name: input.name.clone(),
         input_shape: chw,
@@ -267,5 +281,6 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
         input_slot,
         output_slot,
         output_shape,
+        tangent,
     })
 }

@@ -14,6 +14,13 @@
 //! [`jem_attacks::Classifier`]; pixels are in [0, 1], and a per-channel [`Normalisation`] can
 //! be applied before the graph for networks exported without theirs.
 //!
+//! Every operator also has a tangent rule, so the interpreter runs in forward mode too:
+//! [`OnnxNetwork::jacobian_vector_product`] gives f(x) and J(x) v in one pass, differentiable in
+//! x and v (reverse mode over it gives exact Hessian-vector products with single-level
+//! autodiff: the SGLD defence's gradients through its steps, smooth networks included), and a
+//! graph that is piecewise linear in its input ([`OnnxGraph::is_piecewise_linear`]: ReLU,
+//! max-pooling, BatchNorm, …) linearises exactly at a point ([`OnnxNetwork::linearise`]).
+//!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
 //! use burn::tensor::Tensor;
@@ -46,6 +53,7 @@ mod load;
 mod network;
 mod ops;
 mod sym;
+mod tangent;
 
 pub use error::{ErrorKind, OnnxError};
 pub use graph::{OnnxGraph, OnnxModel, MIN_OPSET};

@@ -1,5 +1,6 @@
 //! [`OnnxNetwork`]: a loaded graph's constants as burn tensors on a device, and the forward
-//! pass that interprets the graph's operations on them — a [`jem_attacks::Classifier`].
+//! pass that interprets the graph's operations on them — a [`jem_attacks::Classifier`] — with
+//! its forward-mode derivative (J v) and, for a piecewise-linear graph, its linearisation.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -7,13 +8,17 @@ use std::sync::Arc;
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use jem_attacks::Classifier;
+use jem_attacks::{Classifier, Linearised};
 
 use crate::compile::{Operand, MAX_RANK};
 use crate::error::{ErrorKind, OnnxError};
 use crate::graph::{OnnxGraph, OnnxModel};
 use crate::host::{HostData, HostTensor};
-use crate::ops;
+use crate::ops::{self, Primal};
+use crate::tangent::Tangents;
+
+/// Sees each step of a forward pass: its index and what its tangent rule reads of it.
+type StepObserver<'a, B> = &'a mut dyn FnMut(usize, Primal<B>);
 
 /// A per-channel affine map applied to the pixels (in [0, 1]) before the graph:
 /// `(x − mean) / std`, for networks exported without their input normalisation.
@@ -104,6 +109,106 @@ impl<B: Backend> OnnxNetwork<B> {
     /// # Panics
     /// If `x` is not `[N, C, H, W]` with the graph's C, H, W.
     pub fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        self.walk(x, None)
+    }
+
+    /// The logits f(x) and the directional derivative J(x) v (`[N, K]` each) in one forward
+    /// pass: forward mode, each operation's tangent rule beside it. Exact for every supported
+    /// operator, and ordinary burn operations throughout, so both results are differentiable
+    /// in `x` and in `v`: reverse mode over J(x) v gives second derivatives (Hessian-vector
+    /// products) with single-level autodiff. Costs about two to three forward passes.
+    ///
+    /// # Panics
+    /// If `x` is not `[N, C, H, W]` with the graph's C, H, W, or `v` is not shaped like `x`.
+    pub fn jacobian_vector_product(
+        &self,
+        x: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        assert_eq!(
+            v.dims(),
+            x.dims(),
+            "OnnxNetwork: a tangent shaped unlike the input"
+        );
+        let n = x.dims()[0];
+        let steps = &self.graph.steps;
+        let mut tangents =
+            Tangents::new(self.graph.slots, self.graph.input_slot, self.tangent_in(v));
+        let logits = self.walk(
+            x,
+            Some(&mut |i: usize, primal: Primal<B>| tangents.step(&steps[i], &primal, n)),
+        );
+        let jv = self.tangent_out(&mut tangents, n, &logits.device());
+        (logits, jv)
+    }
+
+    /// For a piecewise-linear graph ([`OnnxGraph::is_piecewise_linear`]): the logits at `x`
+    /// (gradients flow through them) and the network linearised there, v ↦ J(x) v: the same
+    /// tangent pass as [`jacobian_vector_product`](Self::jacobian_vector_product), its rules
+    /// reading the values this forward pass recorded (the activation pattern: what is below 0,
+    /// which element each max-pool window picks), held fixed. Exact, because J is constant
+    /// between kinks; reverse mode through the map gives Jᵀ u. `None` for any other graph,
+    /// where J v depends on x within every region.
+    pub fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, Linearised<'_, B>)> {
+        if !self.graph.is_piecewise_linear() {
+            return None;
+        }
+        let mut pattern = Vec::with_capacity(self.graph.steps.len());
+        let logits = self.walk(
+            x,
+            Some(&mut |_: usize, primal: Primal<B>| pattern.push(primal.detach())),
+        );
+        let jacobian = move |v: Tensor<B, 4>| {
+            let [n, c, h, w] = v.dims();
+            assert_eq!(
+                [c, h, w],
+                self.graph.input_shape,
+                "OnnxNetwork: a tangent of shape {:?}, the graph takes [N, {:?}]",
+                v.dims(),
+                self.graph.input_shape
+            );
+            let device = v.device();
+            let mut tangents =
+                Tangents::new(self.graph.slots, self.graph.input_slot, self.tangent_in(v));
+            for (step, primal) in self.graph.steps.iter().zip(&pattern) {
+                tangents.step(step, primal, n);
+            }
+            self.tangent_out(&mut tangents, n, &device)
+        };
+        Some((logits, Box::new(jacobian)))
+    }
+
+    /// The input normalisation's derivative: v / std per channel (canonical).
+    fn tangent_in(&self, v: Tensor<B, 4>) -> Tensor<B, MAX_RANK> {
+        let v = match &self.normalisation {
+            Some(norm) => {
+                let c = norm.std.len();
+                let std = TensorData::new(norm.std.clone(), [1, c, 1, 1]);
+                let device = v.device();
+                v / Tensor::<B, 4>::from_data(std, &device)
+            }
+            None => v,
+        };
+        v.unsqueeze_dim(0)
+    }
+
+    /// The output slot's tangent as `[N, K]`.
+    fn tangent_out(
+        &self,
+        tangents: &mut Tangents<B>,
+        n: usize,
+        device: &B::Device,
+    ) -> Tensor<B, 2> {
+        let shape = self.graph.output_shape.map(|d| d.dim(n));
+        let k = shape[MAX_RANK - 1];
+        tangents
+            .take(self.graph.output_slot, shape, device)
+            .reshape([n, k])
+    }
+
+    /// The forward pass: the steps in order on `x` (normalised first), each step's primal
+    /// values its tangent rule reads handed to `observe`, where given.
+    fn walk(&self, x: Tensor<B, 4>, mut observe: Option<StepObserver<'_, B>>) -> Tensor<B, 2> {
         let [n, c, h, w] = x.dims();
         assert_eq!(
             [c, h, w],
@@ -124,8 +229,8 @@ impl<B: Backend> OnnxNetwork<B> {
         };
         let mut slots: Vec<Option<Tensor<B, MAX_RANK>>> = vec![None; self.graph.slots];
         slots[self.graph.input_slot] = Some(x.unsqueeze_dim(0));
-        for step in &self.graph.steps {
-            let inputs = step
+        for (index, step) in self.graph.steps.iter().enumerate() {
+            let inputs: Vec<Tensor<B, MAX_RANK>> = step
                 .inputs
                 .iter()
                 .map(|op| match op {
@@ -135,9 +240,23 @@ impl<B: Backend> OnnxNetwork<B> {
                     Operand::Const(i) => self.consts[*i].val(),
                 })
                 .collect();
+            // What the tangent rule reads, taken before the operation consumes its inputs.
+            let reads = &self.graph.tangent.reads[index];
+            let mut primal = observe.is_some().then(|| Primal {
+                inputs: inputs
+                    .iter()
+                    .zip(&reads.inputs)
+                    .map(|(t, &read)| read.then(|| t.clone()))
+                    .collect(),
+                output: None,
+            });
             let shapes: Vec<[usize; MAX_RANK]> =
                 step.shapes.iter().map(|s| s.map(|d| d.dim(n))).collect();
             let outputs = ops::run(&step.op, inputs, &shapes);
+            if let (Some(observe), Some(mut primal)) = (observe.as_mut(), primal.take()) {
+                primal.output = reads.output.then(|| outputs[0].clone());
+                observe(index, primal);
+            }
             for slot in &step.free {
                 slots[*slot] = None;
             }
@@ -156,6 +275,20 @@ impl<B: Backend> OnnxNetwork<B> {
 impl<B: Backend> Classifier<B> for OnnxNetwork<B> {
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         OnnxNetwork::logits(self, x)
+    }
+
+    /// Exact where the graph is piecewise linear ([`OnnxNetwork::linearise`]), else `None`.
+    fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, Linearised<'_, B>)> {
+        OnnxNetwork::linearise(self, x)
+    }
+
+    /// Forward mode through every supported operator ([`OnnxNetwork::jacobian_vector_product`]).
+    fn jacobian_vector_product(
+        &self,
+        x: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> Option<(Tensor<B, 2>, Tensor<B, 2>)> {
+        Some(OnnxNetwork::jacobian_vector_product(self, x, v))
     }
 }
 

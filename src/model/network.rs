@@ -26,12 +26,27 @@ impl<B: Kernels> Classifier<B> for LoadedNetwork<B> {
         }
     }
 
-    /// The Wide-ResNet's exact linearisation; an ONNX graph gives none (the SGLD defence's
-    /// Hessian-vector products then take central differences of its logits).
+    /// Exact wherever the network is piecewise linear: the Wide-ResNet's linearisation, or an
+    /// ONNX graph's where every operation in it is piecewise linear (ReLU, max-pooling,
+    /// BatchNorm, …); `None` for a graph with smooth operations.
     fn linearise(&self, x: Tensor<B, 4>) -> Option<(Tensor<B, 2>, Linearised<'_, B>)> {
         match self {
             LoadedNetwork::Wrn(n) => n.linearise(x),
-            LoadedNetwork::Onnx(_) => None,
+            LoadedNetwork::Onnx(n) => Classifier::linearise(n, x),
+        }
+    }
+
+    /// An ONNX graph's forward mode, through every supported operator (so the SGLD defence's
+    /// Hessian-vector products are exact for smooth graphs too); the Wide-ResNet has none (it
+    /// linearises itself).
+    fn jacobian_vector_product(
+        &self,
+        x: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> Option<(Tensor<B, 2>, Tensor<B, 2>)> {
+        match self {
+            LoadedNetwork::Wrn(_) => None,
+            LoadedNetwork::Onnx(n) => Classifier::jacobian_vector_product(n, x, v),
         }
     }
 }

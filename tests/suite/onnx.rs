@@ -1,12 +1,19 @@
 //! Classifiers imported from ONNX, through the command line: the embedded baseline exported by
 //! PyTorch (tests/fixtures/onnx/export_embedded.py) and imported back is attacked like the
 //! native checkpoint, example for example; other networks sweep with and without the SGLD
-//! defence; a graph jem-bench cannot run, or one edited after import, is refused by name.
+//! defence; a graph jem-bench cannot run, or one edited after import, is refused by name. And
+//! what the SGLD defence's exact gradients need of a loaded network (`LoadedNetwork`): a
+//! piecewise-linear graph's linearisation, any graph's forward mode.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
+use burn::tensor::{Tensor, TensorData};
+use jem_attacks::Classifier;
+use jem_bench::backend::{self, Train};
 use jem_bench::harness::{read_tidy, ExampleRow};
+use jem_bench::model::{Checkpoint, LoadedNetwork};
+use jem_onnx::OnnxNetwork;
 
 fn cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
@@ -171,20 +178,6 @@ fn other_architectures_sweep_with_and_without_the_defence_and_bad_graphs_are_ref
         &refused,
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("--depth"));
-    // A command that takes Wide-ResNets only says so.
-    let o = cli()
-        .args(["calibrate", "--models"])
-        .arg(&cnn)
-        .args(["--steps", "0", "--n", "10", "--out"])
-        .arg(dir.path().join("calibration"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("imported from ONNX") && err.contains("robust"),
-        "{err}"
-    );
     // A graph edited after import is not the graph its sidecar describes.
     let mut bytes = std::fs::read(cnn.with_extension("onnx")).unwrap();
     let last = bytes.len() - 1;
@@ -198,4 +191,57 @@ fn other_architectures_sweep_with_and_without_the_defence_and_bad_graphs_are_ref
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("import it again"), "{err}");
+}
+
+/// A loaded ONNX network passes on the graph's derivatives: the linearisation where the graph
+/// is piecewise linear (none for a smooth one), the forward mode always, each the same as the
+/// graph's own; a Wide-ResNet linearises itself and has no forward mode.
+#[test]
+fn loaded_networks_pass_on_the_derivatives_of_their_graphs() {
+    let device = backend::device();
+    let x: Vec<f32> = (0..2 * 3 * 32 * 32)
+        .map(|i| (0.3 * i as f64).sin() as f32 * 0.5 + 0.5)
+        .collect();
+    let v: Vec<f32> = (0..x.len())
+        .map(|i| (0.61 * i as f64).cos() as f32)
+        .collect();
+    let images = |values: &[f32], c: usize, side: usize| {
+        let n = values.len() / (c * side * side);
+        Tensor::<Train, 4>::from_data(
+            TensorData::new(values.to_vec(), [n, c, side, side]),
+            &device,
+        )
+    };
+    let floats = |t: Tensor<Train, 2>| t.into_data().to_vec::<f32>().unwrap();
+    for (name, piecewise_linear) in [("resnet18_cifar", true), ("wrn16_dm_swish", false)] {
+        let path = fixture(&format!("{name}.onnx"));
+        let graph = OnnxNetwork::<Train>::load(&path, &device).unwrap();
+        let loaded = LoadedNetwork::Onnx(OnnxNetwork::<Train>::load(&path, &device).unwrap());
+        let (x, v) = (images(&x, 3, 32), images(&v, 3, 32));
+        let (logits, jv) = loaded
+            .jacobian_vector_product(x.clone(), v.clone())
+            .unwrap();
+        let (own_logits, own_jv) = graph.jacobian_vector_product(x.clone(), v.clone());
+        assert_eq!(floats(logits), floats(own_logits), "{name}");
+        assert_eq!(floats(jv.clone()), floats(own_jv), "{name}");
+        match Classifier::linearise(&loaded, x) {
+            Some((_, jacobian)) => {
+                assert!(piecewise_linear, "{name}");
+                assert_eq!(floats(jacobian(v)), floats(jv), "{name}");
+            }
+            None => assert!(!piecewise_linear, "{name}"),
+        };
+    }
+    let (wrn, _) = Checkpoint::at(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/results/models/baseline"
+    ))
+    .load::<Train>(&device)
+    .unwrap();
+    let wrn = LoadedNetwork::Wrn(wrn);
+    let digit = images(&x[..784], 1, 28);
+    assert!(wrn
+        .jacobian_vector_product(digit.clone(), digit.clone())
+        .is_none());
+    assert!(Classifier::linearise(&wrn, digit).is_some());
 }

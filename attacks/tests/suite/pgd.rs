@@ -6,16 +6,18 @@
 //! box does not bind, which the inputs here ensure).
 
 use burn::module::Module;
+use burn::tensor::activation::softmax;
 use burn::tensor::Tensor;
 use jem_attacks::{
-    kl_divergence, AttackLoss, Classifier, GradMode, HessianVector, LinearClassifier, Model, Norm,
-    PgdConfig, SgldConfig, SgldDefence, SgldDefenceConfig, SgldSampler, Undefended,
+    input_gradient, kl_divergence, log_sum_exp, log_sum_exp_hessian_vector, AttackLoss, Classifier,
+    GradMode, HessianVector, LinearClassifier, Model, Norm, PgdConfig, SgldConfig, SgldDefence,
+    SgldDefenceConfig, SgldSampler, Undefended,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::common;
-use common::{cases, image, label, Case, B, D};
+use common::{cases, image, label, Case, B, D, I};
 
 fn undefended(c: &Case) -> Undefended<LinearClassifier<B>> {
     Undefended::new(LinearClassifier::<B>::new(
@@ -116,6 +118,34 @@ impl<Bk: burn::tensor::backend::Backend> Classifier<Bk> for SmoothMlp<Bk> {
         let h = self.hidden.logits(x).tanh();
         let [n, k] = h.dims();
         self.out.logits(h.reshape([n, 1, 1, k]))
+    }
+}
+
+/// The same network with its forward mode written out: tanh(W₁x + b₁) has tangent
+/// (1 − tanh²) ⊙ W₁v, and the head is linear. The SGLD defence then forms its Hessian-vector
+/// products exactly, by reverse mode over this.
+#[derive(Module, Debug, Clone)]
+struct SmoothMlpWithTangents<Bk: burn::tensor::backend::Backend> {
+    mlp: SmoothMlp<Bk>,
+}
+
+impl<Bk: burn::tensor::backend::Backend> Classifier<Bk> for SmoothMlpWithTangents<Bk> {
+    fn logits(&self, x: Tensor<Bk, 4>) -> Tensor<Bk, 2> {
+        self.mlp.logits(x)
+    }
+
+    fn jacobian_vector_product(
+        &self,
+        x: Tensor<Bk, 4>,
+        v: Tensor<Bk, 4>,
+    ) -> Option<(Tensor<Bk, 2>, Tensor<Bk, 2>)> {
+        let (pre, hidden_jacobian) = self.mlp.hidden.linearise(x)?;
+        let h = pre.tanh();
+        let dh = (h.clone() * h.clone()).neg().add_scalar(1.0) * hidden_jacobian(v);
+        let [n, k] = h.dims();
+        let (logits, out_jacobian) = self.mlp.out.linearise(h.reshape([n, 1, 1, k]))?;
+        let jv = out_jacobian(dh.reshape([n, 1, 1, k]));
+        Some((logits, jv))
     }
 }
 
@@ -238,14 +268,67 @@ fn full_gradient_through_sgld_on_a_linear_model_matches_finite_differences() {
     check_full_gradient(LogitsOnly { inner }, HessianVector::PiecewiseLinear, 3);
 }
 
-#[test]
-fn full_gradient_through_sgld_on_a_smooth_network_matches_finite_differences() {
-    let mut rng = StdRng::seed_from_u64(8);
-    let mlp = SmoothMlp {
+fn smooth_mlp(seed: u64) -> SmoothMlp<B> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    SmoothMlp {
         hidden: random_linear(D, 12, 0.8, &mut rng),
         out: random_linear(12, 4, 0.8, &mut rng),
+    }
+}
+
+#[test]
+fn full_gradient_through_sgld_on_a_smooth_network_matches_finite_differences() {
+    check_full_gradient(smooth_mlp(8), HessianVector::GradientDifferences, 4);
+    // Exact, by reverse mode over the forward mode, under the default setting.
+    let mlp = SmoothMlpWithTangents { mlp: smooth_mlp(8) };
+    check_full_gradient(mlp, HessianVector::PiecewiseLinear, 4);
+}
+
+#[test]
+fn forward_mode_gives_exact_hessian_vector_products_where_the_piecewise_linear_form_errs() {
+    // H v of Σ LSE(f(x)) for the smooth network: exact (reverse over forward) against central
+    // differences of exact gradients, and the piecewise-linear form Jᵀ(diag p − p pᵀ)J v — the
+    // defence's fallback, exact for a linear model — visibly off, as it drops Σ_k p_k ∇²f_k.
+    let mlp = SmoothMlpWithTangents { mlp: smooth_mlp(9) };
+    let mut rng = StdRng::seed_from_u64(4);
+    let x: Vec<f32> = (0..3 * D).map(|_| rng.random_range(0.2..0.8)).collect();
+    let v: Vec<f32> = (0..3 * D).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let values = |t: Tensor<I, 4>| -> Vec<f32> { t.into_data().to_vec().unwrap() };
+    let exact = values(
+        log_sum_exp_hessian_vector::<B, _>(&mlp, image(&x), image(&v))
+            .expect("the network has a forward mode"),
+    );
+    let h = 1e-2f32;
+    let gradient = |s: f32| -> Vec<f32> {
+        let shifted: Vec<f32> = x.iter().zip(&v).map(|(a, b)| a + s * b).collect();
+        values(input_gradient::<B, _>(&mlp, image(&shifted), log_sum_exp).0)
     };
-    check_full_gradient(mlp, HessianVector::GradientDifferences, 4);
+    let differences: Vec<f32> = gradient(h)
+        .iter()
+        .zip(gradient(-h))
+        .map(|(p, m)| (p - m) / (2.0 * h))
+        .collect();
+    // The piecewise-linear form, with J v and Jᵀ(·) exact (forward and reverse mode).
+    let piecewise = {
+        let xs = Tensor::<B, 4>::from_inner(image(&x)).require_grad();
+        let (logits, jv) = mlp
+            .jacobian_vector_product(xs.clone(), Tensor::from_inner(image(&v)))
+            .unwrap();
+        let (p, jv) = (softmax(logits.clone().inner(), 1), jv.inner());
+        let w = p.clone() * jv.clone() - p.clone() * (p * jv).sum_dim(1);
+        let grads = (logits * Tensor::from_inner(w)).sum().backward();
+        values(xs.grad(&grads).unwrap())
+    };
+    let rel = |a: &[f32], b: &[f32]| -> f32 {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    };
+    let (d_exact, d_piecewise) = (rel(&exact, &differences), rel(&piecewise, &differences));
+    assert!(d_exact < 1e-3, "exact H v off by {d_exact}");
+    assert!(
+        d_piecewise > 0.05,
+        "the piecewise-linear form within {d_piecewise}"
+    );
 }
 
 #[test]

@@ -73,7 +73,7 @@ pub(crate) fn fold(cx: &Cx) -> Res<Option<Compiled>> {
             let axis = cx.axis(cx.attr_i("axis", 0)?, rank)?;
             let idx = cx.host(1)?;
             let dim = t.shape[axis] as i64;
-            let indices = super::gather_indices(&idx, dim)?;
+            let indices = super::gather_indices(idx, dim)?;
             t.gather(axis, &indices, &idx.shape)
         }
         "Slice" => {

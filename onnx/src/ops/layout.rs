@@ -155,7 +155,7 @@ pub(crate) fn compile(cx: &Cx) -> Res<Compiled> {
                 .as_fixed()
                 .ok_or("gathering along the batch dimension")?;
             let idx = cx.host(1)?;
-            let indices = super::gather_indices(&idx, dim)?;
+            let indices = super::gather_indices(idx, dim)?;
             let mut out = shape[..axis].to_vec();
             out.extend(idx.shape.iter().map(|&d| Sym::fixed(d as i64)));
             out.extend_from_slice(&shape[axis + 1..]);
@@ -441,6 +441,16 @@ pub(crate) fn run_pad<B: Backend>(mut x: Tensor<B, 5>, p: &Pad) -> Tensor<B, 5> 
         PadKind::Edge => PadMode::Edge,
     };
     x.pad(p.pad, mode)
+}
+
+/// Pad's tangent: the same crop and padding of the tangent, constant padding by 0 (a
+/// constant has none).
+pub(crate) fn tangent_pad<B: Backend>(t: Tensor<B, 5>, p: &Pad) -> Tensor<B, 5> {
+    let kind = match p.kind {
+        PadKind::Constant(_) => PadKind::Constant(0.0),
+        other => other,
+    };
+    run_pad(t, &Pad { kind, ..p.clone() })
 }
 
 pub(crate) fn run_slice<B: Backend>(x: Tensor<B, 5>, axes: &[AxisSlice; MAX_RANK]) -> Tensor<B, 5> {

@@ -1,6 +1,10 @@
 //! The supported operators: which exist ([`SUPPORTED_OPERATORS`]), how each node compiles
-//! (folded at load time, or an [`Op`] of the forward pass), and how each [`Op`] runs on burn
-//! tensors. One file per family.
+//! (folded at load time, or an [`Op`] of the forward pass), how each [`Op`] runs on burn
+//! tensors, and its tangent rule: how a directional derivative passes it (forward mode,
+//! [`tangent`]), with what of the forward pass that rule reads ([`Op::tangent_reads`]) and
+//! whether the operation is piecewise linear ([`Op::is_piecewise_linear`]). One file per
+//! family, each nonlinear operator's rule beside its forward pass; the linear and bilinear
+//! ones are their own forward pass applied to the tangents, in [`tangent`] itself.
 
 pub(crate) mod conv;
 pub(crate) mod elementwise;
@@ -197,6 +201,259 @@ pub(crate) fn run<B: Backend>(
     vec![y]
 }
 
+/// The primal values of one step at the point of differentiation that its tangent rule reads
+/// (as [`Op::tangent_reads`] says); the others are `None`, so that a linearisation keeps only
+/// what its tangent pass needs.
+#[derive(Clone, Debug)]
+pub(crate) struct Primal<B: Backend> {
+    /// The step's inputs (canonical).
+    pub inputs: Vec<Option<Tensor<B, MAX_RANK>>>,
+    /// Its first output.
+    pub output: Option<Tensor<B, MAX_RANK>>,
+}
+
+impl<B: Backend> Primal<B> {
+    fn input(&self, i: usize) -> Tensor<B, MAX_RANK> {
+        self.inputs[i].clone().unwrap_or_else(|| {
+            panic!("a tangent rule reads input {i}, which Op::tangent_reads omits")
+        })
+    }
+
+    fn output(&self) -> Tensor<B, MAX_RANK> {
+        self.output
+            .clone()
+            .expect("a tangent rule reads the output, which Op::tangent_reads omits")
+    }
+
+    /// The same values cut from the autodiff graph: the point of a linearisation is fixed.
+    pub fn detach(self) -> Self {
+        Self {
+            inputs: self
+                .inputs
+                .into_iter()
+                .map(|t| t.map(Tensor::detach))
+                .collect(),
+            output: self.output.map(Tensor::detach),
+        }
+    }
+}
+
+/// Which primal values of a step its tangent rule reads.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Reads {
+    /// Per input.
+    pub inputs: Vec<bool>,
+    /// The first output.
+    pub output: bool,
+}
+
+impl Op {
+    /// Whether the step is piecewise linear in its inputs that vary with the network's input
+    /// (`varying[i]`; the others are constants): then its second derivative vanishes between
+    /// kinks, and a network made only of such steps is linearised exactly by its activation
+    /// pattern. Products of two varying inputs and smooth nonlinearities are not.
+    pub(crate) fn is_piecewise_linear(&self, varying: &[bool]) -> bool {
+        let both = varying.len() >= 2 && varying[0] && varying[1];
+        match self {
+            Op::Unary(u) => elementwise::unary_is_piecewise_linear(*u),
+            Op::Binary(b) => elementwise::binary_is_piecewise_linear(*b, varying),
+            Op::Conv(_) | Op::Gemm(_) | Op::MatMul | Op::Affine => !both,
+            Op::LayerNorm(_) | Op::Softmax(_) => false,
+            Op::MaxPool(_)
+            | Op::AvgPool(_)
+            | Op::GlobalAvgPool
+            | Op::Reduce(_)
+            | Op::Reshape
+            | Op::Transpose(_)
+            | Op::Concat(_)
+            | Op::Pad(_)
+            | Op::Slice(_)
+            | Op::Gather(_)
+            | Op::Split(_)
+            | Op::Expand => true,
+        }
+    }
+
+    /// What of the forward pass this step's tangent rule ([`tangent`]) reads, given which inputs
+    /// carry a tangent (`varying[i]`): a product reads the other factor of each varying one, a
+    /// nonlinearity its input or output, a layout operation nothing.
+    pub(crate) fn tangent_reads(&self, varying: &[bool]) -> Reads {
+        let n = varying.len();
+        let v = |i: usize| varying.get(i).copied().unwrap_or(false);
+        let mut inputs = vec![false; n];
+        let mut output = false;
+        match self {
+            Op::Unary(u) => (inputs[0], output) = elementwise::unary_reads(*u),
+            Op::Binary(b) => inputs = elementwise::binary_reads(*b, varying),
+            // Bilinear: each factor's tangent meets the other factor.
+            Op::Conv(_) | Op::Gemm(_) | Op::MatMul | Op::Affine => {
+                inputs[0] = v(1);
+                inputs[1] = v(0);
+            }
+            Op::LayerNorm(_) => {
+                inputs[0] = true;
+                inputs[1] = v(0);
+            }
+            Op::MaxPool(_) => inputs[0] = true,
+            // The depthwise ones and the divisor.
+            Op::AvgPool(_) => (inputs[1], inputs[2]) = (true, true),
+            Op::Softmax(_) => output = true,
+            // Inputs without a tangent are concatenated as zeros of their shape.
+            Op::Concat(_) => inputs = varying.iter().map(|v| !v).collect(),
+            Op::GlobalAvgPool
+            | Op::Reduce(_)
+            | Op::Reshape
+            | Op::Transpose(_)
+            | Op::Pad(_)
+            | Op::Slice(_)
+            | Op::Gather(_)
+            | Op::Split(_)
+            | Op::Expand => {}
+        }
+        Reads { inputs, output }
+    }
+}
+
+/// The tangent rule: the step's outputs' tangents (directional derivatives) from its inputs'
+/// `tangents` (`None`: zero, a constant's; at least one is given) at the point `primal`;
+/// `shapes` are its outputs' dimensions. Ordinary burn operations only, linear in the tangents
+/// and differentiable in both them and the point: reverse mode over it gives second
+/// derivatives. Where the forward pass has a kink (ReLU at 0, a max-pool tie) the rule takes
+/// the side the forward pass's own gradient takes.
+pub(crate) fn tangent<B: Backend>(
+    op: &Op,
+    primal: &Primal<B>,
+    tangents: Vec<Option<Tensor<B, MAX_RANK>>>,
+    shapes: &[[usize; MAX_RANK]],
+) -> Vec<Option<Tensor<B, MAX_RANK>>> {
+    let out = shapes[0];
+    let mut ts = tangents.into_iter();
+    let mut next = || ts.next().flatten();
+    let t = match op {
+        Op::Unary(u) => {
+            let x = primal.inputs[0].clone();
+            let t = next().expect("a tangent is given");
+            elementwise::tangent_unary(*u, x, primal.output.clone(), t)
+        }
+        Op::Binary(b) => {
+            let (ta, tb) = (next(), next());
+            elementwise::tangent_binary(*b, primal, ta, tb, out)
+        }
+        Op::Conv(p) => {
+            let (tx, tw, tb) = (next(), next(), next());
+            sum_terms(
+                [
+                    tx.map(|t| conv::run(t, primal.input(1), None, p)),
+                    tw.map(|t| conv::run(primal.input(0), t, None, p)),
+                    tb.map(|t| {
+                        let m = t.dims()[MAX_RANK - 1];
+                        t.reshape([1, 1, m, 1, 1])
+                    }),
+                ],
+                out,
+            )
+        }
+        Op::Gemm(g) => {
+            let (ta, tb, tc) = (next(), next(), next());
+            sum_terms(
+                [
+                    ta.map(|t| linear::run_gemm(t, primal.input(1), None, g)),
+                    tb.map(|t| linear::run_gemm(primal.input(0), t, None, g)),
+                    tc.map(|t| t.mul_scalar(g.beta)),
+                ],
+                out,
+            )
+        }
+        Op::MatMul => {
+            let (ta, tb) = (next(), next());
+            sum_terms(
+                [
+                    ta.map(|t| linear::run_matmul(t, primal.input(1), out)),
+                    tb.map(|t| linear::run_matmul(primal.input(0), t, out)),
+                ],
+                out,
+            )
+        }
+        Op::Affine => {
+            let (tx, ts, tb) = (next(), next(), next());
+            sum_terms(
+                [
+                    tx.map(|t| t * primal.input(1)),
+                    ts.map(|t| primal.input(0) * t),
+                    tb,
+                ],
+                out,
+            )
+        }
+        Op::LayerNorm(p) => {
+            let (tx, ts, tb) = (next(), next(), next());
+            norm::tangent_layer_norm(primal, tx, ts, tb, p, out)
+        }
+        Op::MaxPool(p) => {
+            pool::tangent_max(primal.input(0), next().expect("a tangent is given"), p)
+        }
+        Op::AvgPool(p) => pool::run_avg(
+            next().expect("a tangent is given"),
+            primal.input(1),
+            primal.input(2),
+            p,
+        ),
+        Op::Softmax(p) => {
+            reduce::tangent_softmax(primal.output(), next().expect("a tangent is given"), p)
+        }
+        Op::Concat(axis) => {
+            let parts = primal
+                .inputs
+                .iter()
+                .map(|x| match next() {
+                    Some(t) => t,
+                    None => x
+                        .clone()
+                        .expect("Concat reads the inputs without a tangent")
+                        .zeros_like(),
+                })
+                .collect();
+            Tensor::cat(parts, *axis)
+        }
+        Op::Split(s) => {
+            return layout::run_split(next().expect("a tangent is given"), s)
+                .into_iter()
+                .map(Some)
+                .collect()
+        }
+        Op::Pad(p) => layout::tangent_pad(next().expect("a tangent is given"), p),
+        // Linear in their one varying input: the operation itself, on the tangent.
+        Op::GlobalAvgPool
+        | Op::Reduce(_)
+        | Op::Reshape
+        | Op::Transpose(_)
+        | Op::Slice(_)
+        | Op::Gather(_)
+        | Op::Expand => {
+            let t = next().expect("a tangent is given");
+            return run(op, vec![t], shapes).into_iter().map(Some).collect();
+        }
+    };
+    vec![Some(t)]
+}
+
+/// The sum of the terms present (at least one), broadcast to `out`.
+pub(crate) fn sum_terms<B: Backend, const N: usize>(
+    terms: [Option<Tensor<B, MAX_RANK>>; N],
+    out: [usize; MAX_RANK],
+) -> Tensor<B, MAX_RANK> {
+    let sum = terms
+        .into_iter()
+        .flatten()
+        .reduce(|a, b| a + b)
+        .expect("a tangent rule has at least one term");
+    if sum.dims() == out {
+        sum
+    } else {
+        sum.expand(out)
+    }
+}
+
 fn take<T>(it: &mut impl Iterator<Item = T>) -> T {
     it.next().expect("the compiler gives every step its inputs")
 }
@@ -214,7 +471,9 @@ fn gather_indices(idx: &crate::host::HostTensor, dim: i64) -> Res<Vec<usize>> {
             if (0..dim).contains(&j) {
                 Ok(j as usize)
             } else {
-                Err(format!("index {i} is out of range for a dimension of {dim}").into())
+                Err(format!(
+                    "index {i} is out of range for a dimension of {dim}"
+                ))
             }
         })
         .collect()

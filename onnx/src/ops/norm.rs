@@ -4,8 +4,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use super::Op;
-use crate::compile::{canon_axis, Arg, Compiled, Cx, Res};
+use super::{sum_terms, Op, Primal};
+use crate::compile::{canon_axis, Arg, Compiled, Cx, Res, MAX_RANK};
 use crate::host::HostTensor;
 use crate::sym;
 
@@ -110,17 +110,50 @@ fn mean_over<B: Backend>(x: Tensor<B, 5>, axes: &[usize]) -> Tensor<B, 5> {
     axes.iter().fold(x, |t, &a| t.mean_dim(a))
 }
 
+/// `(x − mean) / s` over the axes, and that s = `sqrt(var + ε)`.
+fn standardise<B: Backend>(x: Tensor<B, 5>, p: &LayerNorm) -> (Tensor<B, 5>, Tensor<B, 5>) {
+    let centred = x.clone() - mean_over(x, &p.axes);
+    let var = mean_over(centred.clone() * centred.clone(), &p.axes);
+    let std = var.add_scalar(p.eps).sqrt();
+    (centred / std.clone(), std)
+}
+
 pub(crate) fn run_layer_norm<B: Backend>(
     x: Tensor<B, 5>,
     scale: Tensor<B, 5>,
     bias: Option<Tensor<B, 5>>,
     p: &LayerNorm,
 ) -> Tensor<B, 5> {
-    let centred = x.clone() - mean_over(x, &p.axes);
-    let var = mean_over(centred.clone() * centred.clone(), &p.axes);
-    let y = centred / var.add_scalar(p.eps).sqrt() * scale;
+    let y = standardise(x, p).0 * scale;
     match bias {
         Some(b) => y + b,
         None => y,
     }
+}
+
+/// LayerNormalization's tangent. With x̂ = (x − μ)/s, s = sqrt(var + ε), and the centred
+/// tangent c = t − mean(t): dx̂ = (c − x̂ · mean(x̂ c)) / s; then dy = dx̂ · scale + x̂ · t_scale
+/// + t_bias.
+pub(crate) fn tangent_layer_norm<B: Backend>(
+    primal: &Primal<B>,
+    tx: Option<Tensor<B, 5>>,
+    t_scale: Option<Tensor<B, 5>>,
+    t_bias: Option<Tensor<B, 5>>,
+    p: &LayerNorm,
+    out: [usize; MAX_RANK],
+) -> Tensor<B, 5> {
+    let (xhat, std) = standardise(primal.input(0), p);
+    let d_xhat = tx.map(|t| {
+        let c = t.clone() - mean_over(t, &p.axes);
+        let along = mean_over(xhat.clone() * c.clone(), &p.axes);
+        (c - xhat.clone() * along) / std
+    });
+    sum_terms(
+        [
+            d_xhat.map(|d| d * primal.input(1)),
+            t_scale.map(|t| xhat * t),
+            t_bias,
+        ],
+        out,
+    )
 }

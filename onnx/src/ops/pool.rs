@@ -135,30 +135,52 @@ fn padded<B: Backend>(x: Tensor<B, 4>, p: &Pool, value: f32) -> Tensor<B, 4> {
     x.pad([(t, b), (l, r)], PadMode::Constant(value))
 }
 
-pub(crate) fn run_max<B: Backend>(x: Tensor<B, 5>, p: &Pool) -> Tensor<B, 5> {
-    let x = padded(to4(x), p, f32::NEG_INFINITY);
+/// The kernel's strided slices of a padded input, row-major over the window: element (i, j)
+/// of every window at once.
+fn window_elements<B: Backend>(
+    x: Tensor<B, 4>,
+    p: &Pool,
+) -> impl Iterator<Item = Tensor<B, 4>> + '_ {
     let [n, c, _, _] = x.dims();
-    let mut best: Option<Tensor<B, 4>> = None;
-    // Row-major over the window; ties keep the earlier element, as PyTorch's argmax does.
-    for i in 0..p.kernel[0] {
-        for j in 0..p.kernel[1] {
+    (0..p.kernel[0]).flat_map(move |i| {
+        let x = x.clone();
+        (0..p.kernel[1]).map(move |j| {
             let h0 = (i * p.dilation[0]) as isize;
             let w0 = (j * p.dilation[1]) as isize;
             let h1 = h0 + ((p.out[0] - 1) * p.stride[0]) as isize + 1;
             let w1 = w0 + ((p.out[1] - 1) * p.stride[1]) as isize + 1;
-            let part = x.clone().slice([
+            x.clone().slice([
                 Slice::new(0, Some(n as isize), 1),
                 Slice::new(0, Some(c as isize), 1),
                 Slice::new(h0, Some(h1), p.stride[0] as isize),
                 Slice::new(w0, Some(w1), p.stride[1] as isize),
-            ]);
-            best = Some(match best {
-                None => part,
-                Some(b) => b.max_pair(part),
-            });
-        }
-    }
-    best.expect("a kernel has at least one element")
+            ])
+        })
+    })
+}
+
+pub(crate) fn run_max<B: Backend>(x: Tensor<B, 5>, p: &Pool) -> Tensor<B, 5> {
+    let x = padded(to4(x), p, f32::NEG_INFINITY);
+    // Row-major over the window; ties keep the earlier element, as PyTorch's argmax does.
+    window_elements(x, p)
+        .reduce(|best, part| best.max_pair(part))
+        .expect("a kernel has at least one element")
+        .unsqueeze_dim(0)
+}
+
+/// MaxPool's tangent: each window's tangent at the element the forward pass picks (the first
+/// of equal maxima, as `max_pair` keeps the earlier).
+pub(crate) fn tangent_max<B: Backend>(x: Tensor<B, 5>, t: Tensor<B, 5>, p: &Pool) -> Tensor<B, 5> {
+    let x = padded(to4(x), p, f32::NEG_INFINITY);
+    let t = padded(to4(t), p, 0.0);
+    window_elements(x, p)
+        .zip(window_elements(t, p))
+        .reduce(|(best, best_t), (part, part_t)| {
+            let later = best.clone().lower(part.clone());
+            (best.max_pair(part), best_t.mask_where(later, part_t))
+        })
+        .expect("a kernel has at least one element")
+        .1
         .unsqueeze_dim(0)
 }
 

@@ -95,3 +95,19 @@ pub(crate) fn run_softmax<B: Backend>(x: Tensor<B, 5>, p: &Softmax) -> Tensor<B,
         activation::softmax(x, p.axis)
     }
 }
+
+/// Softmax's tangent from its output y: y ⊙ (t − Σ y t); LogSoftmax's: t − Σ eʸ t (the sums
+/// along the axis).
+pub(crate) fn tangent_softmax<B: Backend>(
+    y: Tensor<B, 5>,
+    t: Tensor<B, 5>,
+    p: &Softmax,
+) -> Tensor<B, 5> {
+    if p.log {
+        let weighted = (y.exp() * t.clone()).sum_dim(p.axis);
+        t - weighted
+    } else {
+        let weighted = (y.clone() * t.clone()).sum_dim(p.axis);
+        y * (t - weighted)
+    }
+}

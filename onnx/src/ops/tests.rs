@@ -44,15 +44,14 @@ fn ints(values: &[i64]) -> In {
     In::Host(HostTensor::ints(values))
 }
 
-/// Compiles one node and runs it on backend `B`, the activations given (canonical, in input
-/// order); returns the outputs' logical shapes and canonical tensors.
-fn eval_on<B: Backend>(
+/// Compiles one node; returns the compiler (its steps, constants and values) and the slots of
+/// the activation inputs, in input order.
+fn compile_node(
     op: &str,
     attrs: Vec<(&str, Attr)>,
     inputs: &[In],
     outputs: usize,
-    acts: Vec<Tensor<B, MAX_RANK>>,
-) -> Res<Vec<(Vec<usize>, Tensor<B, MAX_RANK>)>> {
+) -> Res<(Compiler, Vec<usize>)> {
     let mut c = Compiler::new(17);
     let mut names = Vec::new();
     let mut act_slots = Vec::new();
@@ -88,6 +87,19 @@ fn eval_on<B: Backend>(
             .collect::<HashMap<_, _>>(),
     };
     c.node(&node)?;
+    Ok((c, act_slots))
+}
+
+/// Compiles one node and runs it on backend `B`, the activations given (canonical, in input
+/// order); returns the outputs' logical shapes and canonical tensors.
+fn eval_on<B: Backend>(
+    op: &str,
+    attrs: Vec<(&str, Attr)>,
+    inputs: &[In],
+    outputs: usize,
+    acts: Vec<Tensor<B, MAX_RANK>>,
+) -> Res<Vec<(Vec<usize>, Tensor<B, MAX_RANK>)>> {
+    let (c, act_slots) = compile_node(op, attrs, inputs, outputs)?;
     let device = Default::default();
     let consts: Vec<Tensor<B, MAX_RANK>> = c.consts.iter().map(|t| upload(t, &device)).collect();
     let mut slots: Vec<Option<Tensor<B, MAX_RANK>>> = vec![None; c.slots];
@@ -923,4 +935,461 @@ fn misuse_is_an_error_not_a_panic() {
         1
     )
     .is_err());
+}
+
+// ------------------------------------------------------------------------------- tangents
+
+/// One node's tangent rule against reverse mode through its forward pass: with every
+/// activation input varying along a fixed direction v and a fixed weighting u of the outputs,
+/// Σ u · (J v) from forward mode must equal Σ (Jᵀ u) · v from burn's autodiff. The rule sees
+/// only what `Op::tangent_reads` declares (it panics on reading anything else), so the
+/// declarations are checked too. Returns Σ u · J v, for tests that check it against a value.
+fn check_tangent(op: &str, attrs: Vec<(&str, Attr)>, inputs: &[In], outputs: usize) -> f64 {
+    type B = Autodiff<Flex>;
+    let (c, act_slots) =
+        compile_node(op, attrs, inputs, outputs).unwrap_or_else(|e| panic!("{op}: {e}"));
+    let device = Default::default();
+    let consts: Vec<Tensor<B, MAX_RANK>> = c.consts.iter().map(|t| upload(t, &device)).collect();
+    let mut slots: Vec<Option<Tensor<B, MAX_RANK>>> = vec![None; c.slots];
+    let mut tangents: Vec<Option<Tensor<B, MAX_RANK>>> = vec![None; c.slots];
+    let mut leaves = Vec::new();
+    let mut seed = 0usize;
+    let mut direction = |len: usize| -> Vec<f32> {
+        seed += 1;
+        (0..len)
+            .map(|i| ((0.37 * (i + 11 * seed) as f64).sin() * 1.3) as f32)
+            .collect()
+    };
+    for (slot, input) in act_slots.iter().zip(inputs.iter().filter_map(|i| match i {
+        In::Act(s, v) => Some((s, v)),
+        _ => None,
+    })) {
+        let x = canonical::<B>(input.0, input.1).require_grad();
+        let v = canonical::<B>(input.0, &direction(input.1.len()));
+        slots[*slot] = Some(x.clone());
+        tangents[*slot] = Some(v.clone());
+        leaves.push((x, v));
+    }
+    for step in &c.steps {
+        let ins: Vec<Tensor<B, MAX_RANK>> = step
+            .inputs
+            .iter()
+            .map(|o| match o {
+                Operand::Slot(i) => slots[*i].clone().unwrap(),
+                Operand::Const(i) => consts[*i].clone(),
+            })
+            .collect();
+        let varying: Vec<bool> = step
+            .inputs
+            .iter()
+            .map(|o| matches!(o, Operand::Slot(i) if tangents[*i].is_some()))
+            .collect();
+        let ts = step
+            .inputs
+            .iter()
+            .map(|o| match o {
+                Operand::Slot(i) => tangents[*i].clone(),
+                Operand::Const(_) => None,
+            })
+            .collect();
+        let reads = step.op.tangent_reads(&varying);
+        let shapes: Vec<[usize; MAX_RANK]> =
+            step.shapes.iter().map(|s| s.map(|d| d.dim(1))).collect();
+        let mut primal = super::Primal {
+            inputs: ins
+                .iter()
+                .zip(&reads.inputs)
+                .map(|(t, &r)| r.then(|| t.clone().detach()))
+                .collect(),
+            output: None,
+        };
+        let ys = super::run(&step.op, ins, &shapes);
+        primal.output = reads.output.then(|| ys[0].clone().detach());
+        let tys = super::tangent(&step.op, &primal, ts, &shapes);
+        assert_eq!(tys.len(), ys.len());
+        for ((slot, y), t) in step.outputs.iter().zip(ys).zip(tys) {
+            let t = t.expect("every output of a step on varying inputs has a tangent");
+            assert_eq!(t.dims(), y.dims(), "{op}: tangent and output shapes");
+            slots[*slot] = Some(y);
+            tangents[*slot] = Some(t);
+        }
+    }
+    let (mut forward, mut objective) = (0f64, None::<Tensor<B, 1>>);
+    for i in 0..outputs {
+        let Meta::Act(slot, _) = &c.values[&format!("out{i}")] else {
+            panic!("{op}: output {i} folded")
+        };
+        let y = slots[*slot].clone().unwrap();
+        let u = Tensor::<B, MAX_RANK>::from_data(
+            TensorData::new(direction(y.dims().iter().product()), y.dims()),
+            &device,
+        );
+        let t = tangents[*slot].clone().unwrap();
+        forward += (t.inner() * u.clone().inner()).sum().into_scalar() as f64;
+        let term = (y * u).sum();
+        objective = Some(match objective {
+            Some(o) => o + term,
+            None => term,
+        });
+    }
+    let grads = objective.unwrap().backward();
+    let reverse: f64 = leaves
+        .iter()
+        .map(|(x, v)| {
+            let g = x
+                .grad(&grads)
+                .expect("every activation input reaches an output");
+            (g * v.clone().inner()).sum().into_scalar() as f64
+        })
+        .sum();
+    assert!(
+        (forward - reverse).abs() <= 1e-5 * (1.0 + reverse.abs()),
+        "{op}: forward mode u·Jv = {forward}, reverse mode Jᵀu·v = {reverse}"
+    );
+    forward
+}
+
+/// Values spread over (−2.6, 2.6), none at a kink of the activations (0, ±3, ±1/2, …) and
+/// no two equal (max-pooling picks one element per window).
+fn spread(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919) % 41) as f32 / 8.0 - 2.53 + i as f32 * 1e-3)
+        .collect()
+}
+
+#[test]
+fn unary_tangents_match_reverse_mode() {
+    let x = spread(24);
+    let positive: Vec<f32> = x.iter().map(|v| v.abs() + 0.3).collect();
+    let shape = [2, 3, 4];
+    for (op, attrs) in [
+        ("Relu", vec![]),
+        ("LeakyRelu", vec![("alpha", Attr::Float(0.2))]),
+        ("Sigmoid", vec![]),
+        ("Tanh", vec![]),
+        ("Softplus", vec![]),
+        ("Elu", vec![("alpha", Attr::Float(0.7))]),
+        ("HardSigmoid", vec![]),
+        ("HardSwish", vec![]),
+        ("Gelu", vec![]),
+        ("Gelu", vec![("approximate", Attr::String("tanh".into()))]),
+        ("Erf", vec![]),
+        ("Exp", vec![]),
+        ("Neg", vec![]),
+        ("Abs", vec![]),
+        (
+            "Clip",
+            vec![("min", Attr::Float(-1.1)), ("max", Attr::Float(0.9))],
+        ),
+    ] {
+        check_tangent(op, attrs, &[act(&shape, x.clone())], 1);
+    }
+    // HardSwish's middle and outer pieces: inputs beyond ±3.
+    let wide: Vec<f32> = x.iter().map(|v| v * 1.9).collect();
+    check_tangent("HardSwish", vec![], &[act(&shape, wide.clone())], 1);
+    check_tangent("HardSigmoid", vec![], &[act(&shape, wide)], 1);
+    for op in ["Sqrt", "Log", "Reciprocal"] {
+        check_tangent(op, vec![], &[act(&shape, positive.clone())], 1);
+    }
+    check_tangent(
+        "Clip",
+        vec![],
+        &[act(&shape, x.clone()), In::Absent, floats(&[], vec![0.4])],
+        1,
+    );
+    for p in [1.0f32, 2.0, 3.0, -1.0, 0.5, 1.7] {
+        let base = if p.fract() == 0.0 { &x } else { &positive };
+        check_tangent(
+            "Pow",
+            vec![],
+            &[act(&shape, base.clone()), floats(&[], vec![p])],
+            1,
+        );
+    }
+}
+
+#[test]
+fn binary_tangents_match_reverse_mode() {
+    let a = spread(24);
+    let b: Vec<f32> = spread(12).iter().map(|v| v * 0.7 + 3.1).collect();
+    for op in ["Add", "Sub", "Mul", "Div"] {
+        // Both varying, broadcast both ways; and a varying by a constant, and the other way.
+        check_tangent(
+            op,
+            vec![],
+            &[act(&[2, 3, 4], a.clone()), act(&[3, 4], b.clone())],
+            1,
+        );
+        check_tangent(
+            op,
+            vec![],
+            &[
+                act(&[2, 1, 4], a[..8].to_vec()),
+                act(&[3, 1], b[..3].to_vec()),
+            ],
+            1,
+        );
+        check_tangent(
+            op,
+            vec![],
+            &[act(&[2, 3, 4], a.clone()), floats(&[3, 4], b.clone())],
+            1,
+        );
+        check_tangent(
+            op,
+            vec![],
+            &[floats(&[3, 4], b.clone()), act(&[2, 3, 4], a.clone())],
+            1,
+        );
+    }
+    let slope = floats(&[3, 1], vec![0.1, -0.3, 0.5]);
+    check_tangent("PRelu", vec![], &[act(&[2, 3, 4], a.clone()), slope], 1);
+    check_tangent(
+        "PRelu",
+        vec![],
+        &[
+            act(&[2, 3, 4], a.clone()),
+            act(&[3, 1], vec![0.1, -0.3, 0.5]),
+        ],
+        1,
+    );
+}
+
+#[test]
+fn linear_and_normalisation_tangents_match_reverse_mode() {
+    // Conv: input and weights both varying, with groups, stride, dilation and asymmetric pads;
+    // then the usual constant weights with a varying bias.
+    let attrs = || {
+        vec![
+            ("group", Attr::Int(2)),
+            ("strides", ints_attr(&[2, 1])),
+            ("dilations", ints_attr(&[1, 2])),
+            ("pads", ints_attr(&[1, 0, 0, 2])),
+        ]
+    };
+    let x = act(&[2, 4, 6, 5], spread(240));
+    check_tangent(
+        "Conv",
+        attrs(),
+        &[x, act(&[6, 2, 3, 2], spread(72)), act(&[6], spread(6))],
+        1,
+    );
+    let x = act(&[2, 4, 6, 5], spread(240));
+    check_tangent(
+        "Conv",
+        attrs(),
+        &[x, floats(&[6, 2, 3, 2], spread(72)), act(&[6], spread(6))],
+        1,
+    );
+    // Gemm with transposes, alpha, beta and a varying C; MatMul batched and by a constant.
+    let gemm = vec![
+        ("transA", Attr::Int(1)),
+        ("transB", Attr::Int(1)),
+        ("alpha", Attr::Float(0.7)),
+        ("beta", Attr::Float(-1.3)),
+    ];
+    check_tangent(
+        "Gemm",
+        gemm,
+        &[
+            act(&[4, 3], spread(12)),
+            act(&[5, 4], spread(20)),
+            act(&[5], spread(5)),
+        ],
+        1,
+    );
+    check_tangent(
+        "Gemm",
+        vec![],
+        &[act(&[3, 4], spread(12)), floats(&[4, 5], spread(20))],
+        1,
+    );
+    check_tangent(
+        "MatMul",
+        vec![],
+        &[act(&[2, 1, 3, 4], spread(24)), act(&[3, 4, 2], spread(24))],
+        1,
+    );
+    check_tangent(
+        "MatMul",
+        vec![],
+        &[act(&[2, 3, 4], spread(24)), floats(&[4, 2], spread(8))],
+        1,
+    );
+    // BatchNormalization (constant statistics) and LayerNormalization (varying scale too).
+    let c = |v: Vec<f32>| floats(&[3], v);
+    check_tangent(
+        "BatchNormalization",
+        vec![],
+        &[
+            act(&[2, 3, 2, 2], spread(24)),
+            c(vec![0.5, 1.5, -1.0]),
+            c(vec![0.1, 0.2, 0.3]),
+            c(vec![0.3, -0.2, 0.0]),
+            c(vec![0.5, 2.0, 1.0]),
+        ],
+        1,
+    );
+    check_tangent(
+        "LayerNormalization",
+        vec![("axis", Attr::Int(-2))],
+        &[
+            act(&[2, 3, 4], spread(24)),
+            floats(&[3, 4], spread(12)),
+            floats(&[4], spread(4)),
+        ],
+        1,
+    );
+    check_tangent(
+        "LayerNormalization",
+        vec![],
+        &[
+            act(&[2, 3, 4], spread(24)),
+            act(&[4], spread(4)),
+            act(&[4], spread(4)),
+        ],
+        1,
+    );
+}
+
+#[test]
+fn pooling_reduction_and_softmax_tangents_match_reverse_mode() {
+    let x = || act(&[2, 3, 7, 6], spread(252));
+    let pool = |ceil: i64| {
+        vec![
+            ("kernel_shape", ints_attr(&[3, 2])),
+            ("strides", ints_attr(&[2, 2])),
+            ("dilations", ints_attr(&[1, 2])),
+            ("pads", ints_attr(&[1, 1, 1, 0])),
+            ("ceil_mode", Attr::Int(ceil)),
+        ]
+    };
+    for ceil in [0, 1] {
+        check_tangent("MaxPool", pool(ceil), &[x()], 1);
+        let mut avg = pool(ceil);
+        avg.push(("count_include_pad", Attr::Int(1 - ceil)));
+        check_tangent("AveragePool", avg, &[x()], 1);
+    }
+    check_tangent("GlobalAveragePool", vec![], &[x()], 1);
+    check_tangent(
+        "ReduceMean",
+        vec![],
+        &[act(&[2, 3, 4], spread(24)), ints(&[1, -1])],
+        1,
+    );
+    check_tangent(
+        "ReduceSum",
+        vec![("keepdims", Attr::Int(0))],
+        &[act(&[2, 3, 4], spread(24)), ints(&[0])],
+        1,
+    );
+    for op in ["Softmax", "LogSoftmax"] {
+        for axis in [1, -1] {
+            check_tangent(
+                op,
+                vec![("axis", Attr::Int(axis))],
+                &[act(&[2, 3, 4], spread(24))],
+                1,
+            );
+        }
+    }
+}
+
+#[test]
+fn layout_tangents_match_reverse_mode() {
+    let x = || act(&[2, 3, 4], spread(24));
+    check_tangent("Reshape", vec![], &[x(), ints(&[4, -1])], 1);
+    check_tangent("Flatten", vec![("axis", Attr::Int(2))], &[x()], 1);
+    check_tangent(
+        "Transpose",
+        vec![("perm", ints_attr(&[2, 0, 1]))],
+        &[x()],
+        1,
+    );
+    check_tangent(
+        "Squeeze",
+        vec![],
+        &[act(&[2, 1, 4], spread(8)), ints(&[1])],
+        1,
+    );
+    check_tangent("Unsqueeze", vec![], &[x(), ints(&[0, 3])], 1);
+    // A constant among the parts (a class token) has no tangent: zeros in its place.
+    check_tangent(
+        "Concat",
+        vec![("axis", Attr::Int(1))],
+        &[
+            floats(&[2, 1, 4], spread(8)),
+            x(),
+            act(&[2, 2, 4], spread(16)),
+        ],
+        1,
+    );
+    for (mode, value) in [("constant", Some(1.5)), ("reflect", None), ("edge", None)] {
+        let mut inputs = vec![x(), ints(&[0, 1, -1, 0, 2, 1])];
+        if let Some(v) = value {
+            inputs.push(floats(&[], vec![v]));
+        }
+        check_tangent("Pad", vec![("mode", Attr::String(mode.into()))], &inputs, 1);
+    }
+    check_tangent(
+        "Slice",
+        vec![],
+        &[
+            x(),
+            ints(&[3, 2]),
+            ints(&[0, 0]),
+            ints(&[2, 1]),
+            ints(&[-2, -1]),
+        ],
+        1,
+    );
+    check_tangent(
+        "Gather",
+        vec![("axis", Attr::Int(2))],
+        &[x(), ints(&[3, 0, 3])],
+        1,
+    );
+    check_tangent(
+        "Gather",
+        vec![("axis", Attr::Int(1))],
+        &[x(), ints(&[1, 2])],
+        1,
+    );
+    check_tangent(
+        "Split",
+        vec![("axis", Attr::Int(2))],
+        &[x(), ints(&[1, 3])],
+        2,
+    );
+    check_tangent(
+        "Expand",
+        vec![],
+        &[act(&[3, 1], spread(3)), ints(&[2, 3, 4])],
+        1,
+    );
+}
+
+/// The tangent rules see through a kink as the forward pass's gradient does: ReLU's slope at
+/// 0 is 0, a max-pool tie goes to the earlier element; and a piecewise-linear rule gives the
+/// exact directional derivative away from kinks (a closed-form value).
+#[test]
+fn tangents_at_kinks_follow_the_gradient() {
+    // u and v are fixed sin patterns: u·Jv = Σ u_i v_i over the ReLU inputs > 0.
+    let got = check_tangent("Relu", vec![], &[act(&[4], vec![-1.0, 0.0, 2.0, 3.0])], 1);
+    let (v, u): (Vec<f64>, Vec<f64>) = (
+        (0..4)
+            .map(|i| (0.37 * (i + 11) as f64).sin() * 1.3)
+            .collect(),
+        (0..4)
+            .map(|i| (0.37 * (i + 22) as f64).sin() * 1.3)
+            .collect(),
+    );
+    let want: f64 = (2..4).map(|i| u[i] * v[i]).sum();
+    assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    check_tangent(
+        "MaxPool",
+        vec![("kernel_shape", ints_attr(&[2, 2]))],
+        &[act(&[1, 1, 2, 2], vec![1.0, 1.0, 0.5, 1.0])],
+        1,
+    );
 }
