@@ -1,5 +1,6 @@
-//! `jem-bench bench`: times one hot operation of the suite on a Wide-ResNet and prints one JSON
-//! line: a forward pass, a training step (forward, backward, Adam), the input gradient
+//! `jem-bench bench`: times one hot operation of the suite on a Wide-ResNet — a seeded one of
+//! the shape asked for, or a model from a file: a checkpoint, a graph imported from ONNX, or a
+//! bare `.onnx` file — and prints one JSON line: a forward pass, a training step (forward, backward, Adam), the input gradient
 //! d(Σ LSE)/dx that drives SGLD and the attacks, one SGLD step, one whole JEM training iteration
 //! (20 SGLD steps on the persistent chains, then the JEM loss, backward and Adam), or one PGD
 //! gradient of the cross-entropy through the test-time SGLD defence (K steps in n chains,
@@ -9,15 +10,22 @@
 //! (`benches/pytorch/ops.py`), one process per measurement (so that each side's peak memory is
 //! its own), and writes the comparison table.
 //!
+//! With `model`, the network is the file's; the two operations that train (training step, JEM
+//! iteration) need a Wide-ResNet's trainable weights and refuse an ONNX graph. The same rows on
+//! a checkpoint and on its export to ONNX time the interpreter against the native network
+//! (`benches/onnx_native.py`).
+//!
 //! Threads: the CPU backend computes on rayon's global pool, sized by `RAYON_NUM_THREADS`; the
 //! JEM iteration's SGLD shards (`--sgld-threads` of training) are given the same count.
 
 use crate::settings;
 use crate::Choice;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
+use jem_attacks::Classifier;
 use jem_attacks::{noise, AttackLoss, GradMode, Model, SgldConfig, SgldSampler, SgldTarget};
 use jem_datasets::ImageSet;
 use jem_kernels::Implementation;
@@ -27,7 +35,10 @@ use serde::Serialize;
 use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::energy::lse_input_gradient;
-use crate::model::{InputNormalization, WideResNet, WideResNetConfig, WrnVariant};
+use crate::model::{
+    InputNormalization, LoadedNetwork, ModelInfo, ModelSidecar, OnnxCheckpoint, WideResNet,
+    WideResNetConfig, WrnVariant,
+};
 use crate::train::{adam, cross_entropy, descend, JemConfig, JemObjective};
 use crate::train::{Objective, Step};
 
@@ -149,12 +160,18 @@ fn row(args: &BenchSpec) -> String {
     }
 }
 
-/// What `bench` times: one operation on a seeded Wide-ResNet, its shape and batch, how many
-/// calls, on whose kernels.
+/// What `bench` times: one operation on a seeded Wide-ResNet (or the network of `model`), its
+/// shape and batch, how many calls, on whose kernels.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchSpec {
     /// What to time.
     pub op: BenchOp,
+    /// Time the network of this file instead of a seeded Wide-ResNet: a checkpoint (`NAME`,
+    /// `NAME.safetensors`, an embedded `results/models/NAME`), a graph imported from ONNX
+    /// (`NAME`, `NAME.onnx` beside its sidecar), or a bare `.onnx` file (no sidecar: [0, 1]
+    /// pixels straight into the graph). Its image shape replaces `channels` and `size`; its
+    /// architecture `depth`, `width` and `layout`.
+    pub model: Option<PathBuf>,
     /// Images per call.
     pub batch: usize,
     pub depth: usize,
@@ -226,7 +243,13 @@ struct Timing {
     op: BenchOp,
     /// The table's row: `op`, with K and the gradient mode for a PGD step.
     row: String,
+    /// The architecture (`WRN-10-1`), or `ONNX FILE` for a graph.
     model: String,
+    /// The file timed, with `--model`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_file: Option<String>,
+    /// `C×H×W` of the images.
+    input: String,
     batch: usize,
     threads: usize,
     kernels: KernelsArg,
@@ -234,7 +257,8 @@ struct Timing {
     reps: usize,
     median_ms: f64,
     min_ms: f64,
-    gflop_per_call: f64,
+    /// `null` for an ONNX graph, whose FLOPs jem-bench does not count.
+    gflop_per_call: Option<f64>,
     backend: String,
     /// Which kernels computed ([`BenchBackend::kernel_path`]): `avx2+gemm-avx2` is what an
     /// AVX2-only CPU runs; on CUDA, `f32` or `tf32`.
@@ -311,6 +335,85 @@ fn validate(args: &BenchSpec) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The network a row times, with what the row records of it.
+struct Timed<B: BenchBackend> {
+    network: LoadedNetwork<B>,
+    /// `WRN-10-1`, or `ONNX FILE`.
+    name: String,
+    /// `[C, H, W]` of its images.
+    shape: [usize; 3],
+    /// Its pixels' scale, on which the SGLD steps are stated.
+    normalization: InputNormalization,
+    /// Forward FLOPs of one image; `None` for a graph.
+    flops_per_image: Option<u64>,
+    /// Logits per image: the random labels of the rows that need them are below it.
+    classes: usize,
+}
+
+/// The seeded Wide-ResNet `args` describes, or the network of `args.model`.
+fn timed_network<B: BenchBackend>(
+    args: &BenchSpec,
+    device: &B::Device,
+) -> anyhow::Result<Timed<B>> {
+    let wrn = |network: WideResNet<B>, [c, h, w]: [usize; 3]| -> anyhow::Result<Timed<B>> {
+        let cfg = network.config().clone();
+        Ok(Timed {
+            name: cfg.name(),
+            shape: [c, h, w],
+            normalization: cfg.input_normalization.clone(),
+            flops_per_image: Some(cfg.forward_flops(h, w)?),
+            classes: cfg.num_classes,
+            network: LoadedNetwork::Wrn(network),
+        })
+    };
+    let Some(path) = &args.model else {
+        let cfg =
+            WideResNetConfig::of_layout(args.layout, args.depth, args.width, args.channels, 10);
+        cfg.blocks_per_stage()
+            .map_err(|e| anyhow::anyhow!("--depth {}: {e}", args.depth))?;
+        let network = cfg.init_seeded::<B>(0, device)?;
+        return wrn(network, [args.channels, args.size, args.size]);
+    };
+    let file_name = |p: &std::path::Path| {
+        p.file_name()
+            .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
+    };
+    let bare_graph = path.extension().is_some_and(|e| e == "onnx")
+        && OnnxCheckpoint::find(path).is_some_and(|c| !c.sidecar.exists());
+    if bare_graph {
+        let network = jem_onnx::OnnxNetwork::<B>::load(path, device)
+            .map_err(|e| settings::refusal("model", path.display(), e.into()))?;
+        let shape = network.graph().input_shape();
+        return Ok(Timed {
+            name: format!("ONNX {}", file_name(path)),
+            shape,
+            normalization: InputNormalization {
+                mean: vec![0.0; shape[0]],
+                std: vec![1.0; shape[0]],
+            },
+            flops_per_image: None,
+            classes: network.graph().classes(),
+            network: LoadedNetwork::Onnx(network),
+        });
+    }
+    let (network, info) = ModelInfo::load_setting::<B>(path, "model", device)?;
+    let shape = info.image_shape()?;
+    match (network, &info.sidecar) {
+        (LoadedNetwork::Wrn(network), _) => wrn(network, shape),
+        (network, ModelSidecar::Onnx(_)) => Ok(Timed {
+            name: format!("ONNX {}", file_name(&info.file)),
+            shape,
+            normalization: info.input_normalization(),
+            flops_per_image: None,
+            classes: info.classes(),
+            network,
+        }),
+        (LoadedNetwork::Onnx(_), ModelSidecar::Wrn(_)) => {
+            unreachable!("a Wide-ResNet sidecar loads a Wide-ResNet")
+        }
+    }
+}
+
 /// Times the operation `args` names on `device` and prints one JSON line.
 pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Result<()> {
     validate(&args)?;
@@ -319,10 +422,9 @@ pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Resu
         KernelsArg::Burn => Implementation::Burn,
         KernelsArg::Portable => Implementation::Portable,
     });
-    let cfg = WideResNetConfig::of_layout(args.layout, args.depth, args.width, args.channels, 10);
-    cfg.blocks_per_stage()
-        .map_err(|e| anyhow::anyhow!("--depth {}: {e}", args.depth))?;
-    let times = time_op::<B>(&args, &cfg, device)?;
+    let timed = timed_network::<B>(&args, device)?;
+    let (name, shape, flops_per_image) = (timed.name.clone(), timed.shape, timed.flops_per_image);
+    let times = time_op::<B>(&args, timed, device)?;
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     // The median as Python's `statistics.median` takes it (ops.py's): the mean of the two
@@ -333,20 +435,22 @@ pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Resu
     } else {
         sorted[mid]
     };
-    let forward = cfg.forward_flops(args.size, args.size)? * args.batch as u64;
     let pgd = args.op == BenchOp::PgdStep;
     let defended = pgd && args.k > 0;
+    let [c, h, w] = shape;
     let timing = Timing {
         op: args.op,
         row: row(&args),
-        model: cfg.name(),
+        model: name,
+        model_file: args.model.as_ref().map(|p| p.display().to_string()),
+        input: format!("{c}×{h}×{w}"),
         batch: args.batch,
         threads: rayon_threads(),
         kernels: args.kernels,
         reps: times.len(),
         median_ms: median,
         min_ms: sorted[0],
-        gflop_per_call: flops(&args, forward) as f64 / 1e9,
+        gflop_per_call: flops_per_image.map(|f| flops(&args, f * args.batch as u64) as f64 / 1e9),
         backend: B::recorded_name(device),
         isa: B::kernel_path(),
         sgld_steps: (args.op == BenchOp::JemIteration).then(|| JemConfig::default().sgld_steps),
@@ -358,15 +462,16 @@ pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Resu
     Ok(())
 }
 
-/// The wall times (ms) of the timed calls of `args.op` on a seeded network of `cfg` and a
-/// batch of uniform images.
+/// The wall times (ms) of the timed calls of `args.op` on `timed`'s network and a batch of
+/// uniform images.
 fn time_op<B: BenchBackend>(
     args: &BenchSpec,
-    cfg: &WideResNetConfig,
+    timed: Timed<B>,
     device: &B::Device,
 ) -> anyhow::Result<Vec<f64>> {
-    let shape = [args.batch, args.channels, args.size, args.size];
-    let model = cfg.init_seeded::<B>(0, device)?;
+    let [c, h, w] = timed.shape;
+    let shape = [args.batch, c, h, w];
+    let model = timed.network;
     let x = Tensor::<B, 4>::random(shape, Distribution::Uniform(0.0, 1.0), device);
     let xi: Tensor<B::InnerBackend, 4> = x.clone().inner();
     let repeats = Repeats {
@@ -374,16 +479,34 @@ fn time_op<B: BenchBackend>(
         reps: args.reps,
         max_seconds: args.max_seconds,
     };
+    let classes = timed.classes as f64;
     let random_labels =
-        || Tensor::<B, 1, Int>::random([args.batch], Distribution::Uniform(0.0, 10.0), device);
+        || Tensor::<B, 1, Int>::random([args.batch], Distribution::Uniform(0.0, classes), device);
+    // The two operations that train need a Wide-ResNet's trainable weights.
+    let trainable = |model: LoadedNetwork<B>| match model {
+        LoadedNetwork::Wrn(network) => Ok(network),
+        LoadedNetwork::Onnx(_) => Err(settings::refusal(
+            "model",
+            args.model
+                .as_ref()
+                .map_or(String::new(), |p| p.display().to_string()),
+            anyhow::anyhow!(
+                "{} trains the network's weights, which jem-bench does for its own Wide-ResNets \
+                 only (an ONNX graph's weights are constants of the imported graph); time \
+                 forward, input-gradient, sgld-step or pgd-step",
+                args.op.name()
+            ),
+        )),
+    };
     Ok(match args.op {
         BenchOp::Forward => {
             let m = model.valid();
             repeats.time(|| {
-                m.forward(xi.clone()).into_data();
+                m.logits(xi.clone()).into_data();
             })
         }
         BenchOp::TrainStep => {
+            let model = trainable(model)?;
             let y = random_labels();
             let mut optim = adam().init::<B, WideResNet<B>>();
             let mut model = Some(model);
@@ -408,7 +531,7 @@ fn time_op<B: BenchBackend>(
                 steps: 1,
                 step_size: 1.0,
                 noise: 0.01,
-                pixel_scale: InputNormalization::symmetric(args.channels).std,
+                pixel_scale: timed.normalization.std.clone(),
                 clamp: false,
             });
             let mut rng = rand::rngs::StdRng::seed_from_u64(0);
@@ -419,13 +542,15 @@ fn time_op<B: BenchBackend>(
                     .into_data();
             })
         }
-        BenchOp::JemIteration => time_jem_iteration(args, cfg, model, x, repeats, device)?,
+        BenchOp::JemIteration => {
+            let model = trainable(model)?;
+            let cfg = model.config().clone();
+            time_jem_iteration(args, &cfg, model, x, repeats, device)?
+        }
         BenchOp::PgdStep => {
             // The defence as `robust` builds it for a model trained with the official JEM
             // settings (α = 1, σ = 0.01 on the network's scale), n chains, no initial noise.
-            let sgld = JemConfig::default()
-                .sampler(&cfg.input_normalization)
-                .config;
+            let sgld = JemConfig::default().sampler(&timed.normalization).config;
             let defence = DefenceSpec {
                 chains: args.chains.max(1),
                 ..DefenceSpec::default()
@@ -468,13 +593,14 @@ fn time_jem_iteration<B: BenchBackend>(
     let mut objective = JemObjective::new(config, f64::INFINITY);
     // The batch as a training set: `prepare` sizes the replay buffer from its shape.
     let labels: Vec<u8> = (0..args.batch).map(|i| (i % 10) as u8).collect();
+    let [_, channels, height, width] = x.dims();
     let data = ImageSet {
         name: "bench".into(),
         images: x.clone().inner().to_data().to_vec().expect("f32 pixels"),
         labels: labels.clone(),
-        channels: args.channels,
-        height: args.size,
-        width: args.size,
+        channels,
+        height,
+        width,
         class_names: (0..10).map(|c| c.to_string()).collect(),
     };
     Objective::<B>::prepare(&mut objective, cfg, &data, 0)?;

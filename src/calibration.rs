@@ -19,7 +19,7 @@ use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
 use crate::metrics::{self, Calibration};
-use crate::model::{write_atomic, Sidecar, SOFTWARE};
+use crate::model::{write_atomic, LoadedNetwork, ModelInfo, SOFTWARE};
 use crate::settings;
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
@@ -28,7 +28,8 @@ use crate::test_set::{self, TestImages};
 /// seed, written where. Recorded in its `settings.json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CalibrateSpec {
-    /// Checkpoints (empty: the embedded baseline, JEM and adversarially trained models).
+    /// Checkpoints: Wide-ResNets or graphs imported from ONNX (empty: the embedded baseline,
+    /// JEM and adversarially trained models).
     pub models: Vec<PathBuf>,
     /// Test data (`None`: each model's own data set): mnist, fashion-mnist, cifar10:DIR, …
     pub data: Option<String>,
@@ -61,10 +62,12 @@ impl Default for CalibrateSpec {
     }
 }
 
-/// One model with its test images, checked before anything is computed or written.
-struct Prepared {
+/// One model — its network, whichever kind, and its description — with its test images,
+/// checked before anything is computed or written.
+struct Prepared<B: BenchBackend> {
     path: PathBuf,
-    sidecar: Sidecar,
+    network: LoadedNetwork<B>,
+    info: ModelInfo,
     data: TestImages,
 }
 
@@ -105,7 +108,7 @@ impl CalibrateSpec {
     /// Checks every flag, model and data set before anything is written: at least one K,
     /// counts ≥ 1, the defence's settings when some K > 0, models that exist and can run the
     /// defence, data they can take, n within the test split.
-    fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared>> {
+    fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared<B>>> {
         if self.steps.is_empty() {
             let problem = "name at least one K (0 = the plain classifier)";
             return Err(InvalidSetting::bare("steps", problem).into());
@@ -118,19 +121,18 @@ impl CalibrateSpec {
         }
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
-        let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
-            &self.models,
-            &self.steps,
-            device,
-            |sidecar, k| crate::defended::forward_settings(sidecar, k, &self.defence).map(drop),
-        )?;
+        let models =
+            crate::defended::checked_models::<B>(&self.models, &self.steps, device, |info, k| {
+                crate::defended::forward_settings(info, k, &self.defence).map(drop)
+            })?;
         let mut prepared = Vec::new();
-        for (path, sidecar) in self.models.iter().zip(sidecars) {
+        for (path, (network, info)) in self.models.iter().zip(models) {
             let m = path.display().to_string();
-            let data = test_set::load(&m, &sidecar, "data", self.data.as_deref(), self.n)?;
+            let data = test_set::load(&m, &info, "data", self.data.as_deref(), self.n)?;
             prepared.push(Prepared {
                 path: path.clone(),
-                sidecar,
+                network,
+                info,
                 data,
             });
         }
@@ -142,11 +144,18 @@ impl CalibrateSpec {
 /// finite (a number made of NaN is no result).
 fn calibrate_one<B: BenchBackend>(
     args: &CalibrateSpec,
-    p: &Prepared,
+    p: &Prepared<B>,
     k: usize,
     device: &B::Device,
 ) -> anyhow::Result<Calibration> {
-    let defended = Defended::load(&p.path, k, GradMode::Bpda, &args.defence, device)?;
+    let base = if k > 0 { Some(p.info.sgld()?) } else { None };
+    let defended = Defended::new(
+        p.network.clone(),
+        base.as_ref(),
+        k,
+        GradMode::Bpda,
+        &args.defence,
+    )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(crate::train::stream_seed(
         args.seed,
         SGLD_STREAM,
@@ -212,8 +221,7 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
                 ece: m.ece,
                 seed: args.seed,
                 data: p.data.spec.clone(),
-                defence: crate::defended::forward_settings(&p.sidecar, k, &args.defence)?
-                    .to_string(),
+                defence: crate::defended::forward_settings(&p.info, k, &args.defence)?.to_string(),
             });
             for (b, bin) in c.bins.iter().enumerate() {
                 bins.push(BinRow {
@@ -275,7 +283,7 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
 }
 
 /// The data sets of a run, comma-separated, each once.
-fn distinct_specs(prepared: &[Prepared]) -> String {
+fn distinct_specs<B: BenchBackend>(prepared: &[Prepared<B>]) -> String {
     let mut specs: Vec<&str> = Vec::new();
     for p in prepared {
         if !specs.contains(&p.data.spec.as_str()) {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use std::path::Path;
 
-use crate::model::{Checkpoint, Sidecar, WideResNet};
+use crate::model::{LoadedNetwork, ModelInfo, Sidecar};
 use crate::settings::{self, InvalidSetting};
 use crate::tables::first_repeat;
 use crate::train::JemConfig;
@@ -130,18 +130,15 @@ pub fn settings(
     })
 }
 
-/// [`settings`] for a run that takes no gradient through the defence (logits only): the
-/// gradient mode, which then plays no part, is left out.
+/// [`settings`] for a run that takes no gradient through the defence (logits only), of the
+/// model `model` (its SGLD settings, read only for K > 0): the gradient mode, which then plays
+/// no part, is left out.
 pub fn forward_settings(
-    sidecar: &Sidecar,
+    model: &ModelInfo,
     steps: usize,
     args: &DefenceSpec,
 ) -> anyhow::Result<serde_json::Value> {
-    let base = if steps > 0 {
-        Some(sgld_of(sidecar)?)
-    } else {
-        None
-    };
+    let base = if steps > 0 { Some(model.sgld()?) } else { None };
     let mut s = settings(base.as_ref(), steps, GradMode::Bpda, args)?;
     if let Some(d) = s.get_mut("defence").and_then(|d| d.as_object_mut()) {
         d.remove("grad");
@@ -149,15 +146,16 @@ pub fn forward_settings(
     Ok(s)
 }
 
-/// The sidecars of `models` (`--models`), each loaded, and checked by `check` for what the
-/// defence needs at every K of `steps`, before a command does any work: the first step of every
-/// command that evaluates a list of models under the defence.
-pub fn checked_sidecars<B: burn::tensor::backend::Backend>(
+/// The models `models` (`--models`: Wide-ResNet checkpoints or graphs imported from ONNX), each
+/// loaded onto `device`, and checked by `check` for what the defence needs at every K of
+/// `steps`, before a command does any work: the first step of every command that evaluates a
+/// list of models under the defence. A failure is a refusal of `models` naming the model.
+pub fn checked_models<B: burn::tensor::backend::Backend>(
     models: &[std::path::PathBuf],
     steps: &[usize],
     device: &B::Device,
-    check: impl Fn(&Sidecar, usize) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<Sidecar>> {
+    check: impl Fn(&ModelInfo, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<(LoadedNetwork<B>, ModelInfo)>> {
     if let Some(m) = first_repeat(models) {
         let value = m.display().to_string();
         return Err(InvalidSetting::new("models", value, "named twice").into());
@@ -165,14 +163,14 @@ pub fn checked_sidecars<B: burn::tensor::backend::Backend>(
     models
         .iter()
         .map(|path| {
-            let (_, sidecar) = Checkpoint::load_setting::<B>(path, "models", device)?;
+            let (network, info) = ModelInfo::load_setting::<B>(path, "models", device)?;
             for &k in steps {
-                check(&sidecar, k).map_err(|e| {
+                check(&info, k).map_err(|e| {
                     let e = e.context(format!("the SGLD defence (K = {k})"));
                     settings::refusal("models", path.display(), e)
                 })?;
             }
-            Ok(sidecar)
+            Ok((network, info))
         })
         .collect()
 }
@@ -183,9 +181,10 @@ pub enum Defended<N> {
     Sgld(SgldDefence<N>),
 }
 
-impl<B: crate::backend::BenchBackend> Defended<WideResNet<B>> {
-    /// The checkpoint at `path` behind the defence at K = `steps`, run with the checkpoint's
-    /// own SGLD settings (read from its sidecar, loaded with it) and `spec`'s overrides.
+impl<B: crate::backend::BenchBackend> Defended<LoadedNetwork<B>> {
+    /// The model at `path` (a Wide-ResNet checkpoint or a graph imported from ONNX) behind the
+    /// defence at K = `steps`, run with the model's own SGLD settings
+    /// ([`ModelInfo::sgld`], read for K > 0 only) and `spec`'s overrides.
     pub fn load(
         path: &Path,
         steps: usize,
@@ -193,8 +192,9 @@ impl<B: crate::backend::BenchBackend> Defended<WideResNet<B>> {
         spec: &DefenceSpec,
         device: &B::Device,
     ) -> anyhow::Result<Self> {
-        let (model, sidecar) = Checkpoint::at(path).load::<B>(device)?;
-        Defended::new(model, Some(&sgld_of(&sidecar)?), steps, grad, spec)
+        let (model, info) = ModelInfo::load::<B>(path, device)?;
+        let base = if steps > 0 { Some(info.sgld()?) } else { None };
+        Defended::new(model, base.as_ref(), steps, grad, spec)
     }
 }
 

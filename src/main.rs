@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use jem_bench::backend::{self, BenchBackend, Inference, Train};
-use jem_bench::metrics;
 use jem_bench::model::{
     import_pytorch, stored_normalization, to_f32, Checkpoint, PytorchNaming, Sidecar,
     TrainingRecord, WideResNetConfig,
@@ -15,7 +14,7 @@ use jem_bench::model::{
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainKind, TrainSpec,
 };
-use jem_datasets::{DataSource, Split};
+use jem_datasets::DataSource;
 
 mod cli;
 use cli::choices::choices;
@@ -42,9 +41,10 @@ enum Command {
     /// Train a Wide-ResNet as a classifier (baseline), a JEM, or adversarially.
     #[command(allow_negative_numbers = true)]
     Train(cli::train::TrainFlags),
-    /// Clean accuracy, NLL, Brier score and ECE (15 bins) of a checkpoint on a test set.
+    /// Clean accuracy, NLL, Brier score and ECE (15 bins) of a model (a checkpoint or a graph
+    /// imported from ONNX) on a test set.
     #[command(allow_negative_numbers = true)]
-    Eval(EvalArgs),
+    Eval(cli::eval::EvalArgs),
     /// Calibration per model and K: accuracy, NLL, Brier score, ECE (15 bins), reliability
     /// diagram.
     #[command(allow_negative_numbers = true)]
@@ -65,7 +65,8 @@ enum Command {
     /// Compare a sweep against a stored reference; non-zero exit on regression.
     #[command(allow_negative_numbers = true)]
     Regress(cli::harness::RegressArgs),
-    /// Draw class-conditional SGLD samples from a JEM into a PNG grid.
+    /// Draw class-conditional SGLD samples from a JEM (or any classifier's energy, an ONNX
+    /// graph's included) into a PNG grid.
     #[command(allow_negative_numbers = true)]
     Sample(cli::sample::SampleArgs),
     /// Regenerate the summary, table and robustness curves (SVG, PNG) from sweeps' CSVs.
@@ -83,24 +84,6 @@ enum Command {
     /// iteration, PGD step through the SGLD defence) on a Wide-ResNet;
     /// benches/pytorch/compare.py runs it beside PyTorch.
     Bench(cli::bench::BenchArgs),
-}
-
-#[derive(clap::Args)]
-struct EvalArgs {
-    /// Checkpoint: NAME, NAME.safetensors or NAME.json.
-    #[arg(long)]
-    model: PathBuf,
-    /// Data set (default: the one the model was trained on).
-    #[arg(long)]
-    data: Option<String>,
-    /// Evaluate only the first N test images.
-    #[arg(long)]
-    n: Option<usize>,
-    #[arg(long, default_value_t = 500)]
-    batch_size: usize,
-    /// Print the metrics as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -224,7 +207,7 @@ fn main() -> ExitCode {
     let device = backend::device();
     let result = match cli.command {
         Command::Train(flags) => run_train(flags.spec(), &device),
-        Command::Eval(args) => run_eval(args),
+        Command::Eval(args) => args.run::<Train>(&device),
         Command::Calibrate(args) => args.run::<Train>(&device),
         Command::Import(args) => run_import(args),
         Command::Robust(args) => run_robust(args, &device),
@@ -389,63 +372,6 @@ fn run_train(cfg: TrainSpec, device: &backend::Device) -> anyhow::Result<()> {
         println!(
             "test: accuracy {:.4}, nll {:.4}, ece {:.4} (n = {})",
             m.accuracy, m.nll, m.ece, m.n
-        );
-    }
-    Ok(())
-}
-
-fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
-    let device = backend::device();
-    let ckpt = Checkpoint::at(&args.model);
-    let (model, sidecar) = ckpt.load::<Inference>(&device)?;
-    let spec = args
-        .data
-        .clone()
-        .unwrap_or_else(|| sidecar.training.data.clone());
-    anyhow::ensure!(
-        args.batch_size >= 1,
-        "--batch-size: expected at least 1, found 0"
-    );
-    let mut set = DataSource::parse(&spec)
-        .and_then(|s| s.load(Split::Test))
-        .context("--data")?;
-    sidecar.check_data(&args.model.display().to_string(), &set)?;
-    if let Some(n) = args.n {
-        anyhow::ensure!(
-            (1..=set.len()).contains(&n),
-            "--n {n}: expected 1 to {} (the test images of {spec})",
-            set.len()
-        );
-        set = set.select(&(0..n).collect::<Vec<_>>());
-    }
-    let m = metrics::evaluate(&model, &set, args.batch_size, &device);
-    anyhow::ensure!(
-        m.nll.is_finite() && m.ece.is_finite(),
-        "{}: the model's outputs are not finite on {} (NLL {}, ECE {}); its weights or input \
-         normalisation are broken",
-        ckpt.weights.display(),
-        set.name,
-        m.nll,
-        m.ece
-    );
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&m)?);
-    } else {
-        println!(
-            "model:    {} ({}, {} parameters, {})",
-            ckpt.weights.display(),
-            sidecar.architecture.name(),
-            sidecar.parameters,
-            sidecar.training.kind
-        );
-        println!("data:     {} (n = {})", set.name, m.n);
-        println!("accuracy: {:.2} %", 100.0 * m.accuracy);
-        println!("nll:      {:.4} nats", m.nll);
-        println!("brier:    {:.4}", m.brier);
-        println!(
-            "ece:      {:.2} % ({} bins)",
-            100.0 * m.ece,
-            metrics::ECE_BINS
         );
     }
     Ok(())

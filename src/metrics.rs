@@ -4,12 +4,12 @@
 //! 1950 the score).
 
 use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::Backend;
+use jem_attacks::Classifier;
 use jem_datasets::ImageSet;
-use jem_kernels::Kernels;
 use serde::Serialize;
 
 use crate::batches;
-use crate::model::WideResNet;
 
 /// Accuracy, NLL, Brier score and ECE of a model on a set of images.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -123,9 +123,10 @@ pub fn from_log_probs(log_probs: &[f32], labels: &[u8], classes: usize) -> Clean
     calibration(log_probs, labels, classes).metrics
 }
 
-/// Log-probabilities of the model on `set[indices]`, computed in batches.
-pub fn log_probs<B: Kernels>(
-    model: &WideResNet<B>,
+/// Log-probabilities of the model (any classifier: a Wide-ResNet, a graph imported from ONNX,
+/// a network of the caller's) on `set[indices]`, computed in batches.
+pub fn log_probs<B: Backend, N: Classifier<B>>(
+    model: &N,
     set: &ImageSet,
     indices: &[usize],
     batch_size: usize,
@@ -134,14 +135,14 @@ pub fn log_probs<B: Kernels>(
     let mut out = Vec::with_capacity(indices.len() * set.num_classes());
     for chunk in indices.chunks(batch_size.max(1)) {
         let x = batches::images::<B>(set, chunk, device);
-        out.extend(batches::to_vec(log_softmax(model.forward(x), 1)));
+        out.extend(batches::to_vec(log_softmax(model.logits(x), 1)));
     }
     out
 }
 
-/// Accuracy, NLL and ECE of `model` on the whole of `set`.
-pub fn evaluate<B: Kernels>(
-    model: &WideResNet<B>,
+/// Accuracy, NLL, Brier score and ECE of `model` (any classifier) on the whole of `set`.
+pub fn evaluate<B: Backend, N: Classifier<B>>(
+    model: &N,
     set: &ImageSet,
     batch_size: usize,
     device: &B::Device,

@@ -13,7 +13,7 @@ use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
-use crate::model::{write_atomic, Checkpoint, SOFTWARE};
+use crate::model::{write_atomic, LoadedNetwork, ModelInfo, SOFTWARE};
 use crate::settings;
 
 /// What `nonsense` computes: per model, K and class, searches from noise for an input the
@@ -21,7 +21,8 @@ use crate::settings;
 /// 2019's distal adversarials). Recorded in its `nonsense.json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NonsenseSpec {
-    /// Checkpoints (empty: the embedded baseline, JEM and adversarially trained models).
+    /// Checkpoints: Wide-ResNets or graphs imported from ONNX (empty: the embedded baseline,
+    /// JEM and adversarially trained models).
     pub models: Vec<PathBuf>,
     /// SGLD sampling steps K before classifying.
     pub steps: Vec<usize>,
@@ -87,9 +88,12 @@ fn median<T: Copy + PartialOrd>(v: &[T]) -> anyhow::Result<T> {
 }
 
 impl NonsenseSpec {
-    /// Checks the flags, and every model with the image shape its data set has, before
-    /// anything is written.
-    fn validate<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<()> {
+    /// Checks the flags, and every model with the image shape it takes, before anything is
+    /// written; the models, loaded (Wide-ResNets or graphs imported from ONNX), in order.
+    fn validate<B: BenchBackend>(
+        &self,
+        device: &B::Device,
+    ) -> anyhow::Result<Vec<(LoadedNetwork<B>, ModelInfo)>> {
         let refuse = |field, problem: String| Err(InvalidSetting::bare(field, &problem).into());
         if self.steps.is_empty() {
             return refuse("steps", "name at least one K".into());
@@ -113,23 +117,19 @@ impl NonsenseSpec {
         }
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
-        let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
-            &self.models,
-            &self.steps,
-            device,
-            |sidecar, k| match k {
-                0 => Ok(()),
-                _ => crate::train::JemConfig::of(sidecar).map(drop),
-            },
-        )?;
+        let models =
+            crate::defended::checked_models::<B>(&self.models, &self.steps, device, |info, k| {
+                match k {
+                    0 => Ok(()),
+                    _ => info.sgld().map(drop),
+                }
+            })?;
         let mut shapes = Vec::new();
-        for (path, sidecar) in self.models.iter().zip(&sidecars) {
-            let shape = sidecar.image_shape()?;
-            shapes.push((
-                path.display().to_string(),
-                shape,
-                sidecar.architecture.num_classes,
-            ));
+        for (path, (_, info)) in self.models.iter().zip(&models) {
+            let shape = info
+                .image_shape()
+                .map_err(|e| crate::settings::refusal("models", path.display(), e))?;
+            shapes.push((path.display().to_string(), shape, info.classes()));
         }
         if let Some((first, rest)) = shapes.split_first() {
             for other in rest {
@@ -146,7 +146,7 @@ impl NonsenseSpec {
                 );
             }
         }
-        Ok(())
+        Ok(models)
     }
 }
 
@@ -154,7 +154,7 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
-    args.validate::<B>(device)?;
+    let models = args.validate::<B>(device)?;
     let _lock = crate::output_folder::claim(&args.out, "nonsense")?;
     let mut rows = Vec::new();
     let mut searches = csv::Writer::from_writer(Vec::new());
@@ -176,24 +176,18 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
     for &k in &args.steps {
         let mut grid: Vec<f32> = Vec::new();
         let (mut classes, mut shape) = (0, [0; 3]);
-        for path in &args.models {
-            let ckpt = Checkpoint::at(path);
-            let (model, sidecar) = ckpt.load::<B>(device)?;
-            shape = sidecar.image_shape()?;
-            classes = sidecar.architecture.num_classes;
+        for (network, info) in &models {
+            shape = info.image_shape()?;
+            classes = info.classes();
             let targets: Vec<usize> = (0..classes)
                 .flat_map(|c| std::iter::repeat_n(c, args.per_class))
                 .collect();
-            let defended = Defended::new(
-                model,
-                Some(&crate::defended::sgld_of(&sidecar)?),
-                k,
-                args.grad,
-                &args.defence,
-            )?;
+            let base = if k > 0 { Some(info.sgld()?) } else { None };
+            let defended =
+                Defended::new(network.clone(), base.as_ref(), k, args.grad, &args.defence)?;
             let started = std::time::Instant::now();
             let out = cfg.run::<B, _>(&defended, shape, &targets, device);
-            let name = ckpt.weights.display().to_string();
+            let name = info.file.display().to_string();
             for (i, target) in targets.iter().enumerate() {
                 searches.write_record([
                     name.clone(),

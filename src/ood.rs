@@ -29,7 +29,7 @@ pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
 use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
-use crate::model::{write_atomic, Sidecar, SOFTWARE};
+use crate::model::{write_atomic, LoadedNetwork, ModelInfo, SOFTWARE};
 use crate::tables::{first_repeat, write_csv};
 use crate::test_set::{self, TestImages};
 
@@ -37,7 +37,8 @@ use crate::test_set::{self, TestImages};
 /// test images from each OOD set. Recorded in its `settings.json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OodSpec {
-    /// Checkpoints (empty: the embedded baseline, JEM and adversarially trained models).
+    /// Checkpoints: Wide-ResNets or graphs imported from ONNX (empty: the embedded baseline,
+    /// JEM and adversarially trained models).
     pub models: Vec<PathBuf>,
     /// In-distribution test data (`None`: each model's own data set).
     pub in_data: Option<String>,
@@ -78,11 +79,12 @@ impl Default for OodSpec {
     }
 }
 
-/// One model with its in-distribution images and every OOD set, built and checked before
-/// anything is computed or written.
-struct Prepared {
+/// One model — its network, whichever kind, and its description — with its in-distribution
+/// images and every OOD set, built and checked before anything is computed or written.
+struct Prepared<B: BenchBackend> {
     path: PathBuf,
-    sidecar: Sidecar,
+    network: LoadedNetwork<B>,
+    info: ModelInfo,
     data: TestImages,
     ood: Vec<ImageSet>,
 }
@@ -138,21 +140,21 @@ impl OodSpec {
 
     /// The defence's settings at K as recorded: with the gradient mode only when a gradient is
     /// taken through it.
-    fn defence_settings(&self, sidecar: &Sidecar, k: usize) -> anyhow::Result<String> {
+    fn defence_settings(&self, info: &ModelInfo, k: usize) -> anyhow::Result<String> {
         Ok(match self.grad_mode() {
             Some(grad) => crate::defended::settings(
-                Some(&crate::defended::sgld_of(sidecar)?).filter(|_| k > 0),
+                Some(&info.sgld()?).filter(|_| k > 0),
                 k,
                 grad,
                 &self.defence,
             )?,
-            None => crate::defended::forward_settings(sidecar, k, &self.defence)?,
+            None => crate::defended::forward_settings(info, k, &self.defence)?,
         }
         .to_string())
     }
 
     /// Checks every flag, model and set before anything is written, and builds the sets.
-    fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared>> {
+    fn prepare<B: BenchBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Prepared<B>>> {
         let refuse = |field, problem: String| Err(InvalidSetting::bare(field, &problem).into());
         if self.steps.is_empty() {
             return refuse(
@@ -184,16 +186,14 @@ impl OodSpec {
             .collect::<anyhow::Result<Vec<_>>>()?;
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
-        let sidecars = crate::defended::checked_sidecars::<B::InnerBackend>(
-            &self.models,
-            &self.steps,
-            device,
-            |sidecar, k| self.defence_settings(sidecar, k).map(drop),
-        )?;
+        let models =
+            crate::defended::checked_models::<B>(&self.models, &self.steps, device, |info, k| {
+                self.defence_settings(info, k).map(drop)
+            })?;
         let mut prepared = Vec::new();
-        for (path, sidecar) in self.models.iter().zip(sidecars) {
+        for (path, (network, info)) in self.models.iter().zip(models) {
             let m = path.display().to_string();
-            let data = test_set::load(&m, &sidecar, "in_data", self.in_data.as_deref(), self.n)?;
+            let data = test_set::load(&m, &info, "in_data", self.in_data.as_deref(), self.n)?;
             if let Some(same) = sets.iter().find(|s| **s == OodSet::Data(data.spec.clone())) {
                 let problem = format!("that is the in-distribution data of {m}; name another set");
                 return Err(InvalidSetting::new("ood", same.name().into(), &problem).into());
@@ -207,7 +207,8 @@ impl OodSpec {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             prepared.push(Prepared {
                 path: path.clone(),
-                sidecar,
+                network,
+                info,
                 data,
                 ood,
             });
@@ -219,12 +220,13 @@ impl OodSpec {
 /// Every score of one model at K on its in-distribution set and each OOD set.
 fn score_cell<B: BenchBackend>(
     args: &OodSpec,
-    p: &Prepared,
+    p: &Prepared<B>,
     k: usize,
     device: &B::Device,
 ) -> anyhow::Result<ScoredCell> {
     let grad = args.grad_mode().unwrap_or(GradMode::Bpda);
-    let defended = Defended::load(&p.path, k, grad, &args.defence, device)?;
+    let base = if k > 0 { Some(p.info.sgld()?) } else { None };
+    let defended = Defended::new(p.network.clone(), base.as_ref(), k, grad, &args.defence)?;
     let model_name = p.path.display().to_string();
     let mut sets = Vec::new();
     for set in std::iter::once(&p.data.set).chain(&p.ood) {
@@ -279,7 +281,7 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
         for &k in &args.steps {
             let clock = Instant::now();
             let cell = score_cell::<B>(&args, p, k, device)?;
-            let defence = args.defence_settings(&p.sidecar, k)?;
+            let defence = args.defence_settings(&p.info, k)?;
             let inside = &cell.sets[0];
             for (s, &score) in args.scores.iter().enumerate() {
                 for out in &cell.sets[1..] {

@@ -1,4 +1,5 @@
-//! `jem-bench sample`: draws class-conditional samples from a JEM by SGLD on `f(x)[y]`, starting
+//! `jem-bench sample`: draws class-conditional samples from a JEM — or from any classifier's
+//! energy, a Wide-ResNet's or a graph imported from ONNX — by SGLD on `f(x)[y]`, starting
 //! from JEM's uniform noise, from each class's Gaussian fitted to the training images (JEM++) or
 //! from a training run's replay buffer, and writes a PNG grid (one row per class) with a JSON
 //! record of the settings, of how the model classifies them and of how they look to an
@@ -13,7 +14,7 @@ use anyhow::Context;
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData};
-use jem_attacks::{SgldConfig, SgldSampler, SgldTarget};
+use jem_attacks::{Classifier, SgldConfig, SgldSampler, SgldTarget};
 use jem_datasets::{DataSource, Split};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -22,14 +23,15 @@ use serde::Serialize;
 use crate::backend::BenchBackend;
 use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
-use crate::model::{Checkpoint, InputNormalization, Sidecar, SOFTWARE};
+use crate::model::{InputNormalization, ModelInfo, SOFTWARE};
 use crate::settings;
-use crate::train::{chain_init, ChainStart, ClassGaussians, JemConfig, ReplayBuffer};
+use crate::train::{chain_init, ChainStart, ClassGaussians, ReplayBuffer};
 
 /// What `sample` draws and where it writes: recorded in the JSON beside the grid.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SampleSpec {
-    /// The checkpoint to sample from (NAME, NAME.safetensors or NAME.json).
+    /// The model to sample from: a Wide-ResNet checkpoint (NAME, NAME.safetensors or
+    /// NAME.json) or a graph imported from ONNX (NAME or NAME.onnx).
     pub model: PathBuf,
     /// Classes to sample (empty: every class, one grid row each).
     pub class: Vec<usize>,
@@ -89,29 +91,31 @@ struct SampleRecord<'a> {
 /// Draws the samples `args` asks for, judges them and writes the grid and its JSON record.
 pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Result<()> {
     validate(&args)?;
-    let ckpt = Checkpoint::at(&args.model);
-    let (model, sidecar) = ckpt.load::<B>(device)?;
+    let (model, info) = ModelInfo::load_setting::<B>(&args.model, "model", device)?;
     let model = model.no_grad();
-    let arch = &sidecar.architecture;
-    let trained = JemConfig::of(&sidecar).with_context(|| format!("{}", ckpt.sidecar.display()))?;
+    let trained = info
+        .jem()
+        .with_context(|| format!("the JEM settings of {}", info.file.display()))?;
+    let num_classes = info.classes();
     let classes: Vec<usize> = if args.class.is_empty() {
-        (0..arch.num_classes).collect()
+        (0..num_classes).collect()
     } else {
         args.class.clone()
     };
-    if let Some(&bad) = classes.iter().find(|&&c| c >= arch.num_classes) {
+    if let Some(&bad) = classes.iter().find(|&&c| c >= num_classes) {
         anyhow::bail!(
             "--class {bad}: the model has classes 0..{}",
-            arch.num_classes - 1
+            num_classes - 1
         );
     }
-    let [c, h, w] = sidecar
+    let [c, h, w] = info
         .image_shape()
         .with_context(|| format!("--model {}", args.model.display()))?;
-    let source = jem_datasets::DataSource::parse(&sidecar.training.data)?;
+    let source = jem_datasets::DataSource::parse(info.data())
+        .with_context(|| format!("the data set of {}", info.file.display()))?;
     let names = source.class_names();
-    let judge = load_judge::<B>(&args, &sidecar, &classes, [c, h, w], &source, device)?;
-    let norm = &arch.input_normalization;
+    let judge = load_judge::<B>(&args, &info, &classes, [c, h, w], &source, device)?;
+    let norm = &info.input_normalization();
     let sampler = SgldSampler::new(SgldConfig {
         steps: args.steps,
         step_size: args.sgld_lr.unwrap_or(trained.sgld_lr),
@@ -131,11 +135,11 @@ pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Res
     let y = Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels, [n]), device);
     let samples = sampler.run::<B, _>(&model, x0, &SgldTarget::Class(y), &mut rng);
 
-    let probs: Vec<f32> = softmax(model.valid().forward(samples.clone()), 1)
+    let probs: Vec<f32> = softmax(model.valid().logits(samples.clone()), 1)
         .into_data()
         .to_vec()
         .expect("f32");
-    let k = arch.num_classes;
+    let k = num_classes;
     let mut reports = class_reports(&probs, k, &classes, args.per_class, &names);
 
     let pixels: Vec<f32> = samples.into_data().to_vec().expect("f32");
@@ -201,13 +205,12 @@ fn validate(args: &SampleSpec) -> anyhow::Result<()> {
 /// against the model's data.
 fn load_judge<B: BenchBackend>(
     args: &SampleSpec,
-    sidecar: &Sidecar,
+    info: &ModelInfo,
     classes: &[usize],
     [c, h, w]: [usize; 3],
     source: &DataSource,
     device: &B::Device,
 ) -> anyhow::Result<Option<quality::Judge<B::InnerBackend>>> {
-    let arch = &sidecar.architecture;
     Ok(if args.judge == "none" {
         None
     } else {
@@ -218,7 +221,7 @@ fn load_judge<B: BenchBackend>(
         anyhow::ensure!(
             (2..=test_images).contains(&args.reference_images),
             "--reference-images: expected 2 to {test_images} (the test images of {}), found {}",
-            sidecar.training.data,
+            info.data(),
             args.reference_images
         );
         anyhow::ensure!(
@@ -228,9 +231,9 @@ fn load_judge<B: BenchBackend>(
         );
         Some(quality::Judge::load(
             &args.judge,
-            &sidecar.training.data,
+            info.data(),
             [c, h, w],
-            arch.num_classes,
+            info.classes(),
             device,
         )?)
     })

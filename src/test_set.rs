@@ -5,8 +5,47 @@
 
 use jem_datasets::{DataSource, ImageSet, Split};
 
-use crate::model::Sidecar;
+use crate::model::{ModelInfo, Sidecar};
 use crate::settings::{self, InvalidSetting};
+
+/// What choosing and checking a model's test data asks of its sidecar: a Wide-ResNet's
+/// ([`Sidecar`]) or any model's ([`ModelInfo`]: a Wide-ResNet or a graph imported from ONNX).
+pub trait ModelData {
+    /// The data set the model classifies, as `--data` names it: the default test data.
+    fn own_data(&self) -> &str;
+    /// Where its sidecar records [`own_data`](Self::own_data), for messages (`training.data`).
+    fn own_data_field(&self) -> &'static str;
+    /// Refuses data whose images or classes the model cannot take; `model` names it.
+    fn takes(&self, model: &str, data: &ImageSet) -> anyhow::Result<()>;
+}
+
+impl ModelData for Sidecar {
+    fn own_data(&self) -> &str {
+        &self.training.data
+    }
+
+    fn own_data_field(&self) -> &'static str {
+        "training.data"
+    }
+
+    fn takes(&self, model: &str, data: &ImageSet) -> anyhow::Result<()> {
+        self.check_data(model, data)
+    }
+}
+
+impl ModelData for ModelInfo {
+    fn own_data(&self) -> &str {
+        self.data()
+    }
+
+    fn own_data_field(&self) -> &'static str {
+        self.data_field()
+    }
+
+    fn takes(&self, model: &str, data: &ImageSet) -> anyhow::Result<()> {
+        self.check_data(model, data)
+    }
+}
 
 /// The first `n` test images of a data set, with the spec that named it.
 #[derive(Debug, Clone)]
@@ -21,7 +60,7 @@ pub struct TestImages {
 /// outside 1 to the split's size (the field `n`).
 pub fn load(
     model: &str,
-    sidecar: &Sidecar,
+    sidecar: &impl ModelData,
     field: &'static str,
     spec: Option<&str>,
     n: usize,
@@ -36,11 +75,11 @@ pub fn load(
 /// `field`) when it does not load or the model cannot take its images.
 pub fn test_split(
     model: &str,
-    sidecar: &Sidecar,
+    sidecar: &impl ModelData,
     field: &'static str,
     spec: Option<&str>,
 ) -> anyhow::Result<(String, ImageSet)> {
-    let chosen = spec.map_or_else(|| sidecar.training.data.clone(), str::to_string);
+    let chosen = spec.map_or_else(|| sidecar.own_data().to_string(), str::to_string);
     let set = DataSource::parse(&chosen)
         .and_then(|s| s.load(Split::Test))
         .map_err(|e| match spec {
@@ -48,13 +87,14 @@ pub fn test_split(
             None => InvalidSetting::bare(
                 field,
                 &format!(
-                    "none given, and the data set of {model} (its sidecar's training.data) does \
-                     not load: {e:#}"
+                    "none given, and the data set of {model} (its sidecar's {}) does not load: \
+                     {e:#}",
+                    sidecar.own_data_field()
                 ),
             ),
         })?;
     sidecar
-        .check_data(model, &set)
+        .takes(model, &set)
         .map_err(|e| InvalidSetting::new(field, chosen.clone(), &format!("{e:#}")))?;
     Ok((chosen, set))
 }

@@ -24,7 +24,12 @@ Rows (`--ops`, comma-separated): forward, train-step, input-gradient, sgld-step,
 (each on every `--batch`, a comma-separated list of images per call), and pgd-step:kK[:bpda|full]
 (a PGD gradient through K SGLD steps of the defence in `--chains` chains, on `--pgd-batch`
 images; K = 0 takes no mode). Models (`--models`): DEPTH-WIDTH[:INPUT], e.g. 10-1,28-10:cifar,
-where INPUT is mnist (1×28×28, the default) or cifar (3×32×32). Each side times up to `--reps` calls after
+where INPUT is mnist (1×28×28, the default) or cifar (3×32×32); or preact18[-W]:cifar, a CIFAR
+PreAct-ResNet-18 with W channels in its first stage (64, the full network, by default), which
+ops.py builds, times and exports to ONNX (into a temporary folder) and jem-bench times through its
+ONNX interpreter (`bench --model FILE.onnx`): PyTorch against jem-bench on a network it imported,
+not one of its own (no train-step or jem-iteration rows; the FLOPs are PyTorch's count, the
+interpreter counts none; the burn side is not run). Each side times up to `--reps` calls after
 `--warmup` (each cut short once `--max-seconds` have passed in it, keeping at least 1 warm-up
 and 3 timed calls, so that the slow rows take a bounded time) and reports their median; a row keeps
 each side's lowest median over the rounds.
@@ -59,7 +64,9 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 
 root = pathlib.Path(__file__).resolve().parents[2]
@@ -189,13 +196,47 @@ INPUTS = {"mnist": (1, 28), "cifar": (3, 32)}
 
 
 def parse_model(entry):
-    """`28-10:cifar` -> (28, 10, "cifar")."""
+    """`28-10:cifar` -> (28, 10, "cifar"); `preact18-32:cifar` -> ("preact18", 32, "cifar")."""
     arch, _, shape = entry.partition(":")
     shape = shape or "mnist"
     if shape not in INPUTS:
-        sys.exit(f"--models {entry}: expected DEPTH-WIDTH[:mnist|cifar]")
+        sys.exit(f"--models {entry}: expected DEPTH-WIDTH[:mnist|cifar] or preact18[-W]:cifar")
+    if arch.startswith("preact18"):
+        if shape != "cifar":
+            sys.exit(f"--models {entry}: the PreAct-ResNet-18 is CIFAR-shaped (preact18[-W]:cifar)")
+        width = arch.partition("-")[2]
+        return "preact18", int(width) if width else 64, shape
     depth, width = (int(v) for v in arch.split("-"))
     return depth, width, shape
+
+
+def model_flags(depth, width):
+    """ops.py's flags naming the network."""
+    if depth == "preact18":
+        return ["--arch", "preact-resnet18", "--preact-width", str(width)]
+    return ["--depth", str(depth), "--width", str(width)]
+
+
+def model_name(depth, width):
+    """The table's name of a network (what ops.py reports)."""
+    if depth == "preact18":
+        return f"PreAct-ResNet-18 (width {width})"
+    return f"WRN-{depth}-{width}"
+
+
+# The PreAct-ResNets, as ops.py exports them, for jem-bench's side.
+onnx_dir = pathlib.Path(tempfile.mkdtemp(prefix="jem-bench-compare-"))
+
+
+def exported(depth, width):
+    path = onnx_dir / f"preact-resnet18-w{width}.onnx"
+    if not path.exists():
+        channels, size = INPUTS["cifar"]
+        cmd = [sys.executable, str(root / "benches/pytorch/ops.py"), "--op", "forward",
+               *model_flags(depth, width), "--channels", str(channels), "--size", str(size),
+               "--export", str(path)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
 
 
 models = [parse_model(m) for m in a.models.split(",")]
@@ -266,42 +307,51 @@ runs = [(depth, width, shape, op, k, grad, batch, op_flags, threads, isa)
         for threads in [int(t) for t in a.threads.split(",")]]
 for depth, width, shape, op, k, grad, batch, op_flags, threads, isa in runs:
     channels, size = INPUTS[shape]
-    if key(op, k, grad, f"WRN-{depth}-{width}", f"{channels}×{size}×{size}", batch, threads, isa) in done:
+    if key(op, k, grad, model_name(depth, width), f"{channels}×{size}×{size}", batch, threads, isa) in done:
+        continue
+    graph = depth == "preact18"
+    if graph and op in ("train-step", "jem-iteration"):
         continue
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     ours_env, pytorch_env = ISA_ENV[isa]
     envs = {"ours": {**env, **ours_env}, "burn": {**env, **ours_env}, "pytorch": {**env, **pytorch_env}}
-    common = [*op_flags, "--batch", str(batch), "--depth", str(depth), "--width", str(width),
-              "--channels", str(channels), "--size", str(size),
+    common = [*op_flags, "--batch", str(batch), "--channels", str(channels), "--size", str(size),
               "--reps", str(a.reps), "--warmup", str(a.warmup)]
     if a.max_seconds > 0:
         common += ["--max-seconds", str(a.max_seconds)]
+    ours_model = ["--model", str(exported(depth, width))] if graph else model_flags(depth, width)
     cmds = {
-        "ours": [str(ours_bin), "--device", a.device, "bench", *common],
-        "burn": [str(ours_bin), "bench", *common, "--kernels", "burn"],
+        "ours": [str(ours_bin), "--device", a.device, "bench", *common, *ours_model],
+        "burn": [str(ours_bin), "bench", *common, *ours_model, "--kernels", "burn"],
         "pytorch": [sys.executable, str(root / "benches/pytorch/ops.py"), *common,
-                    "--threads", str(threads), "--device", a.device],
+                    *model_flags(depth, width), "--threads", str(threads), "--device", a.device],
     }
     best = {}
     for _ in range(a.rounds):
         for side in sides:
+            if graph and side == "burn":
+                continue
             t, rss = run(cmds[side], envs[side])
             b = best.setdefault(side, {"ms": float("inf"), "rss": 0.0, "t": t})
             if t["median_ms"] < b["ms"]:
                 b["ms"], b["t"] = t["median_ms"], t
             b["rss"] = max(b["rss"], rss)
     o, q, r = best["ours"], best["pytorch"], best.get("burn")
-    # Both sides must have timed the same row of the same network on the same batch.
-    for field in ("row", "model", "batch"):
+    # Both sides must have timed the same row of the same network on the same batch (jem-bench
+    # names an ONNX graph by its file; ops.py exported it).
+    for field in ("row", "batch") if graph else ("row", "model", "batch"):
         if o["t"][field] != q["t"][field]:
             sys.exit(f"{field}: jem-bench says {o['t'][field]}, ops.py {q['t'][field]}")
+    if o["t"]["gflop_per_call"] is None:
+        # The interpreter counts no FLOPs: the graph is PyTorch's network, so is its count.
+        o["t"]["gflop_per_call"] = q["t"]["gflop_per_call"]
     row = {
         "row": o["t"]["row"],
         "op": op,
         "k": "" if k is None else k,
         "grad": grad or "",
         "chains": a.chains if k else "",
-        "model": o["t"]["model"],
+        "model": q["t"]["model"] if graph else o["t"]["model"],
         "input": f"{channels}×{size}×{size}",
         "batch": batch,
         "threads": threads,

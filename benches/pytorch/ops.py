@@ -6,6 +6,15 @@ prints one JSON line with the same fields. Run by compare.py; needs torch.
   python ops.py --op jem-iteration --depth 16 --width 2
   python ops.py --op pgd-step --k 10 --grad full --chains 5 --batch 16
   python ops.py --op jem-iteration --device cuda
+  python ops.py --arch preact-resnet18 --channels 3 --size 32 --op input-gradient
+  python ops.py --arch preact-resnet18 --channels 3 --size 32 --export preact.onnx
+
+`--arch preact-resnet18` times a CIFAR PreAct-ResNet-18 (tests/fixtures/onnx/make_fixtures.py's,
+`--preact-width` channels in its first stage: 64 is the full network) instead of the WRN, on
+[0, 1] pixels with no normalisation; `--export PATH` writes that seeded network to ONNX (as the
+README exports a model, batch dynamic) and exits, so that `jem-bench bench --model PATH` times
+the same network through its ONNX interpreter (compare.py does both). The training rows
+(train-step, jem-iteration) are the WRN's only.
 
 Each operation computes what jem-bench's does (src/bench.rs says what that is); the two that
 are written out here rather than taken from a library:
@@ -54,7 +63,14 @@ p.add_argument("--k", type=int, default=0, help="pgd-step: SGLD steps of the def
 p.add_argument("--grad", choices=["bpda", "full"], default="bpda", help="pgd-step, K > 0")
 p.add_argument("--chains", type=int, default=5, help="pgd-step, K > 0: chains per image")
 p.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: compute on that GPU")
+p.add_argument("--arch", choices=["wrn", "preact-resnet18"], default="wrn",
+               help="the network: the JEM WRN of --depth/--width, or a PreAct-ResNet-18 (3x32x32)")
+p.add_argument("--preact-width", type=int, default=64,
+               help="preact-resnet18: channels of its first stage (64: the full network)")
+p.add_argument("--export", help="write the seeded network to this ONNX file and exit")
 a = p.parse_args()
+if a.arch == "preact-resnet18" and a.op in ("train-step", "jem-iteration"):
+    sys.exit(f"--op {a.op}: timed on the WRN only (jem-bench trains its own Wide-ResNets only)")
 # On a GPU, true f32 as jem-bench computes there: cuDNN's convolutions would otherwise run in
 # TF32 (PyTorch's default for them).
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -62,17 +78,36 @@ torch.backends.cudnn.allow_tf32 = False
 
 SGLD_STEPS, SGLD_LR, SGLD_STD = 20, 1.0, 0.01  # the official JEM's, as jem-bench's defaults
 BUFFER_SIZE, REINIT_FREQ = 10_000, 0.05
-SCALE = 0.5  # pixels per network unit: [0, 1] pixels are [-1, 1] to the network
+# Pixels per network unit: [0, 1] pixels are [-1, 1] to the WRN; the PreAct-ResNet takes them as
+# they are (its ONNX export has no normalisation, and jem-bench runs a bare graph on that scale).
+SCALE = 0.5 if a.arch == "wrn" else 1.0
 DRIFT, SPREAD = SGLD_LR * SCALE * SCALE, SGLD_STD * SCALE
 
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
 dev = torch.device(a.device)
-net = WideResNet(a.depth, a.width, 10, a.channels).to(dev)
+if a.arch == "wrn":
+    net = WideResNet(a.depth, a.width, 10, a.channels).to(dev)
+    model_name = f"WRN-{a.depth}-{a.width}"
+else:
+    if (a.channels, a.size) != (3, 32):
+        sys.exit("--arch preact-resnet18: the network is CIFAR-shaped; pass --channels 3 --size 32")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests/fixtures/onnx"))
+    from make_fixtures import PreActResNet18  # noqa: E402
+
+    net = PreActResNet18(width=a.preact_width).to(dev).eval()
+    model_name = f"PreAct-ResNet-18 (width {a.preact_width})"
 x = torch.rand(a.batch, a.channels, a.size, a.size, device=dev)
+if a.export:
+    torch.onnx.export(net.eval(), (x[:1].cpu(),), a.export, dynamo=False, input_names=["x"],
+                      output_names=["logits"], dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+    print(json.dumps({"exported": a.export, "model": model_name}))
+    sys.exit(0)
 
 
 def logits(images):
+    if a.arch != "wrn":
+        return net(images)  # [0, 1] pixels, as the bare ONNX graph takes them
     return net((images - 0.5) / 0.5)  # jem-bench's models normalise inside; so does this twin
 
 
@@ -248,7 +283,7 @@ else:
 result = {
     "op": a.op,
     "row": row,
-    "model": f"WRN-{a.depth}-{a.width}",
+    "model": model_name,
     "batch": a.batch,
     "threads": torch.get_num_threads(),
     "reps": len(times),

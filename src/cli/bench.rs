@@ -13,6 +13,13 @@ pub struct BenchArgs {
     /// What to time.
     #[arg(long, value_parser = choices::<BenchOp>())]
     pub op: BenchOp,
+    /// Time this model instead of a seeded Wide-ResNet: a checkpoint (NAME, NAME.safetensors,
+    /// results/models/NAME), a graph imported from ONNX (NAME or NAME.onnx beside NAME.json),
+    /// or a bare MODEL.onnx (taking [0, 1] pixels). Its image shape and architecture replace
+    /// --channels, --size, --depth, --width and --layout; train-step and jem-iteration need a
+    /// Wide-ResNet.
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
     /// Images per call (MNIST-shaped unless --channels/--size say otherwise).
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
@@ -58,6 +65,7 @@ impl BenchArgs {
     pub fn run<B: BenchBackend>(self, device: &B::Device) -> anyhow::Result<()> {
         let spec = BenchSpec {
             op: self.op,
+            model: self.model,
             batch: self.batch,
             depth: self.depth,
             width: self.width,

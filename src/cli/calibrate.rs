@@ -10,8 +10,8 @@ use jem_bench::calibration::{self, CalibrateSpec};
 
 #[derive(Debug, Clone, Args)]
 pub struct CalibrateArgs {
-    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
-    /// trained models).
+    /// Checkpoints, comma-separated: Wide-ResNets or graphs imported from ONNX (default: the
+    /// embedded baseline, JEM and adversarially trained models).
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<PathBuf>,
     /// Test data (default: each model's own data set): mnist, fashion-mnist, cifar10:DIR, …

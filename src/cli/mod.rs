@@ -8,6 +8,7 @@ pub mod calibrate;
 pub mod choices;
 pub mod curves;
 pub mod defence;
+pub mod eval;
 pub mod harness;
 pub mod lists;
 pub mod nonsense;

@@ -11,8 +11,8 @@ use jem_bench::nonsense::{self, NonsenseSpec};
 
 #[derive(Debug, Clone, Args)]
 pub struct NonsenseArgs {
-    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
-    /// trained models that exist under results/models/).
+    /// Checkpoints, comma-separated: Wide-ResNets or graphs imported from ONNX (default: the
+    /// embedded baseline, JEM and adversarially trained models).
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<PathBuf>,
     /// SGLD sampling steps K before classifying, comma-separated.

@@ -9,7 +9,9 @@ use jem_bench::sample::{self, SampleSpec};
 
 #[derive(Debug, Clone, Args)]
 pub struct SampleArgs {
-    /// The checkpoint to sample from (NAME, NAME.safetensors or NAME.json).
+    /// The model to sample from: a checkpoint (NAME, NAME.safetensors or NAME.json) or a graph
+    /// imported from ONNX (NAME or NAME.onnx; its SGLD runs with the JEM paper's settings on
+    /// its input normalisation's scale).
     #[arg(long)]
     pub model: PathBuf,
     /// Classes to sample, comma-separated (default: every class, one grid row each).
@@ -42,7 +44,8 @@ pub struct SampleArgs {
     pub out: PathBuf,
     /// The classifier that judges the samples (its probability of each sample's class, and its
     /// penultimate features for the Fréchet distance to the test images); `none` skips both.
-    /// The default is the embedded baseline, trained without any generative term.
+    /// The default is the embedded baseline, trained without any generative term. A Wide-ResNet
+    /// checkpoint: an ONNX graph exposes no penultimate features.
     #[arg(long, default_value = "results/models/baseline")]
     pub judge: String,
     /// The judge's probability of the intended class that counts a sample as that class.

@@ -274,8 +274,8 @@ impl Checkpoint {
         let onnx = self.weights.with_extension("onnx");
         anyhow::ensure!(
             self.weights.exists() || !onnx.exists(),
-            "{} is a model imported from ONNX: `robust`, `merge` and `regress` take it; this \
-             command takes Wide-ResNet checkpoints only (NAME.safetensors + NAME.json) so far",
+            "{} is a model imported from ONNX; a Wide-ResNet checkpoint (NAME.safetensors + \
+             NAME.json) is needed here",
             onnx.display()
         );
         for (what, p) in [("weights", &self.weights), ("sidecar", &self.sidecar)] {

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod import;
+mod loaded;
 mod network;
 mod onnx;
 mod precision;
@@ -14,6 +15,7 @@ pub use checkpoint::{
     FORMAT_VERSION, SOFTWARE,
 };
 pub use import::{import_pytorch, stored_normalization, PytorchNaming};
+pub use loaded::{ModelInfo, ModelSidecar};
 pub use network::LoadedNetwork;
 pub use onnx::{import_onnx, OnnxCheckpoint, OnnxSidecar};
 pub use precision::{to_f32, Precision};

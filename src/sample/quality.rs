@@ -69,6 +69,14 @@ impl<B: Kernels> Judge<B> {
         classes: usize,
         device: &B::Device,
     ) -> anyhow::Result<Self> {
+        if crate::model::OnnxCheckpoint::find(path).is_some() {
+            // The sampled model may be any classifier; the judge reads features, not logits.
+            let problem = "a graph imported from ONNX gives logits only, and the judge's Fréchet \
+                           distance is measured in a Wide-ResNet's penultimate features (its \
+                           pooled layer before the head): name a jem-bench Wide-ResNet \
+                           checkpoint trained on the model's data set, or none";
+            return Err(InvalidSetting::new("judge", path.into(), problem).into());
+        }
         let (model, sidecar) = Checkpoint::load_setting::<B>(path.as_ref(), "judge", device)?;
         let judge_shape = sidecar
             .image_shape()

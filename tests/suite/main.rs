@@ -22,6 +22,7 @@ mod library_sweep;
 mod linearisation;
 mod model;
 mod onnx;
+mod onnx_commands;
 mod portable_gradients;
 mod sample_quality;
 mod training;
