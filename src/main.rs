@@ -199,6 +199,19 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Flags the other settings leave unused are refused before anything runs.
+    let unused = match &cli.command {
+        Command::Train(flags) => flags.unused(),
+        Command::Robust(args) => args.unused(),
+        _ => Vec::new(),
+    };
+    if let Some((name, sub_matches)) = matches.subcommand() {
+        let sub = command.find_subcommand(name).expect("a parsed subcommand");
+        if let Err(e) = cli::unused::refuse_given(sub, sub_matches, &unused) {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     // A bad JEM_BENCH_ISA or JEM_BENCH_GPU_CONV is an error before any work, before a device is
     // even opened, not a silent fallback.
     if let Err(e) = jem_kernels::isa_from_env() {

@@ -15,6 +15,7 @@ pub mod ood;
 pub mod robust;
 pub mod sample;
 pub mod train;
+pub mod unused;
 
 use jem_bench::settings::InvalidSetting;
 

@@ -1511,7 +1511,7 @@ fn every_flag_is_checked_before_the_folder_is_claimed() {
     let o = small_sweep(&out, &["--steps", "1", "--chains", "100000000"]);
     assert_fails_with(&o, &["--chains 100000000", "GiB"]);
     assert!(!out.exists(), "--chains 1e8 created {}", out.display());
-    // The defence's flags at K = 0, where no SGLD step runs: still numbers or refused.
+    // The defence's flags at K = 0, where no SGLD step runs: refused, whatever their value.
     for (flag, value) in [
         ("--init-noise", "NaN"),
         ("--sgld-noise", "inf"),
@@ -1521,6 +1521,49 @@ fn every_flag_is_checked_before_the_folder_is_claimed() {
         assert_fails_with(&small_sweep(&out, &[flag, value]), &[flag]);
         assert!(!out.exists(), "{flag} {value} created {}", out.display());
     }
+}
+
+/// A flag the other settings leave unused (a JEM setting of a baseline run, the defence's at
+/// K = 0, a budget of an attack the sweep does not run) is refused by name, with what would use
+/// it, before the output folder exists; the same flags where they are used are taken.
+#[test]
+fn flags_the_settings_leave_unused_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    for (flags, named) in [
+        (&["--kind", "baseline", "--px-weight", "2"][..], "--px-weight is a setting of --kind jem only"),
+        (&["--kind", "baseline", "--guard-max-energy-gap", "5"], "--guard-max-energy-gap"),
+        (&["--kind", "jem", "--eps", "0.3"], "--eps is a setting of --kind adv only"),
+        (&["--kind", "adv", "--sgld-steps", "5"], "--sgld-steps is a setting of --kind jem only"),
+    ] {
+        let o = cli()
+            .args(["train", "--epochs", "1", "--train-subset", "64", "--out"])
+            .arg(&run)
+            .args(flags)
+            .output()
+            .unwrap();
+        assert_fails_with(&o, &[named, "drop the flag"]);
+        assert!(!run.exists(), "{flags:?} created {}", run.display());
+    }
+    let out = dir.path().join("sweep");
+    for (flags, named) in [
+        (&["--chains", "3"][..], "--chains is a setting of the SGLD defence"),
+        (&["--grad", "bpda"], "--grad is a setting of the SGLD defence"),
+        (&["--square-queries", "10"], "--square-queries is a budget of square only"),
+        (&["--fab-iterations", "10"], "--fab-iterations is a budget of fab-t only"),
+    ] {
+        assert_fails_with(&small_sweep(&out, flags), &[named]);
+        assert!(!out.exists(), "{flags:?} created {}", out.display());
+    }
+    // Where a K > 0 cell runs the defence, its flags are taken.
+    let o = cli()
+        .args(["robust", "--attacks", "fgsm", "--steps", "1", "--eps", "0,0.1"])
+        .args(["--chains", "2", "--convergence-sample", "0", "--n-examples", "3"])
+        .args(["--models", "results/models/baseline", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
 }
 
 /// `report` on a sweep that has not finished every cell it plans (here: one shard of two)
