@@ -218,6 +218,10 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
+    if let Err(e) = jem_bench::settings::rayon_threads_from_env() {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     if let Err(e) = backend::gpu_settings_from_env() {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
@@ -268,9 +272,15 @@ fn main() -> ExitCode {
 }
 
 fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
-    let slurm = args.slurm.spec();
+    let (slurm, allow_long) = (args.slurm.spec(), args.allow_long);
     let (spec, out, shard, jobs) = args.into_parts()?;
     if let Some(slurm) = slurm {
+        // Each shard runs `robust` with these flags, --allow-long included: refused here at
+        // once rather than by every shard in its log.
+        if let (Some(mut beyond), false) = (spec.beyond_usual(), allow_long) {
+            beyond.problem += "; pass --allow-long to submit a sweep this long";
+            return Err(beyond.into());
+        }
         return submit_to_slurm(&slurm, &spec, &out, device);
     }
     let progress = jem_bench::harness::TerminalProgress::default();
@@ -279,6 +289,7 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
         shard,
         jobs,
         observer: &progress,
+        allow_long,
     };
     jem_bench::harness::run::<Train>(&spec, &runner, device).map(|_| ())
 }

@@ -118,6 +118,11 @@ pub struct RobustArgs {
     /// not depend on it, so it is not part of the sweep's settings.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Run even where a count is far beyond what evaluations use (more than 100 SGLD steps,
+    /// 10 000 iterations, 1 000 000 queries, …): without it such a sweep prints what it would
+    /// take here and stops before touching --out.
+    #[arg(long)]
+    pub allow_long: bool,
     #[command(flatten)]
     pub slurm: SlurmFlags,
 }

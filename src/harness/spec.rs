@@ -103,6 +103,9 @@ pub struct Runner<'a> {
     pub jobs: NonZeroUsize,
     /// Told of the sweep's progress; [`Silent`] by default.
     pub observer: &'a dyn SweepObserver,
+    /// Run a sweep whose counts are beyond the usual ([`SweepSpec::beyond_usual`]); without
+    /// it such a sweep is refused with its estimate, before its folder is touched.
+    pub allow_long: bool,
 }
 
 impl Runner<'static> {
@@ -113,6 +116,7 @@ impl Runner<'static> {
             shard: None,
             jobs: std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
             observer: &Silent,
+            allow_long: false,
         }
     }
 }
@@ -315,6 +319,32 @@ impl SweepSpec {
             }
         }
         out
+    }
+
+    /// The first count beyond what published evaluations use, by a wide margin (SGLD steps,
+    /// iterations, queries, draws, restarts, chains): a sweep that sets one runs only when its
+    /// runner allows it ([`Runner::allow_long`]), after its estimate is printed. A mistyped
+    /// `--steps 1000000` would otherwise compute in silence for days.
+    pub fn beyond_usual(&self) -> Option<InvalidSetting> {
+        let k = self.ks.iter().copied().max().unwrap_or(0);
+        let counts: [(&'static str, usize, usize, &str); 10] = [
+            ("ks", k, 100, "SGLD steps"),
+            ("pgd_steps", self.pgd_steps, 10_000, "PGD steps"),
+            ("apgd_iterations", self.apgd_iterations, 10_000, "APGD iterations"),
+            ("fab_iterations", self.fab_iterations, 10_000, "FAB iterations"),
+            ("square_queries", self.square_queries, 1_000_000, "queries"),
+            ("boundary_steps", self.boundary_steps, 1_000_000, "boundary steps"),
+            ("eot", self.eot.unwrap_or(0), 1_000, "EOT draws"),
+            ("restarts", self.restarts, 100, "restarts"),
+            ("chains", self.defence.chains, 1_000, "chains"),
+            ("recheck_chains", self.defence.recheck_chains, 10_000, "chains"),
+        ];
+        let (field, value, most, what) = counts.into_iter().find(|c| c.1 > c.2)?;
+        Some(InvalidSetting::new(
+            field,
+            value.to_string(),
+            &format!("more than {most} {what}, far beyond what evaluations use"),
+        ))
     }
 
     /// EOT draws of the gradient attacks at K: `--eot`, else 1 at K = 0 and, at K > 0, enough

@@ -90,6 +90,15 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         runner.observer.nothing_to_do(shard, plan.cells.len());
         return Ok(Vec::new());
     }
+    if let (Some(mut beyond), false) = (spec.beyond_usual(), runner.allow_long) {
+        beyond.problem = format!(
+            "{}: this sweep would take up to {} here (a gradient timed at smaller counts, \
+             scaled); allow it (--allow-long) to run it",
+            beyond.problem,
+            estimate::duration(long_run_bound(plan, spec, &mine)?)
+        );
+        return Err(beyond.into());
+    }
     let lock = crate::output_folder::claim(&out, "robust")?;
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
     // `--jobs` worker threads. The CSVs always hold the finished cells in plan order: every
@@ -241,6 +250,54 @@ fn first_examples<B: BenchBackend, N: Module<B>>(
         Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), device);
     (x, y)
 }
+
+/// What `mine` would take at most ([`SweepEstimate::bound`]), within seconds even for counts
+/// far beyond the usual: each gradient is timed on a few examples at no more than
+/// [`TIMED_STEPS`] SGLD steps and [`TIMED_CHAINS`] chains and scaled to the sweep's (an SGLD
+/// step and a chain each cost about one pass of the network).
+fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    mine: &[&Cell],
+) -> anyhow::Result<f64> {
+    let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
+    let chains = spec.defence.chains.max(1);
+    let timed_spec = SweepSpec {
+        defence: crate::defended::DefenceSpec {
+            chains: chains.min(TIMED_CHAINS),
+            ..spec.defence.clone()
+        },
+        ..spec.clone()
+    };
+    let mut bound = 0.0;
+    for cell in mine {
+        let timed_cell = Cell {
+            k: cell.k.min(TIMED_STEPS),
+            ..(*cell).clone()
+        };
+        let len = spec.n_examples.clamp(1, 4);
+        let (x, y) = first_examples(plan.subject(cell), len);
+        let defended = defended(plan, &timed_spec, &timed_cell)?;
+        let mut seconds = estimate::seconds_per_gradient(&defended, x, y);
+        seconds *= (cell.k + 1) as f64 / (timed_cell.k + 1) as f64;
+        if cell.k > 0 {
+            seconds *= chains as f64 / chains.min(TIMED_CHAINS) as f64;
+        }
+        let classes = plan.subject(cell).test_set().num_classes();
+        let own = |name: &str, eot| {
+            let attack = plan.own.iter().find(|o| o.name() == name);
+            attack.map_or(0.0, |o| o.gradients_per_eps(eot))
+        };
+        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
+            * (1.0 + estimate::check_factor(spec, cell, eps));
+        bound += seconds * spec.n_examples as f64 * most;
+    }
+    Ok(bound)
+}
+
+/// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].
+const TIMED_STEPS: usize = 10;
+const TIMED_CHAINS: usize = 5;
 
 /// What a weak, short attack leaves of `cell`'s model, K and gradient mode: the fraction of
 /// up to [`PILOT_EXAMPLES`] examples classified correctly, and of those standing at each ε > 0

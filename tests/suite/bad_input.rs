@@ -1566,6 +1566,39 @@ fn flags_the_settings_leave_unused_are_refused_by_name() {
     assert_ok(&o);
 }
 
+/// Counts far beyond what evaluations use print what the sweep would take here, within
+/// seconds, and stop before the folder exists unless `--allow-long` is given; a thread count
+/// beyond the cores is refused before any work.
+#[test]
+fn counts_beyond_the_usual_need_their_estimate_and_a_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let started = std::time::Instant::now();
+    let o = cli()
+        .args(["robust", "--attacks", "fgsm", "--steps", "1000000", "--eps", "0,0.1"])
+        .args(["--n-examples", "2", "--models", "results/models/baseline", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["--steps 1000000", "more than 100 SGLD steps", "would take up to", "--allow-long"]);
+    assert!(started.elapsed().as_secs() < 60, "the estimate took {:?}", started.elapsed());
+    assert!(!out.exists(), "--steps 1000000 created {}", out.display());
+    assert_fails_with(
+        &small_sweep(&out, &["--attacks", "pgd", "--pgd-steps", "20000"][..]),
+        &["--pgd-steps 20000", "more than 10000 PGD steps", "--allow-long"],
+    );
+    assert!(!out.exists());
+    let o = cli()
+        .env("RAYON_NUM_THREADS", "100000")
+        .args(TINY_FGSM_SWEEP)
+        .args(["--models", "results/models/baseline", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["RAYON_NUM_THREADS=100000", "the cores this process may use"]);
+    assert!(!out.exists());
+}
+
 /// `report` on a sweep that has not finished every cell it plans (here: one shard of two)
 /// names the missing cells and exits 1; `--partial` draws the finished ones and lists the rest.
 #[test]
