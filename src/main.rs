@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use jem_bench::backend::{self, BenchBackend, Inference, Train};
 use jem_bench::metrics;
+use jem_bench::Choice;
 use jem_bench::model::{
     import_pytorch, stored_normalization, to_f32, Checkpoint, PytorchNaming, Sidecar,
     TrainingRecord, WideResNetConfig,
@@ -541,7 +542,7 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         TrainingRecord {
             kind: "imported".into(),
             data: args.data.clone(),
-            settings: serde_json::json!({ "source": args.input, "naming": format!("{:?}", args.naming) }),
+            settings: serde_json::json!({ "source": args.input, "naming": args.naming.name() }),
             ..Default::default()
         },
     );

@@ -125,6 +125,24 @@ pub struct WideResNetConfig {
     pub variant: WrnVariant,
 }
 
+/// `WRN-10-2, 1 input channel, 10 classes, LeakyReLU 0.2`: what a message shows of an
+/// architecture (its name, then what else a checkpoint must match).
+impl std::fmt::Display for WideResNetConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{}, {} input channel{}, {} class{}, LeakyReLU {}",
+            self.name(),
+            self.in_channels,
+            plural(self.in_channels),
+            self.num_classes,
+            if self.num_classes == 1 { "" } else { "es" },
+            self.leak
+        )
+    }
+}
+
 impl WideResNetConfig {
     pub fn new(depth: usize, width: usize, in_channels: usize, num_classes: usize) -> Self {
         Self {

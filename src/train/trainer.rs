@@ -589,8 +589,8 @@ fn warm_start<B: AutodiffBackend>(
         }
         Err(why) => {
             let problem = format!(
-                "its architecture {:?} is neither this run's {arch:?} nor one that widens to it \
-                 ({why})",
+                "its architecture ({}) is neither this run's ({arch}) nor one that widens to \
+                 it ({why})",
                 sidecar.architecture
             );
             Err(InvalidSetting::new("init_from", value.to_string(), &problem).into())

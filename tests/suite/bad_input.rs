@@ -1599,6 +1599,24 @@ fn counts_beyond_the_usual_need_their_estimate_and_a_flag() {
     assert!(!out.exists());
 }
 
+/// Messages about architectures show them as the project writes them (`WRN-10-2, 1 input
+/// channel, …`), never as Rust structures.
+#[test]
+fn architectures_in_messages_are_written_out_not_dumped() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cli()
+        .args(["train", "--kind", "baseline", "--epochs", "1", "--train-subset", "64"])
+        .args(["--depth", "16", "--init-from", "results/models/baseline", "--out"])
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    assert_fails_with(&o, &["--init-from", "WRN-16-", "input channel", "only the width may differ"]);
+    let message = stderr(&o);
+    for dump in ["Config {", "Shape {", "Cell {", "Some("] {
+        assert!(!message.contains(dump), "{message}");
+    }
+}
+
 /// `report` on a sweep that has not finished every cell it plans (here: one shard of two)
 /// names the missing cells and exits 1; `--partial` draws the finished ones and lists the rest.
 #[test]
