@@ -61,7 +61,7 @@ impl SweepObserver for TerminalProgress {
         let total = estimate.expected();
         if !estimates.is_empty() {
             eprintln!(
-                "{} cells to run, about {} here (timed gradients, and the examples a short pilot \
+                "{} cells to run, about {} here (timed gradients, and the examples a pilot \
                  attack left standing at each ε), at most {} (every example attacked at every ε \
                  to the last iteration)",
                 estimates.len(),

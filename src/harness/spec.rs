@@ -140,10 +140,10 @@ pub trait SweepObserver {
 }
 
 /// What the cells a sweep is about to run are expected to take here, printed before the first
-/// one. Each cell's gradient is timed on up to 16 of its examples, and a short pilot (APGD-CE,
-/// 10 iterations, one draw, on up to 16 of its examples) tells how many examples stand at each
-/// ε, so that the examples an attack breaks early, and the later stages of a cascade that never
-/// see them, are not counted at full cost.
+/// one. Each cell's gradient is timed on up to 16 of its examples, and a pilot (the cell's
+/// first attack at its budget with one draw, on 16 examples, in sweeps of 64 or more) tells
+/// how many examples stand at each ε, so that the examples an attack breaks early, and the
+/// later stages of a cascade that never see them, are not counted at full cost.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepEstimate {
     /// Expected seconds of each cell to run, in the order they start.
