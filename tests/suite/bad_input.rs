@@ -549,25 +549,19 @@ fn checkpoints_have_the_names_and_shapes_of_a_pytorch_state_dict() {
     let pytorch = header(&root().join("tests/fixtures/pytorch/wrn10_1.safetensors"));
     assert_eq!(ours, pytorch);
     assert_eq!(ours["linear.weight"], vec![10, 64]);
-    // When PyTorch is installed, it loads the file into its own Wide_ResNet (strict).
+}
+
+/// PyTorch loads a checkpoint into its own Wide_ResNet (strict: every name and shape).
+#[test]
+#[ignore = "needs a Python with torch: JEM_BENCH_PYTHON=PYTHON cargo test --release --test suite -- --ignored pytorch"]
+fn pytorch_loads_a_checkpoint_strictly() {
     let script = root().join("tests/fixtures/pytorch/load_checkpoint.py");
-    let torch = Command::new("python3")
-        .args(["-c", "import torch"])
+    let o = Command::new(common::python_with_torch())
+        .arg(&script)
+        .arg(root().join("results/models/baseline.safetensors"))
         .output()
-        .is_ok_and(|o| o.status.success());
-    if torch {
-        let o = Command::new("python3")
-            .arg(&script)
-            .arg(root().join("results/models/baseline.safetensors"))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-    } else {
-        eprintln!(
-            "skipped the PyTorch load of {}: torch is not installed",
-            script.display()
-        );
-    }
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -1,12 +1,14 @@
 //! `jem-bench bench` prints one JSON line per operation, with the FLOP count of the forward pass
 //! that PyTorch's own count gives for the same network (benches/pytorch/ops.py hooks every
 //! convolution and the head: 1.889910784 GFLOP for WRN-10-1 and 12.654149632 for WRN-16-2 on 64
-//! MNIST images), times the factor each row's comment in src/bench.rs derives. Where a Python
-//! with torch is at hand (`JEM_BENCH_PYTHON`, else `python3`), ops.py runs every row too and
-//! must report the same row, model, batch and FLOPs; without torch that test says so and passes.
+//! MNIST images), times the factor each row's comment in src/bench.rs derives. With a Python
+//! that has torch (`JEM_BENCH_PYTHON`, else `python3`), an ignored test runs every row through
+//! ops.py too, which must report the same row, model, batch and FLOPs (`-- --ignored pytorch`).
 
 use std::path::Path;
 use std::process::Command;
+
+use crate::common;
 
 /// PyTorch's forward FLOPs of one MNIST image (its hook count over 64 images / 64).
 const WRN_10_1: f64 = 1.889910784 / 64.0;
@@ -143,22 +145,10 @@ fn max_seconds_bounds_the_timed_calls() {
     );
 }
 
-/// A Python that imports torch, if one is at hand.
-fn python_with_torch() -> Option<String> {
-    let python = std::env::var("JEM_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(python)
-}
-
 #[test]
+#[ignore = "needs a Python with torch: JEM_BENCH_PYTHON=PYTHON cargo test --release --test suite -- --ignored pytorch"]
 fn pytorch_twin_reports_the_same_rows_and_flops() {
-    let Some(python) = python_with_torch() else {
-        eprintln!("skipped: no Python with torch (set JEM_BENCH_PYTHON to one)");
-        return;
-    };
+    let python = common::python_with_torch();
     let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pytorch/ops.py");
     let mut rows = rows();
     rows.push((

@@ -49,3 +49,18 @@ pub fn first_training_digits(
         batches::labels::<Train>(&data, &idx, &device),
     )
 }
+
+/// The Python that the PyTorch halves of the tests run (`JEM_BENCH_PYTHON`, else `python3`);
+/// those tests are ignored by default and fail, rather than pass, where it cannot import torch.
+pub fn python_with_torch() -> String {
+    let python = std::env::var("JEM_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let imported = std::process::Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        imported,
+        "{python} cannot import torch: set JEM_BENCH_PYTHON to a Python that can"
+    );
+    python
+}
