@@ -397,15 +397,44 @@ pub struct CellResult {
     pub examples: Vec<ExampleRow>,
 }
 
+/// How a finished cell's file name ends: its JSON, gzip-compressed (the example records that
+/// make up most of it compress about 20×, and the tree keeps every committed sweep's cells).
+pub const CELL_FILE_SUFFIX: &str = ".json.gz";
+
+/// The file of `cell`'s result in the sweep folder `out`.
 pub fn cell_path(out: &Path, cell: &Cell) -> std::path::PathBuf {
-    out.join("cells").join(format!("{}.json", cell.id()))
+    out.join("cells")
+        .join(format!("{}{CELL_FILE_SUFFIX}", cell.id()))
 }
 
+/// Writes a finished cell's file (atomically: a killed run leaves the old file or the new one).
 pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
-    write_atomic(
-        &cell_path(out, &result.cell),
-        serde_json::to_string(result)?.as_bytes(),
-    )
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(serde_json::to_string(result)?.as_bytes())?;
+    write_atomic(&cell_path(out, &result.cell), &gz.finish()?)
+}
+
+/// A finished cell's file, decompressed and parsed (not yet checked against its sweep: see
+/// [`load_cell`]); errors name the file.
+pub fn read_cell_file(p: &Path) -> anyhow::Result<CellResult> {
+    use std::io::Read;
+    let bytes = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&bytes[..])
+        .read_to_string(&mut text)
+        .with_context(|| {
+            format!(
+                "{}: not a gzip-compressed cell file (delete it to run the cell again)",
+                p.display()
+            )
+        })?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a finished sweep cell (delete it to run the cell again)",
+            p.display()
+        )
+    })
 }
 
 /// The finished result of `cell`, if a previous run of the sweep `identity` wrote it; an error
@@ -415,14 +444,7 @@ pub fn load_cell(out: &Path, cell: &Cell, identity: &str) -> anyhow::Result<Opti
     if !p.exists() {
         return Ok(None);
     }
-    let text =
-        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    let r: CellResult = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{}: not a finished sweep cell (delete it to run the cell again)",
-            p.display()
-        )
-    })?;
+    let r = read_cell_file(&p)?;
     anyhow::ensure!(
         &r.cell == cell,
         "{}: holds another cell ({}, where this sweep's file of that name is {})",

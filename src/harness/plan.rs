@@ -274,11 +274,23 @@ pub(super) fn claim_folder(
             .path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let stem = name.as_deref().and_then(|n| {
-            n.strip_suffix(".json")
+            n.strip_suffix(outputs::CELL_FILE_SUFFIX)
                 .or_else(|| n.strip_suffix(".batches"))
         });
         // Atomic writes leave `NAME.tmp` files only while they run (or after a crash).
         let temporary = name.as_deref().is_some_and(|n| n.ends_with(".tmp"));
+        // jem-bench wrote cell files uncompressed before: the same JSON, which gzip makes a
+        // cell file of this version again.
+        let uncompressed = name
+            .as_deref()
+            .and_then(|n| n.strip_suffix(".json"))
+            .is_some_and(|s| ids.contains(s));
+        anyhow::ensure!(
+            !uncompressed,
+            "{}: an uncompressed cell file of an earlier jem-bench; `gzip` it to reuse the \
+             cell, or delete it to run the cell again",
+            path.display()
+        );
         anyhow::ensure!(
             temporary || stem.is_some_and(|s| ids.contains(s)),
             "{}: not a cell of this sweep (another sweep or jem-bench version wrote it); \

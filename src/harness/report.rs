@@ -443,13 +443,13 @@ fn cell_seconds(dir: &Path) -> Option<f64> {
     let cells = std::fs::read_dir(dir.join("cells")).ok()?;
     let mut total = 0.0;
     // Only the cell files: an unfinished cell's kept batches are a folder beside them.
-    let files = cells
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"));
+    let files = cells.flatten().filter(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .ends_with(super::outputs::CELL_FILE_SUFFIX)
+    });
     for entry in files {
-        let text = std::fs::read_to_string(entry.path()).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        total += v["seconds"].as_f64()?;
+        total += super::outputs::read_cell_file(&entry.path()).ok()?.seconds;
     }
     Some(total)
 }

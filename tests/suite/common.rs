@@ -64,3 +64,34 @@ pub fn python_with_torch() -> String {
     );
     python
 }
+
+/// Whether `p` is a finished cell's file (`cells/ID.json.gz`).
+pub fn is_cell_file(p: &Path) -> bool {
+    p.file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with(".json.gz"))
+}
+
+/// The cell id a cell file is named by (`cells/ID.json.gz`).
+pub fn cell_id(p: &Path) -> String {
+    let name = p.file_name().unwrap().to_string_lossy();
+    name.strip_suffix(".json.gz").expect("a cell file").to_string()
+}
+
+/// A finished cell file's JSON (gzip-compressed on disk).
+pub fn read_cell(p: &Path) -> serde_json::Value {
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()),
+        &mut text,
+    )
+    .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Writes `cell` as a cell file, as jem-bench writes them (to doctor one in a test).
+pub fn write_cell(p: &Path, cell: &serde_json::Value) {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(cell.to_string().as_bytes()).unwrap();
+    std::fs::write(p, gz.finish().unwrap()).unwrap();
+}
