@@ -8,7 +8,6 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use jem_bench::backend::{self, BenchBackend, Inference, Train};
 use jem_bench::metrics;
-use jem_bench::Choice;
 use jem_bench::model::{
     import_pytorch, stored_normalization, to_f32, Checkpoint, PytorchNaming, Sidecar,
     TrainingRecord, WideResNetConfig,
@@ -16,6 +15,7 @@ use jem_bench::model::{
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainKind, TrainSpec,
 };
+use jem_bench::Choice;
 use jem_datasets::{DataSource, Split};
 
 mod cli;

@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
-use super::outputs::{self, CellResult};
+use super::outputs;
 use super::plan::{claim_folder, settings_differences, Plan};
 use super::progress::TerminalProgress;
+use super::rows::CellResult;
 use super::spec::SweepSpec;
 use super::sweep::finish;
 use crate::backend::BenchBackend;

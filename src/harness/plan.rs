@@ -10,8 +10,9 @@ use burn::module::Module;
 use jem_attacks::{Classifier, Norm};
 
 use super::cells::{self, AttackKind, Cell};
-use super::outputs::{self, CellResult};
+use super::outputs;
 use super::own_attack::{check_names, gradient_use, OwnAttack};
+use super::rows::CellResult;
 use super::spec::SweepSpec;
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -69,7 +70,7 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         // activations of each come on top): what cannot hold even the images is refused here,
         // not by an aborted allocation.
         let chains = spec.defence.chains.max(spec.defence.recheck_chains) as u128;
-        let batch = super::cell_run::batch_len(spec, spec.n_examples).min(spec.n_examples) as u128;
+        let batch = spec.batch_len(spec.n_examples).min(spec.n_examples) as u128;
         let bytes = chains * batch * data.image_len() as u128 * 4;
         if let Some(available) = crate::settings::available_memory() {
             if bytes > available as u128 {

@@ -14,7 +14,7 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::estimate;
-use super::outputs::CellResult;
+use super::rows::CellResult;
 use super::spec::{CellPart, Shard, SweepEstimate, SweepObserver};
 
 /// Draws the bar on stderr and prints the table on stdout.

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::outputs::{read_tidy, row_key, RowKey, TidyRow};
+use super::outputs::read_tidy;
 use super::progress::TerminalProgress;
+use super::rows::{row_key, RowKey, TidyRow};
 use super::spec::{Runner, SweepSpec};
 use super::sweep::{check, run};
 use crate::settings::InvalidSetting;

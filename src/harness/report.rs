@@ -12,8 +12,9 @@ use jem_datasets::DataSource;
 use serde::Serialize;
 
 use super::checks;
-use super::outputs::{read_tidy, GradColumn, TidyRow};
+use super::outputs::read_tidy;
 use super::robustness::{ALL_GRADS, WORST_CASE};
+use super::rows::{GradColumn, TidyRow};
 use crate::model::{write_atomic, SOFTWARE};
 use crate::plot::{model_labels, Dash, Figure, Panel, Series, PALETTE};
 

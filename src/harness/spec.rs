@@ -12,7 +12,7 @@ use jem_attacks::{GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
 use super::cells::{AttackKind, Cell};
-use super::outputs::CellResult;
+use super::rows::CellResult;
 use crate::defended::DefenceSpec;
 use crate::settings::{self, InvalidSetting};
 
@@ -138,6 +138,11 @@ pub trait SweepObserver {
     /// This shard has no cells of a sweep of `cells` cells.
     fn nothing_to_do(&self, _shard: Shard, _cells: usize) {}
 }
+
+/// How many times the attack's EOT draws the first re-attack of a convergence check takes.
+pub(super) const MORE_EOT: usize = 4;
+/// How many times the attack's iterations (steps, queries) the second re-attack takes.
+pub(super) const MORE_ITERATIONS: usize = 2;
 
 /// What the cells a sweep is about to run are expected to take here, printed before the first
 /// one. Each cell's gradient is timed on up to 16 of its examples, and a pilot (the cell's
@@ -330,14 +335,34 @@ impl SweepSpec {
         let counts: [(&'static str, usize, usize, &str); 10] = [
             ("ks", k, 100, "SGLD steps"),
             ("pgd_steps", self.pgd_steps, 10_000, "PGD steps"),
-            ("apgd_iterations", self.apgd_iterations, 10_000, "APGD iterations"),
-            ("fab_iterations", self.fab_iterations, 10_000, "FAB iterations"),
+            (
+                "apgd_iterations",
+                self.apgd_iterations,
+                10_000,
+                "APGD iterations",
+            ),
+            (
+                "fab_iterations",
+                self.fab_iterations,
+                10_000,
+                "FAB iterations",
+            ),
             ("square_queries", self.square_queries, 1_000_000, "queries"),
-            ("boundary_steps", self.boundary_steps, 1_000_000, "boundary steps"),
+            (
+                "boundary_steps",
+                self.boundary_steps,
+                1_000_000,
+                "boundary steps",
+            ),
             ("eot", self.eot.unwrap_or(0), 1_000, "EOT draws"),
             ("restarts", self.restarts, 100, "restarts"),
             ("chains", self.defence.chains, 1_000, "chains"),
-            ("recheck_chains", self.defence.recheck_chains, 10_000, "chains"),
+            (
+                "recheck_chains",
+                self.defence.recheck_chains,
+                10_000,
+                "chains",
+            ),
         ];
         let (field, value, most, what) = counts.into_iter().find(|c| c.1 > c.2)?;
         Some(InvalidSetting::new(
@@ -345,6 +370,11 @@ impl SweepSpec {
             value.to_string(),
             &format!("more than {most} {what}, far beyond what evaluations use"),
         ))
+    }
+
+    /// Examples per batch of a cell of `n` examples (`batch_size`, else all of them).
+    pub fn batch_len(&self, n: usize) -> usize {
+        self.batch_size.unwrap_or(n).max(1)
     }
 
     /// EOT draws of the gradient attacks at K: `--eot`, else 1 at K = 0 and, at K > 0, enough

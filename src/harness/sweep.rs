@@ -9,16 +9,16 @@ use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{Classifier, GradMode};
 
-use super::cell_run::batch_len;
-use super::cell_run::run_cell;
+use super::cell::run_cell;
 use super::cells::{AttackKind, Cell};
 use super::estimate;
 use super::kept_parts;
-use super::outputs::{self, CellResult, TidyRow};
+use super::outputs;
 use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
 use super::robustness::WORST_CASE;
+use super::rows::{CellResult, TidyRow};
 use super::spec::{CellPart, Runner, SweepEstimate, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -210,7 +210,8 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
     spec: &SweepSpec,
     cell: &Cell,
 ) -> anyhow::Result<f64> {
-    let len = batch_len(spec, spec.n_examples)
+    let len = spec
+        .batch_len(spec.n_examples)
         .min(spec.n_examples)
         .min(TIMED_BATCH);
     let (x, y) = first_examples(plan.subject(cell), len);
@@ -242,7 +243,7 @@ fn defended<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
 fn first_examples<B: BenchBackend, N: Module<B>>(
     subject: &Subject<B, N>,
     len: usize,
-) -> super::cell_run::Examples<B> {
+) -> super::cell::Examples<B> {
     let data = subject.test_set();
     let idx: Vec<usize> = (0..len.max(1)).collect();
     let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
@@ -326,9 +327,9 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         ..spec.clone()
     };
     let (x, y) = first_examples(plan.subject(cell), PILOT_EXAMPLES);
-    let build = super::cell_run::builder(&pilot_cell, &plan.own);
+    let build = super::cell::builder(&pilot_cell, &plan.own);
     let stages =
-        super::cell_run::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
+        super::cell::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
     let last = stages.last().expect("an attack has a stage");
     let share = |flags: Vec<bool>| {
         let n = flags.len().max(1) as f64;
@@ -345,7 +346,7 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                 .iter()
                 .find(|(at, _)| at.is_none_or(|a| a == eps))
                 .expect("a stage answers every ε of the grid");
-            share(super::convergence::standing(outcome, *at, spec.norm, eps))
+            share(super::cell::standing(outcome, *at, spec.norm, eps))
         })
         .collect();
     Ok((clean, standing))

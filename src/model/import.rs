@@ -169,9 +169,22 @@ pub fn import_pytorch<B: Backend>(
             path.display(),
             config.name(),
             naming.name(),
-            result.errors.iter().map(describe).collect::<Vec<_>>().join("; "),
-            unexpected.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", "),
-            missing.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+            result
+                .errors
+                .iter()
+                .map(describe)
+                .collect::<Vec<_>>()
+                .join("; "),
+            unexpected
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            missing
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(model)

@@ -1525,10 +1525,22 @@ fn flags_the_settings_leave_unused_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     for (flags, named) in [
-        (&["--kind", "baseline", "--px-weight", "2"][..], "--px-weight is a setting of --kind jem only"),
-        (&["--kind", "baseline", "--guard-max-energy-gap", "5"], "--guard-max-energy-gap"),
-        (&["--kind", "jem", "--eps", "0.3"], "--eps is a setting of --kind adv only"),
-        (&["--kind", "adv", "--sgld-steps", "5"], "--sgld-steps is a setting of --kind jem only"),
+        (
+            &["--kind", "baseline", "--px-weight", "2"][..],
+            "--px-weight is a setting of --kind jem only",
+        ),
+        (
+            &["--kind", "baseline", "--guard-max-energy-gap", "5"],
+            "--guard-max-energy-gap",
+        ),
+        (
+            &["--kind", "jem", "--eps", "0.3"],
+            "--eps is a setting of --kind adv only",
+        ),
+        (
+            &["--kind", "adv", "--sgld-steps", "5"],
+            "--sgld-steps is a setting of --kind jem only",
+        ),
     ] {
         let o = cli()
             .args(["train", "--epochs", "1", "--train-subset", "64", "--out"])
@@ -1541,18 +1553,45 @@ fn flags_the_settings_leave_unused_are_refused_by_name() {
     }
     let out = dir.path().join("sweep");
     for (flags, named) in [
-        (&["--chains", "3"][..], "--chains is a setting of the SGLD defence"),
-        (&["--grad", "bpda"], "--grad is a setting of the SGLD defence"),
-        (&["--square-queries", "10"], "--square-queries is a budget of square only"),
-        (&["--fab-iterations", "10"], "--fab-iterations is a budget of fab-t only"),
+        (
+            &["--chains", "3"][..],
+            "--chains is a setting of the SGLD defence",
+        ),
+        (
+            &["--grad", "bpda"],
+            "--grad is a setting of the SGLD defence",
+        ),
+        (
+            &["--square-queries", "10"],
+            "--square-queries is a budget of square only",
+        ),
+        (
+            &["--fab-iterations", "10"],
+            "--fab-iterations is a budget of fab-t only",
+        ),
     ] {
         assert_fails_with(&small_sweep(&out, flags), &[named]);
         assert!(!out.exists(), "{flags:?} created {}", out.display());
     }
     // Where a K > 0 cell runs the defence, its flags are taken.
     let o = cli()
-        .args(["robust", "--attacks", "fgsm", "--steps", "1", "--eps", "0,0.1"])
-        .args(["--chains", "2", "--convergence-sample", "0", "--n-examples", "3"])
+        .args([
+            "robust",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "1",
+            "--eps",
+            "0,0.1",
+        ])
+        .args([
+            "--chains",
+            "2",
+            "--convergence-sample",
+            "0",
+            "--n-examples",
+            "3",
+        ])
         .args(["--models", "results/models/baseline", "--out"])
         .arg(&out)
         .output()
@@ -1569,17 +1608,47 @@ fn counts_beyond_the_usual_need_their_estimate_and_a_flag() {
     let out = dir.path().join("sweep");
     let started = std::time::Instant::now();
     let o = cli()
-        .args(["robust", "--attacks", "fgsm", "--steps", "1000000", "--eps", "0,0.1"])
-        .args(["--n-examples", "2", "--models", "results/models/baseline", "--out"])
+        .args([
+            "robust",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "1000000",
+            "--eps",
+            "0,0.1",
+        ])
+        .args([
+            "--n-examples",
+            "2",
+            "--models",
+            "results/models/baseline",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
-    assert_fails_with(&o, &["--steps 1000000", "more than 100 SGLD steps", "would take up to", "--allow-long"]);
-    assert!(started.elapsed().as_secs() < 60, "the estimate took {:?}", started.elapsed());
+    assert_fails_with(
+        &o,
+        &[
+            "--steps 1000000",
+            "more than 100 SGLD steps",
+            "would take up to",
+            "--allow-long",
+        ],
+    );
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "the estimate took {:?}",
+        started.elapsed()
+    );
     assert!(!out.exists(), "--steps 1000000 created {}", out.display());
     assert_fails_with(
         &small_sweep(&out, &["--attacks", "pgd", "--pgd-steps", "20000"][..]),
-        &["--pgd-steps 20000", "more than 10000 PGD steps", "--allow-long"],
+        &[
+            "--pgd-steps 20000",
+            "more than 10000 PGD steps",
+            "--allow-long",
+        ],
     );
     assert!(!out.exists());
     let o = cli()
@@ -1589,7 +1658,10 @@ fn counts_beyond_the_usual_need_their_estimate_and_a_flag() {
         .arg(&out)
         .output()
         .unwrap();
-    assert_fails_with(&o, &["RAYON_NUM_THREADS=100000", "the cores this process may use"]);
+    assert_fails_with(
+        &o,
+        &["RAYON_NUM_THREADS=100000", "the cores this process may use"],
+    );
     assert!(!out.exists());
 }
 
@@ -1599,12 +1671,34 @@ fn counts_beyond_the_usual_need_their_estimate_and_a_flag() {
 fn architectures_in_messages_are_written_out_not_dumped() {
     let dir = tempfile::tempdir().unwrap();
     let o = cli()
-        .args(["train", "--kind", "baseline", "--epochs", "1", "--train-subset", "64"])
-        .args(["--depth", "16", "--init-from", "results/models/baseline", "--out"])
+        .args([
+            "train",
+            "--kind",
+            "baseline",
+            "--epochs",
+            "1",
+            "--train-subset",
+            "64",
+        ])
+        .args([
+            "--depth",
+            "16",
+            "--init-from",
+            "results/models/baseline",
+            "--out",
+        ])
         .arg(dir.path().join("run"))
         .output()
         .unwrap();
-    assert_fails_with(&o, &["--init-from", "WRN-16-", "input channel", "only the width may differ"]);
+    assert_fails_with(
+        &o,
+        &[
+            "--init-from",
+            "WRN-16-",
+            "input channel",
+            "only the width may differ",
+        ],
+    );
     let message = stderr(&o);
     for dump in ["Config {", "Shape {", "Cell {", "Some("] {
         assert!(!message.contains(dump), "{message}");

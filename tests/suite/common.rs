@@ -74,7 +74,9 @@ pub fn is_cell_file(p: &Path) -> bool {
 /// The cell id a cell file is named by (`cells/ID.json.gz`).
 pub fn cell_id(p: &Path) -> String {
     let name = p.file_name().unwrap().to_string_lossy();
-    name.strip_suffix(".json.gz").expect("a cell file").to_string()
+    name.strip_suffix(".json.gz")
+        .expect("a cell file")
+        .to_string()
 }
 
 /// A finished cell file's JSON (gzip-compressed on disk).

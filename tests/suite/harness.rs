@@ -1556,11 +1556,17 @@ fn an_uncompressed_cell_file_is_named_and_reused_once_compressed() {
     std::fs::remove_file(&file).unwrap();
     std::fs::write(&uncompressed, cell.to_string()).unwrap();
     let o = tiny(dir.path()).output().unwrap();
-    assert_fails_with(&o, "an uncompressed cell file of an earlier jem-bench; `gzip` it");
+    assert_fails_with(
+        &o,
+        "an uncompressed cell file of an earlier jem-bench; `gzip` it",
+    );
     std::fs::remove_file(&uncompressed).unwrap();
     common::write_cell(&file, &cell);
     let o = tiny(dir.path()).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("ran 0 cells"));
-    assert_eq!(std::fs::read_to_string(dir.path().join("robust.csv")).unwrap(), before);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("robust.csv")).unwrap(),
+        before
+    );
 }

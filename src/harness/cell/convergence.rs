@@ -11,15 +11,11 @@ use std::time::Instant;
 use jem_attacks::{AttackOutcome, Model, Norm};
 use serde::{Deserialize, Serialize};
 
-use super::cell_run::{batch_len, batch_seed, CellWork, KeptPart, Stage};
-use super::estimate;
-use super::spec::{PartKind, SweepSpec};
+use super::attack::{batch_seed, Stage};
+use super::work::{CellWork, KeptPart};
 use crate::backend::BenchBackend;
-
-/// How many times the attack's EOT draws the first re-attack of the check takes.
-pub(super) const MORE_EOT: usize = 4;
-/// How many times the attack's iterations (steps, queries) the second re-attack takes.
-pub(super) const MORE_ITERATIONS: usize = 2;
+use crate::harness::estimate;
+use crate::harness::spec::{PartKind, SweepSpec, MORE_EOT, MORE_ITERATIONS};
 
 /// A kept part of a convergence check: some of one ε's sampled survivors under one re-attack.
 struct CheckPart {
@@ -49,9 +45,9 @@ impl KeptPart for KeptCheck {
 
 /// A cell's convergence check: one entry per ε with survivors, and the seconds that parts
 /// read back had taken in the earlier runs that kept them (the cell's time adds them).
-pub(super) struct Checks {
-    pub(super) per_eps: Vec<ConvergenceCheck>,
-    pub(super) read_back_seconds: f64,
+pub(in crate::harness) struct Checks {
+    pub(in crate::harness) per_eps: Vec<ConvergenceCheck>,
+    pub(in crate::harness) read_back_seconds: f64,
 }
 
 /// The number of examples in a stage's outcomes (every ε's outcome holds all of them).
@@ -60,17 +56,17 @@ fn last_len(stage: &Stage) -> usize {
 }
 
 /// One ε of a cell's convergence check (see [`SweepSpec::convergence_sample`]).
-pub(super) struct ConvergenceCheck {
-    pub(super) eps: f32,
-    pub(super) sampled: usize,
-    pub(super) broken_eot: usize,
-    pub(super) broken_iterations: usize,
-    pub(super) broken: usize,
+pub(in crate::harness) struct ConvergenceCheck {
+    pub(in crate::harness) eps: f32,
+    pub(in crate::harness) sampled: usize,
+    pub(in crate::harness) broken_eot: usize,
+    pub(in crate::harness) broken_iterations: usize,
+    pub(in crate::harness) broken: usize,
 }
 
 /// The examples of one outcome standing at ε: correctly classified and not broken within ε
 /// (a minimum-perturbation outcome answers every ε by its distance).
-pub(super) fn standing(
+pub(in crate::harness) fn standing(
     outcome: &AttackOutcome,
     at: Option<f32>,
     norm: Norm,
@@ -88,7 +84,7 @@ pub(super) fn standing(
 /// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
 /// attack that had converged breaks (almost) none of them. Each re-attack is kept in the cell's
 /// batch folder (`work.keep`) part by part as they finish and read back by a rerun.
-pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
+pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     work: &CellWork<'_, '_, B, M>,
     last: &Stage,
 ) -> anyhow::Result<Checks> {
@@ -138,7 +134,7 @@ pub(super) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     // part's seed is its re-attack's mixed with the part's number, as the attack's batches'
     // are (part 0 keeps the re-attack's own).
     let strengths = [(&more_eot, MORE_EOT), (&more_iterations, MORE_ITERATIONS)];
-    let batch_len = batch_len(spec, last_len(last));
+    let batch_len = spec.batch_len(last_len(last));
     let mut parts: Vec<CheckPart> = Vec::new();
     for (sample, (_, survivors)) in samples.iter().enumerate() {
         for (strength, &(_, times)) in strengths.iter().enumerate() {

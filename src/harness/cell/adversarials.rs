@@ -4,14 +4,14 @@
 
 use jem_attacks::AttackOutcome;
 
-use super::cell_run::Loaded;
-use super::cells::Cell;
+use super::work::Loaded;
+use crate::harness::cells::Cell;
 use crate::model::write_atomic;
 
 /// `--save-adversarials`: the inputs an attack returned for the examples at `rows` (of the
 /// sweep's examples) at one ε, and a picture of a few breaks. The file's metadata records the
 /// cell, the ε and the sweep's identity (`identity`).
-pub(super) fn save_adversarials(
+pub(in crate::harness) fn save_adversarials(
     out: &std::path::Path,
     identity: &str,
     cell: &Cell,
