@@ -157,6 +157,14 @@ impl SweepObserver for TerminalProgress {
         println!("wrote {}", out.display());
     }
 
+    fn says(&self, text: &str) {
+        println!("{}", text.trim_end_matches('\n'));
+    }
+
+    fn warns(&self, text: &str) {
+        eprintln!("{}", text.trim_end_matches('\n'));
+    }
+
     fn nothing_to_do(&self, shard: Shard, cells: usize) {
         eprintln!(
             "shard {}/{}: the sweep has {cells} cells, none of them this shard's; nothing to do",

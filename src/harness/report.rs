@@ -15,6 +15,7 @@ use super::checks;
 use super::outputs::read_tidy;
 use super::robustness::{ALL_GRADS, WORST_CASE};
 use super::rows::{GradColumn, TidyRow};
+use super::spec::SweepObserver;
 use crate::model::{write_atomic, SOFTWARE};
 use crate::plot::{model_labels, Dash, Figure, Panel, Series, PALETTE};
 
@@ -485,7 +486,12 @@ fn unfinished_cells(dir: &Path) -> anyhow::Result<Option<(Vec<super::Cell>, usiz
 /// (k-curve.csv, .svg, .png). A sweep whose settings plan cells it has not finished (killed,
 /// still running, or one shard of several) is refused, naming them, unless `partial` asks to
 /// draw what is there; then the table says what is missing.
-pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Result<()> {
+pub fn report(
+    runs: &[PathBuf],
+    out: Option<&Path>,
+    partial: bool,
+    observer: &dyn SweepObserver,
+) -> anyhow::Result<()> {
     anyhow::ensure!(!runs.is_empty(), "no sweep folders to report");
     // Every folder is checked before anything is drawn.
     let mut unfinished = Vec::new();
@@ -515,15 +521,15 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Re
     let mut all = Vec::new();
     for (dir, (missing, total)) in runs.iter().zip(&unfinished) {
         let rows = read_tidy(&dir.join("robust.csv"))?;
-        print!("{}", write(dir, &rows, cell_seconds(dir))?);
+        observer.says(&write(dir, &rows, cell_seconds(dir))?);
         if !missing.is_empty() {
-            println!(
+            observer.says(&format!(
                 "partial: {} of {total} cells not finished, not drawn: {}",
                 missing.len(),
                 missing.join(", ")
-            );
+            ));
         }
-        println!("wrote {}", dir.display());
+        observer.says(&format!("wrote {}", dir.display()));
         all.extend(rows);
     }
     if let Some(out) = out {
@@ -534,9 +540,12 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Re
             first.data, first.n, first.seed
         );
         figure(&all, &title).write(&out.join("curves"))?;
-        println!("wrote {}", out.join("curves.{svg,png}").display());
+        observer.says(&format!("wrote {}", out.join("curves.{svg,png}").display()));
         if write_against_k(out, &all, &format!("robust accuracy against K, {title}"))? {
-            println!("wrote {}", out.join("k-curve.{csv,svg,png}").display());
+            observer.says(&format!(
+                "wrote {}",
+                out.join("k-curve.{csv,svg,png}").display()
+            ));
         }
     }
     Ok(())

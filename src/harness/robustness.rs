@@ -455,14 +455,10 @@ mod tests {
             for sweep in std::fs::read_dir(root.join(group)).expect("results folder") {
                 let cells = sweep.expect("entry").path().join("cells");
                 if let Ok(entries) = std::fs::read_dir(&cells) {
-                    files.extend(
-                        entries
-                            .map(|e| e.expect("entry").path())
-                            .filter(|p| {
-                                let name = p.file_name().unwrap().to_string_lossy();
-                                name.ends_with(crate::harness::outputs::CELL_FILE_SUFFIX)
-                            }),
-                    );
+                    files.extend(entries.map(|e| e.expect("entry").path()).filter(|p| {
+                        let name = p.file_name().unwrap().to_string_lossy();
+                        name.ends_with(crate::harness::outputs::CELL_FILE_SUFFIX)
+                    }));
                 }
             }
         }

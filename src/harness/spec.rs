@@ -137,6 +137,12 @@ pub trait SweepObserver {
     fn finished(&self, _out: &Path, _table: &str, _ran: usize, _cells: usize) {}
     /// This shard has no cells of a sweep of `cells` cells.
     fn nothing_to_do(&self, _shard: Shard, _cells: usize) {}
+    /// Results for the reader, as `report`, `regress` and `merge` give them: a table, a
+    /// verdict, a file written (text of one or more lines).
+    fn says(&self, _text: &str) {}
+    /// A warning for the reader: the results stand, but something about them needs attention
+    /// (cells compared across other settings, a reference cell that regressed).
+    fn warns(&self, _text: &str) {}
 }
 
 /// How many times the attack's EOT draws the first re-attack of a convergence check takes.
