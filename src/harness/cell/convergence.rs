@@ -79,35 +79,12 @@ pub(in crate::harness) fn standing(
         .collect()
 }
 
-/// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
-/// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
-/// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
-/// attack that had converged breaks (almost) none of them. Each re-attack is kept in the cell's
-/// batch folder (`work.keep`) part by part as they finish and read back by a rerun.
-pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
-    work: &CellWork<'_, '_, B, M>,
-    last: &Stage,
-) -> anyhow::Result<Checks> {
+/// Per ε > 0 of `grid` where `last` left examples standing: a seeded sample of at most
+/// `convergence_sample` of them (rows of the cell's examples, ascending).
+fn sampled_survivors(spec: &SweepSpec, grid: &[f32], last: &Stage) -> Vec<(f32, Vec<usize>)> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
-    let (spec, cell, grid) = (work.spec, work.cell, work.grid);
-    let more_eot = SweepSpec {
-        eot: Some(MORE_EOT * spec.eot_at(cell.k)),
-        seed: crate::seeds::splitmix64(spec.seed ^ 0xC0_4EE7),
-        ..spec.clone()
-    };
-    let more_iterations = SweepSpec {
-        apgd_iterations: MORE_ITERATIONS * spec.apgd_iterations,
-        pgd_steps: MORE_ITERATIONS * spec.pgd_steps,
-        fab_iterations: MORE_ITERATIONS * spec.fab_iterations,
-        square_queries: MORE_ITERATIONS * spec.square_queries,
-        boundary_steps: MORE_ITERATIONS * spec.boundary_steps,
-        seed: crate::seeds::splitmix64(spec.seed ^ 0x17E7),
-        ..spec.clone()
-    };
-    // Each ε's sample of survivors, then the re-attacks in order: ε by ε, more EOT then more
-    // iterations (the order and seeds of a check run in one go, so kept parts change nothing).
-    let mut samples: Vec<(f32, Vec<usize>)> = Vec::new();
+    let mut samples = Vec::new();
     for (i, &eps) in grid.iter().enumerate().filter(|(_, &e)| e > 0.0) {
         let (at, outcome) = last
             .outcomes
@@ -128,6 +105,36 @@ pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         survivors.sort_unstable();
         samples.push((eps, survivors));
     }
+    samples
+}
+
+/// The convergence check of a stochastic cell: at each ε > 0, a seeded sample of the examples
+/// the cell's attack (its last stage: a cascade's joint outcome) left standing is attacked
+/// again with 4× the EOT draws, and again with 2× the iterations, each from a fresh seed. An
+/// attack that had converged breaks (almost) none of them. Each re-attack is kept in the cell's
+/// batch folder (`work.keep`) part by part as they finish and read back by a rerun.
+pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
+    work: &CellWork<'_, '_, B, M>,
+    last: &Stage,
+) -> anyhow::Result<Checks> {
+    let (spec, cell, grid) = (work.spec, work.cell, work.grid);
+    let more_eot = SweepSpec {
+        eot: Some(MORE_EOT * spec.eot_at(cell.k)),
+        seed: crate::seeds::splitmix64(spec.seed ^ 0xC0_4EE7),
+        ..spec.clone()
+    };
+    let more_iterations = SweepSpec {
+        apgd_iterations: MORE_ITERATIONS * spec.apgd_iterations,
+        pgd_steps: MORE_ITERATIONS * spec.pgd_steps,
+        fab_iterations: MORE_ITERATIONS * spec.fab_iterations,
+        square_queries: MORE_ITERATIONS * spec.square_queries,
+        boundary_steps: MORE_ITERATIONS * spec.boundary_steps,
+        seed: crate::seeds::splitmix64(spec.seed ^ 0x17E7),
+        ..spec.clone()
+    };
+    // Each ε's sample of survivors, then the re-attacks in order: ε by ε, more EOT then more
+    // iterations (the order and seeds of a check run in one go, so kept parts change nothing).
+    let samples = sampled_survivors(spec, grid, last);
     // Each re-attack is cut into parts that cost about one of the attack's batches (a quarter
     // of a batch's examples at 4× the draws, half at 2× the iterations), each kept as it
     // finishes: at K = 10 one whole re-attack of 20 survivors runs for hours on two cores. A
