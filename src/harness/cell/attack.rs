@@ -48,7 +48,9 @@ pub(in crate::harness) fn attack_batch<B: BenchBackend, M: Model<B>>(
     y: Tensor<B::InnerBackend, 1, Int>,
     grid: &[f32],
 ) -> anyhow::Result<Vec<Stage>> {
-    let failed = |e: String| InvalidSetting::new("attacks", cell.attack.name().into(), &e);
+    let failed = |e: jem_attacks::AttackError| {
+        InvalidSetting::new("attacks", cell.attack.name().into(), &e.to_string())
+    };
     let name = match &cell.attack {
         CellAttack::Kind(kind) => RowAttack::Attack(*kind),
         CellAttack::Own(name) => RowAttack::Own(name.clone()),
