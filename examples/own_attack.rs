@@ -18,8 +18,8 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{
-    Access, ApgdConfig, ApgdLoss, Attack, AttackOutcome, Cascade, Describe, ExampleOutcome,
-    FixedEpsilon, Model, Norm, PerEpsilon, Undefended,
+    Access, ApgdConfig, ApgdLoss, Attack, AttackError, AttackOutcome, Cascade, Describe,
+    ExampleOutcome, FixedEpsilon, Model, Norm, PerEpsilon, Undefended,
 };
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches;
@@ -67,7 +67,7 @@ impl<M: Model<Train>> FixedEpsilon<Train, M> for RandomCorners {
         x: Tensor<Inner, 4>,
         y: Tensor<Inner, 1, Int>,
         eps: f32,
-    ) -> Result<AttackOutcome, String> {
+    ) -> Result<AttackOutcome, AttackError> {
         let mut rng = StdRng::seed_from_u64(self.seed ^ eps.to_bits() as u64);
         let dims = x.dims();
         let n = dims[0];

@@ -5,13 +5,13 @@
 # sweep resumes where it stopped, the batched ones batch by batch.
 #
 #   bash results/regenerate.sh            # everything
-#   bash results/regenerate.sh reference  # one part: reference | sweeps (or linf | l2) | jem-ce1000 | jem-1to1 | control | k1-eot | k-curve | k10 | nonsense | calibration | ood
+#   bash results/regenerate.sh reference  # one part: reference | sweeps (or linf | l2) | jem-ce1000 | jem-1to1 | control | k1-eot | k-curve | k10 | nonsense | calibration | ood | samples
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release
 bin=target/release/jem-bench
-parts=("${@:-reference sweeps jem-ce1000 jem-1to1 control k1-eot k-curve k10 nonsense calibration ood}")
+parts=("${@:-reference sweeps jem-ce1000 jem-1to1 control k1-eot k-curve k10 nonsense calibration ood samples}")
 
 # Each part writes to a fresh folder under runs/regenerate/ and replaces the committed folder
 # only when it finished, so an interrupted regeneration leaves the old results whole (and
@@ -167,8 +167,24 @@ for part in ${parts[*]}; do
         "$bin" ood --steps 0 --n 200 --out "$work/ood/k0-n200"
         replace "$work/ood" results/ood
         ;;
+    samples)
+        # SGLD samples of the embedded JEM from uniform noise (200 and 1 000 steps; 1 000
+        # samples for the quality numbers), and the class-Gaussian chain starts on the baseline.
+        rm -rf "$work/samples" && mkdir -p "$work/samples/quality" "$work/samples/chain-starts"
+        jem=(--model results/models/jem --seed 1)
+        "$bin" sample "${jem[@]}" --per-class 10 --steps 200 --out "$work/samples/jem.png"
+        "$bin" sample "${jem[@]}" --per-class 10 --steps 1000 \
+            --out "$work/samples/jem-from-noise-1000-steps.png"
+        "$bin" sample "${jem[@]}" --per-class 100 --steps 200 \
+            --out "$work/samples/quality/jem-uniform-200.png"
+        starts=(--model results/models/baseline --from-class-gaussian --per-class 10 --seed 1)
+        "$bin" sample "${starts[@]}" --steps 0 --out "$work/samples/chain-starts/starts.png"
+        "$bin" sample "${starts[@]}" --steps 100 \
+            --out "$work/samples/chain-starts/baseline-100-steps.png"
+        replace "$work/samples" results/samples
+        ;;
     *)
-        echo "unknown part '$part': expected reference, sweeps, linf, l2, jem-ce1000, jem-1to1, control, k1-eot, k-curve, k10, nonsense, calibration or ood" >&2
+        echo "unknown part '$part': expected reference, sweeps, linf, l2, jem-ce1000, jem-1to1, control, k1-eot, k-curve, k10, nonsense, calibration, ood or samples" >&2
         exit 2
         ;;
     esac

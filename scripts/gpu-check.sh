@@ -1,59 +1,53 @@
 #!/usr/bin/env bash
-# The GPU check: CPU–GPU agreement (tests/gpu.rs), the default sweep's K = 0 cells on the GPU
-# against the committed CPU sweep, and timings against PyTorch on the same GPU — in one run on a
-# machine with an NVIDIA GPU, from binaries built on a machine without one.
+# The GPU check, on any machine with an NVIDIA GPU, from the repository root:
 #
-#   scripts/gpu-check.sh build          # here: --features cuda builds, stripped and xz'd into
-#                                       # .gpu-check/bin (git-ignored), about 30 MB
-#   scripts/gpu-check.sh stash          # here, before the device call: moves the large tracked
-#                                       # folders not read there (datasets/data, the sweeps, …)
-#                                       # into .gpu-check/stash, so that what travels fits 64 MiB
-#   scripts/gpu-check.sh unstash        # here, after it: puts them back
-#   scripts/gpu-check.sh run [OUT]      # on the GPU machine, from the repository root: writes
-#                                       # OUT (default results/gpu): machine.txt,
-#                                       # agreement.log, k0.log, k1.log, commands.log,
-#                                       # compare.log, gpu.csv, gpu.md
-#                                       # (8 files: what a device call brings back at most)
+#   scripts/gpu-check.sh [OUT]     # OUT defaults to results/gpu
 #
-# Needed on the GPU machine: the NVIDIA driver and libnvrtc (burn compiles its kernels at run
-# time), xz, and python3 with torch for the timings (skipped, and said so, without it); the
-# repository's results/models and results/sweeps/linf (the CPU sweep compared against) — not
-# results/train or datasets/data, which the binaries do not read.
+# 1. correctness: the GPU tests (tests/gpu.rs, `cargo test --release --features cuda --test gpu
+#    -- --ignored`: CPU and GPU agree on every convolution, gradient, SGLD step, PGD step, Adam
+#    step and JEM iteration), the default sweep's K = 0 and K = 1 cells of the embedded baseline
+#    on the GPU compared example by example with the committed CPU sweep results/sweeps/linf,
+#    and every other command once with --device cuda;
+# 2. timings against PyTorch on the same GPU (benches/pytorch/compare.py --device cuda), only the
+#    rows results/perf/gpu.csv lacks (--resume), while the time budget lasts.
+#
+# It writes to OUT: machine.txt, agreement.log, k0.log, k1.log, commands.log, compare.log,
+# gpu.csv, gpu.md. It builds with `cargo build --release --features cuda` (no CUDA toolkit
+# needed: burn loads the driver and compiles its kernels with NVRTC at run time), unless
+# binaries packed elsewhere by scripts/gpu-pack.sh lie in .gpu-check/bin (for a GPU machine
+# without a Rust toolchain).
+#
+# Needed: the NVIDIA driver and libnvrtc; python3 (the example-by-example comparison), with
+# torch and safetensors for the timings (skipped, and said so, without them).
 #
 # GPU_CHECK_PHASES chooses what runs: `all` (default) or `timings` (phase 2 only: a second call
-# on a machine still warm).
-#
-# Budget: about 7 minutes (GPU_CHECK_SECONDS, default 420, bounds the two phases together).
-# Each step has its own time limit and the script goes on to the next when one runs out, so a
-# slow step costs its own result only; every log says how it ended.
+# on a machine still warm). GPU_CHECK_SECONDS (default 420) bounds the two phases together, so
+# that the check fits 8 minutes; each step has its own time limit and the script goes on to the
+# next when one runs out, so a slow step costs its own result only; every log says how it ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bin=.gpu-check/bin
+packed=.gpu-check/bin
 
-build() {
-    set -e
-    cargo build --release --features cuda
-    # The test binary's path has a hash: ask cargo for it.
+# The jem-bench binary and the GPU test binary, in $1: unpacked from $packed where
+# scripts/gpu-pack.sh put them, else built here.
+binaries() {
+    local work=$1
+    if [ -f "$packed/jem-bench.xz" ]; then
+        xz -dc "$packed/jem-bench.xz" >"$work/jem-bench" && chmod +x "$work/jem-bench"
+        xz -dc "$packed/gpu-tests.xz" >"$work/gpu-tests" && chmod +x "$work/gpu-tests"
+        cp "$packed/built-from.txt" "$work/built-from.txt"
+        return
+    fi
+    cargo build --release --features cuda || return 1
     local test_bin
-    test_bin=$(cargo test --release --features cuda --test gpu --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
-        print(m["executable"])')
-    rm -rf "$bin" && mkdir -p "$bin"
-    cp target/release/jem-bench "$bin/jem-bench"
-    cp "$test_bin" "$bin/gpu-tests"
-    strip "$bin/jem-bench" "$bin/gpu-tests"
-    xz -T2 -6 "$bin/jem-bench" "$bin/gpu-tests"
-    # What the binaries were built from (the GPU machine's copy of the tree cannot say: its
-    # large folders are stashed, and uncommitted changes travel too).
+    test_bin=$(scripts/gpu-pack.sh test-binary) || return 1
+    cp target/release/jem-bench "$work/jem-bench"
+    cp "$test_bin" "$work/gpu-tests"
     {
-        echo "built from: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!results' || echo ' with uncommitted changes')"
-        echo "built on: $(date -u +%FT%TZ)"
-    } >"$bin/built-from.txt"
-    ls -l "$bin"
+        echo "built from: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- . ':!results' 2>/dev/null || echo ' with uncommitted changes')"
+        echo "built on: $(date -u +%FT%TZ), here"
+    } >"$work/built-from.txt"
 }
 
 # `timeout` that says how the step ended, in the log and on stdout.
@@ -80,18 +74,20 @@ run() {
         ;;
     esac
     mkdir -p "$out"
-    # cubecl caches compiled kernels under target/ by kernel id, not by source: binaries built
-    # from other source (a new build) must not reuse what an earlier one compiled there.
-    if ! cmp -s "$bin/built-from.txt" target/built-from.txt; then
-        rm -rf target && mkdir -p target && cp "$bin/built-from.txt" target/built-from.txt
-    fi
     local work
     work=$(mktemp -d)
-    xz -dc "$bin/jem-bench.xz" >"$work/jem-bench" && chmod +x "$work/jem-bench"
-    xz -dc "$bin/gpu-tests.xz" >"$work/gpu-tests" && chmod +x "$work/gpu-tests"
+    binaries "$work" || {
+        echo "cannot build or unpack the binaries" >&2
+        return 1
+    }
+    # cubecl caches compiled kernels under target/ by kernel id, not by source: packed binaries
+    # built from other source must not reuse what an earlier build compiled there.
+    if [ -f "$packed/jem-bench.xz" ] && ! cmp -s "$work/built-from.txt" target/built-from.txt; then
+        rm -rf target && mkdir -p target && cp "$work/built-from.txt" target/built-from.txt
+    fi
     {
         echo "date: $(date -u +%FT%TZ)"
-        cat "$bin/built-from.txt" 2>/dev/null || echo "built from: unknown"
+        cat "$work/built-from.txt"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
         nproc | sed 's/^/host CPU cores: /'
     } >"$out/machine.txt" 2>&1
@@ -219,39 +215,4 @@ commands() {
     grep -h "^\[" "$c"/*.log
 }
 
-# Tracked folders the GPU machine does not read (the binaries embed the data sets): every
-# committed sweep but results/sweeps/linf (what the K = 0 and 1 cells are compared with) and the
-# large folders below. With them aside, the tree is about 7 MiB and the two binaries about
-# 45 MiB of the 64 MiB that travel.
-big=(results/train datasets/data results/samples results/reference results/ood)
-
-# `stash [PATH...]`: the PATHs go aside too (results/sweeps/linf among them, if named).
-stash() {
-    mkdir -p .gpu-check/stash
-    local d
-    for d in "${big[@]}" results/sweeps/* "$@"; do
-        [ "$d" = results/sweeps/linf ] && [[ " $* " != *" results/sweeps/linf "* ]] && continue
-        [ -e "$d" ] || continue
-        mkdir -p ".gpu-check/stash/$(dirname "$d")"
-        mv "$d" ".gpu-check/stash/$d" && echo "$d" >>.gpu-check/stash/moved
-    done
-}
-
-unstash() {
-    local d
-    while read -r d; do
-        mv ".gpu-check/stash/$d" "$d"
-    done <.gpu-check/stash/moved
-    rm .gpu-check/stash/moved
-}
-
-case "${1:-}" in
-build) build ;;
-stash) shift && stash "$@" ;;
-unstash) unstash ;;
-run) run "${2:-}" ;;
-*)
-    echo "usage: scripts/gpu-check.sh build | stash [PATH...] | unstash | run [OUT]" >&2
-    exit 2
-    ;;
-esac
+run "${1:-}"

@@ -73,7 +73,7 @@ pack() {
     rm -rf "$dir/run" && mkdir -p "$dir" && cp -r "$run" "$dir/run" && keep_latest "$dir/run" || return 1
     echo "$run" >"$dir/run-path"
     # The binary embeds the data sets and the embedded models: no folder of results/ is read.
-    bash scripts/gpu-check.sh stash results/models results/sweeps/linf results/perf results/gpu || return 1
+    bash scripts/gpu-pack.sh stash results/models results/sweeps/linf results/perf results/gpu || return 1
     # What --init-from reads goes back into place (copies, removed again by unpack).
     local keep
     : >"$dir/kept"
@@ -144,7 +144,7 @@ unstash() {
     while read -r keep; do
         rm -f "$keep" && rmdir -p --ignore-fail-on-non-empty "$(dirname "$keep")"
     done <"$dir/kept"
-    bash scripts/gpu-check.sh unstash
+    bash scripts/gpu-pack.sh unstash
 }
 
 case "${1:-}" in

@@ -14,6 +14,7 @@ use jem_bench::model::{
 use jem_bench::train::{
     self, AdversarialObjective, ClassifierObjective, JemObjective, TrainKind, TrainSpec,
 };
+use jem_bench::Choice;
 use jem_datasets::DataSource;
 
 mod cli;
@@ -182,10 +183,27 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Flags the other settings leave unused are refused before anything runs.
+    let unused = match &cli.command {
+        Command::Train(flags) => flags.unused(),
+        Command::Robust(args) => args.unused(),
+        _ => Vec::new(),
+    };
+    if let Some((name, sub_matches)) = matches.subcommand() {
+        let sub = command.find_subcommand(name).expect("a parsed subcommand");
+        if let Err(e) = cli::unused::refuse_given(sub, sub_matches, &unused) {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     // A bad JEM_BENCH_ISA or JEM_BENCH_GPU_CONV is an error before any work, before a device is
     // even opened, not a silent fallback.
     if let Err(e) = jem_kernels::isa_from_env() {
         eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = jem_bench::settings::rayon_threads_from_env() {
+        eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
     if let Err(e) = backend::gpu_settings_from_env() {
@@ -238,9 +256,15 @@ fn main() -> ExitCode {
 }
 
 fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
-    let slurm = args.slurm.spec();
+    let (slurm, allow_long) = (args.slurm.spec(), args.allow_long);
     let (spec, out, shard, jobs) = args.into_parts()?;
     if let Some(slurm) = slurm {
+        // Each shard runs `robust` with these flags, --allow-long included: refused here at
+        // once rather than by every shard in its log.
+        if let (Some(mut beyond), false) = (spec.beyond_usual(), allow_long) {
+            beyond.problem += "; pass --allow-long to submit a sweep this long";
+            return Err(beyond.into());
+        }
         return submit_to_slurm(&slurm, &spec, &out, device);
     }
     let progress = jem_bench::harness::TerminalProgress::default();
@@ -249,6 +273,7 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
         shard,
         jobs,
         observer: &progress,
+        allow_long,
     };
     jem_bench::harness::run::<Train>(&spec, &runner, device).map(|_| ())
 }
@@ -443,7 +468,7 @@ fn run_import(args: ImportArgs) -> anyhow::Result<()> {
         TrainingRecord {
             kind: "imported".into(),
             data: args.data.clone(),
-            settings: serde_json::json!({ "source": args.input, "naming": format!("{:?}", args.naming) }),
+            settings: serde_json::json!({ "source": args.input, "naming": args.naming.name() }),
             ..Default::default()
         },
     );

@@ -121,6 +121,24 @@ pub fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// `RAYON_NUM_THREADS`, the worker threads of the CPU backend, checked: a number from 0
+/// (rayon's default, one per core) to the cores this process may use. More threads than cores
+/// only slow every operation down, and rayon spends minutes silently creating 100 000 of them.
+pub fn rayon_threads_from_env() -> anyhow::Result<()> {
+    let Some(value) = std::env::var_os("RAYON_NUM_THREADS") else {
+        return Ok(());
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let value = value.to_string_lossy();
+    match value.trim().parse::<usize>() {
+        Ok(n) if n <= cores => Ok(()),
+        _ => anyhow::bail!(
+            "RAYON_NUM_THREADS={value}: expected 1 to {cores} (the cores this process may use), \
+             or 0 for one thread per core; unset it or set it in that range"
+        ),
+    }
+}
+
 /// A real setting, f32 or f64, shown as written (an f32 0.1 as `0.1`).
 pub trait Number: Into<f64> + Copy + std::fmt::Display {}
 

@@ -15,6 +15,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::error::AttackError;
 use crate::model::Model;
 use crate::norm::Norm;
 use crate::outcome::{AttackOutcome, ExampleOutcome};
@@ -79,7 +80,7 @@ pub trait Attack<B: AutodiffBackend, M: Model<B>>: Describe {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
-    ) -> Result<Vec<AttackOutcome>, String> {
+    ) -> Result<Vec<AttackOutcome>, AttackError> {
         self.attack_after(model, x, y, eps, None)
     }
 
@@ -94,7 +95,7 @@ pub trait Attack<B: AutodiffBackend, M: Model<B>>: Describe {
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
         earlier: Option<&[AttackOutcome]>,
-    ) -> Result<Vec<AttackOutcome>, String>;
+    ) -> Result<Vec<AttackOutcome>, AttackError>;
 }
 
 /// An earlier attack's outcome carried into a later one's: the same result at no further cost.
@@ -107,15 +108,20 @@ fn carried(e: &ExampleOutcome) -> ExampleOutcome {
 }
 
 /// Checks that `earlier` holds one outcome per ε, each of `n` examples.
-fn check_earlier(earlier: Option<&[AttackOutcome]>, eps: &[f32], n: usize) -> Result<(), String> {
+fn check_earlier(
+    earlier: Option<&[AttackOutcome]>,
+    eps: &[f32],
+    n: usize,
+) -> Result<(), AttackError> {
     match earlier {
-        Some(e) if e.len() != eps.len() || e.iter().any(|o| o.examples.len() != n) => Err(format!(
-            "the earlier attacks' outcomes cover {} ε of {:?} examples; this attack runs {} ε of \
-             {n}",
-            e.len(),
-            e.iter().map(|o| o.examples.len()).collect::<Vec<_>>(),
-            eps.len()
-        )),
+        Some(e) if e.len() != eps.len() || e.iter().any(|o| o.examples.len() != n) => {
+            Err(AttackError::EarlierOutcomes {
+                earlier_eps: e.len(),
+                earlier_examples: e.iter().map(|o| o.examples.len()).collect(),
+                eps: eps.len(),
+                examples: n,
+            })
+        }
         _ => Ok(()),
     }
 }
@@ -149,8 +155,8 @@ fn ascending<B: AutodiffBackend>(
         Tensor<Inner<B>, 4>,
         Tensor<Inner<B>, 1, Int>,
         f32,
-    ) -> Result<AttackOutcome, String>,
-) -> Result<Vec<AttackOutcome>, String> {
+    ) -> Result<AttackOutcome, AttackError>,
+) -> Result<Vec<AttackOutcome>, AttackError> {
     let shape = x.dims();
     let n = shape[0];
     check_earlier(earlier, eps, n)?;
@@ -218,7 +224,7 @@ pub trait FixedEpsilon<B: AutodiffBackend, M: Model<B>>: Describe {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: f32,
-    ) -> Result<AttackOutcome, String>;
+    ) -> Result<AttackOutcome, AttackError>;
 }
 
 /// A [`FixedEpsilon`] attack as an [`Attack`] over a list of ε: run at each ε in ascending
@@ -252,7 +258,7 @@ impl<B: AutodiffBackend, M: Model<B>, A: FixedEpsilon<B, M>> Attack<B, M> for Pe
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
         earlier: Option<&[AttackOutcome]>,
-    ) -> Result<Vec<AttackOutcome>, String> {
+    ) -> Result<Vec<AttackOutcome>, AttackError> {
         ascending::<B>(x, y, eps, earlier, |x, y, e| self.0.run_at(model, x, y, e))
     }
 }
@@ -270,7 +276,7 @@ macro_rules! attack_over_eps {
                 y: Tensor<Inner<B>, 1, Int>,
                 eps: &[f32],
                 earlier: Option<&[AttackOutcome]>,
-            ) -> Result<Vec<AttackOutcome>, String> {
+            ) -> Result<Vec<AttackOutcome>, AttackError> {
                 // A copy of the settings, not of any data.
                 PerEpsilon(self.clone()).attack_after(model, x, y, eps, earlier)
             }
@@ -287,7 +293,7 @@ impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for PgdConfig {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: f32,
-    ) -> Result<AttackOutcome, String> {
+    ) -> Result<AttackOutcome, AttackError> {
         let mut cfg = self.clone();
         if eps == 0.0 {
             cfg.steps = 0; // nothing to search: the clean, re-checked answer
@@ -303,7 +309,7 @@ impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for ApgdConfig {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: f32,
-    ) -> Result<AttackOutcome, String> {
+    ) -> Result<AttackOutcome, AttackError> {
         let mut cfg = self.clone();
         if eps == 0.0 {
             cfg.iterations = 0;
@@ -319,7 +325,7 @@ impl<B: AutodiffBackend, M: Model<B>> FixedEpsilon<B, M> for SquareConfig {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: f32,
-    ) -> Result<AttackOutcome, String> {
+    ) -> Result<AttackOutcome, AttackError> {
         let mut cfg = self.clone();
         if eps == 0.0 {
             cfg.queries = 1;
@@ -409,7 +415,7 @@ impl<B: AutodiffBackend, M: Model<B>, A: MinimumPerturbation<B, M>> Attack<B, M>
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
         earlier: Option<&[AttackOutcome]>,
-    ) -> Result<Vec<AttackOutcome>, String> {
+    ) -> Result<Vec<AttackOutcome>, AttackError> {
         let [n, c, h, w] = x.dims();
         check_earlier(earlier, eps, n)?;
         let len = c * h * w;
@@ -493,7 +499,7 @@ impl<B: AutodiffBackend, M: Model<B>> Cascade<'_, B, M> {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
-    ) -> Result<Vec<Vec<AttackOutcome>>, String> {
+    ) -> Result<Vec<Vec<AttackOutcome>>, AttackError> {
         self.stages_after(model, x, y, eps, None)
     }
 
@@ -505,7 +511,7 @@ impl<B: AutodiffBackend, M: Model<B>> Cascade<'_, B, M> {
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
         earlier: Option<&[AttackOutcome]>,
-    ) -> Result<Vec<Vec<AttackOutcome>>, String> {
+    ) -> Result<Vec<Vec<AttackOutcome>>, AttackError> {
         let mut out: Vec<Vec<AttackOutcome>> = Vec::with_capacity(self.attacks.len());
         for attack in &self.attacks {
             let before = out.last().map(Vec::as_slice).or(earlier);
@@ -551,9 +557,11 @@ impl<B: AutodiffBackend, M: Model<B>> Attack<B, M> for Cascade<'_, B, M> {
         y: Tensor<Inner<B>, 1, Int>,
         eps: &[f32],
         earlier: Option<&[AttackOutcome]>,
-    ) -> Result<Vec<AttackOutcome>, String> {
+    ) -> Result<Vec<AttackOutcome>, AttackError> {
         self.stages_after(model, x, y, eps, earlier)?
             .pop()
-            .ok_or_else(|| format!("the cascade {} has no attacks", self.name))
+            .ok_or_else(|| AttackError::EmptyCascade {
+                name: self.name.to_string(),
+            })
     }
 }

@@ -49,14 +49,16 @@ pub enum GradMode {
 }
 
 impl std::str::FromStr for GradMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         match s {
             "full" => Ok(GradMode::Full),
             "bpda" => Ok(GradMode::Bpda),
-            _ => Err(format!(
-                "unknown gradient mode `{s}`: expected full or bpda"
-            )),
+            _ => Err(crate::UnknownName {
+                what: "gradient mode",
+                found: s.to_string(),
+                expected: "full or bpda",
+            }),
         }
     }
 }

@@ -61,6 +61,7 @@ mod channels;
 mod classifier;
 mod decision;
 mod defence;
+mod error;
 mod fab;
 mod linear;
 mod loss;
@@ -87,6 +88,7 @@ pub use classifier::{
 };
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
+pub use error::{AttackError, UnknownName};
 pub use fab::{hyperplane_step_l2, hyperplane_step_linf, FabConfig};
 pub use linear::LinearClassifier;
 pub use loss::{kl_divergence, targeted_dlr, AttackLoss};

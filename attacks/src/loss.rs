@@ -87,15 +87,17 @@ pub fn targeted_dlr<B: Backend>(
 }
 
 impl std::str::FromStr for AttackLoss {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         match s {
             "ce" | "cross-entropy" => Ok(AttackLoss::CrossEntropy),
             "margin" | "cw" => Ok(AttackLoss::Margin),
             "dlr" => Ok(AttackLoss::Dlr),
-            _ => Err(format!(
-                "unknown attack loss `{s}`: expected ce, margin or dlr"
-            )),
+            _ => Err(crate::UnknownName {
+                what: "attack loss",
+                found: s.to_string(),
+                expected: "ce, margin or dlr",
+            }),
         }
     }
 }

@@ -109,12 +109,16 @@ impl Norm {
 }
 
 impl std::str::FromStr for Norm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         match s.to_ascii_lowercase().as_str() {
             "linf" | "inf" | "l_inf" => Ok(Norm::Linf),
             "l2" | "2" => Ok(Norm::L2),
-            _ => Err(format!("unknown norm `{s}`: expected linf or l2")),
+            _ => Err(crate::UnknownName {
+                what: "norm",
+                found: s.to_string(),
+                expected: "linf or l2",
+            }),
         }
     }
 }

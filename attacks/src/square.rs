@@ -89,7 +89,7 @@ impl SquareConfig {
         x: Tensor<Inner<B>, 4>,
         y: Tensor<Inner<B>, 1, Int>,
         eps: f32,
-    ) -> Result<AttackOutcome, String> {
+    ) -> Result<AttackOutcome, crate::AttackError> {
         let [n, c, h, w] = x.dims();
         let len = c * h * w;
         let dims = Dims { c, h, w };

@@ -46,8 +46,8 @@ impl fmt::Display for Split {
 pub enum DataSource {
     /// MNIST: the embedded copy (`None`), or the IDX files in a directory.
     Mnist(Option<PathBuf>),
-    /// Fashion-MNIST: the IDX files in a directory; `None` means the embedded test set, and for
-    /// the training split Debian's `/usr/share/datasets/fashion-mnist`.
+    /// Fashion-MNIST: the IDX files in a directory; `None` means the embedded test images (the
+    /// first 1 000), and for the training split Debian's `/usr/share/datasets/fashion-mnist`.
     FashionMnist(Option<PathBuf>),
     /// CIFAR-10 from the directory of its binary batches (not embedded).
     Cifar10(PathBuf),

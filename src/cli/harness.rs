@@ -41,7 +41,7 @@ impl RegressArgs {
             out: self.out,
             allow_other_settings: self.allow_other_settings,
         };
-        harness::regress::<B>(&spec, device)
+        harness::regress::<B>(&spec, device, &harness::TerminalProgress::default())
     }
 }
 
@@ -67,7 +67,8 @@ pub struct ReportArgs {
 
 impl ReportArgs {
     pub fn run(self) -> anyhow::Result<()> {
-        harness::report(&self.runs, self.out.as_deref(), self.partial)
+        let terminal = harness::TerminalProgress::default();
+        harness::report(&self.runs, self.out.as_deref(), self.partial, &terminal)
     }
 }
 
@@ -100,7 +101,13 @@ impl MergeArgs {
             models: self.models,
             renames: self.rename,
         };
-        harness::merge::<B>(&self.folders, &spec, &self.out, device)
+        harness::merge::<B>(
+            &self.folders,
+            &spec,
+            &self.out,
+            device,
+            &harness::TerminalProgress::default(),
+        )
     }
 }
 

@@ -16,6 +16,7 @@ pub mod ood;
 pub mod robust;
 pub mod sample;
 pub mod train;
+pub mod unused;
 
 use jem_bench::settings::InvalidSetting;
 

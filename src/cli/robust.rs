@@ -7,9 +7,11 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use super::defence::DefenceFlags;
+use super::unused::Unused;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
 use jem_bench::harness::{AttackKind, Shard, SweepSpec};
+use jem_bench::Choice;
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
 /// runs ([`Runner`](jem_bench::harness::Runner)).
@@ -116,6 +118,11 @@ pub struct RobustArgs {
     /// not depend on it, so it is not part of the sweep's settings.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Run even where a count is far beyond what evaluations use (more than 100 SGLD steps,
+    /// 10 000 iterations, 1 000 000 queries, …): without it such a sweep prints what it would
+    /// take here and stops before touching --out.
+    #[arg(long)]
+    pub allow_long: bool,
     #[command(flatten)]
     pub slurm: SlurmFlags,
 }
@@ -191,6 +198,63 @@ pub fn sweep_arguments(args: &[String]) -> Vec<String> {
 }
 
 impl RobustArgs {
+    /// The flags no cell of the sweep uses: the SGLD defence's, the gradient mode and the
+    /// convergence check without a K > 0; each attack budget where no attack of the sweep (a
+    /// preset's stages at each K) takes it.
+    pub fn unused(&self) -> Vec<Unused> {
+        let mut unused = Vec::new();
+        if self.ks.iter().all(|&k| k == 0) {
+            unused.push(Unused {
+                ids: &[
+                    "chains",
+                    "recheck_chains",
+                    "init_noise",
+                    "sgld_step_size",
+                    "sgld_noise",
+                    "sgld_clamp",
+                    "grad",
+                    "convergence_sample",
+                ],
+                used_by: "a setting of the SGLD defence, which runs at --steps K > 0 only".into(),
+            });
+        }
+        let attacks = if self.quick {
+            SweepSpec::quick_look(self.norm).attacks
+        } else {
+            self.attacks.clone()
+        };
+        let stages: Vec<AttackKind> = attacks
+            .iter()
+            .flat_map(|a| self.ks.iter().flat_map(move |&k| a.at(k).stages()))
+            .collect();
+        let budgets: [(&'static [&'static str], &[AttackKind]); 5] = [
+            (
+                &["pgd_steps", "pgd_rel_stepsize"],
+                &[AttackKind::Pgd, AttackKind::PgdLong],
+            ),
+            (
+                &["apgd_iterations"],
+                &[AttackKind::ApgdCe, AttackKind::ApgdDlr, AttackKind::ApgdT],
+            ),
+            (&["fab_iterations"], &[AttackKind::FabT]),
+            (&["square_queries"], &[AttackKind::Square]),
+            (&["boundary_steps"], &[AttackKind::Boundary]),
+        ];
+        for (ids, users) in budgets {
+            if !stages.iter().any(|s| users.contains(s)) {
+                let names: Vec<&str> = users.iter().map(|a| a.name()).collect();
+                unused.push(Unused {
+                    ids,
+                    used_by: format!(
+                        "a budget of {} only, which this sweep does not run (at any --steps)",
+                        names.join(" and ")
+                    ),
+                });
+            }
+        }
+        unused
+    }
+
     /// The spec and the runner's settings the flags describe; `--jobs 0` is refused here, every
     /// other setting by [`SweepSpec::validate`] (its errors name fields; [`with_flags`](super::with_flags)
     /// shows them as flags).

@@ -11,6 +11,7 @@ use jem_bench::train::{AdvConfig, ChainStartKind, GuardConfig, JemConfig, TrainK
 use jem_bench::Choice;
 
 use super::choices::choices;
+use super::unused::Unused;
 
 /// What `jem-bench train` trains and how (every flag of the command).
 #[derive(Debug, Clone, PartialEq, Args)]
@@ -122,6 +123,49 @@ impl TrainFlags {
             guard: self.guard.spec(),
             max_iters: self.max_iters,
         }
+    }
+
+    /// The flags `--kind` leaves unused: JEM's (and the energy-gap guard) outside `--kind jem`,
+    /// the training attack's outside `--kind adv`.
+    pub fn unused(&self) -> Vec<Unused> {
+        let of = |kind: TrainKind| format!("a setting of --kind {} only", kind.name());
+        let mut unused = Vec::new();
+        if self.kind != TrainKind::Jem {
+            unused.push(Unused {
+                ids: &[
+                    "px_weight",
+                    "pyx_weight",
+                    "sgld_steps",
+                    "sgld_lr",
+                    "sgld_std",
+                    "sgld_clamp",
+                    "buffer_size",
+                    "reinit_freq",
+                    "energy_reg",
+                    "sgld_threads",
+                    "chain_start",
+                    "guard_max_energy_gap",
+                ],
+                used_by: of(TrainKind::Jem),
+            });
+        }
+        if self.kind != TrainKind::Adv {
+            unused.push(Unused {
+                ids: &[
+                    "norm",
+                    "eps",
+                    "adv_steps",
+                    "adv_rel_stepsize",
+                    "adv_zero_start",
+                    "adv_clean_weight",
+                    "adv_eps_ramp_iters",
+                    "adv_val_size",
+                    "trades_beta",
+                ],
+                used_by: of(TrainKind::Adv),
+            });
+        }
+        unused
     }
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::cells::AttackKind;
-use super::outputs::{GradColumn, RowAttack, TidyRow};
 use super::robustness::WORST_CASE;
+use super::rows::{GradColumn, RowAttack, TidyRow};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {

@@ -12,8 +12,7 @@ use jem_attacks::{AttackLoss, Model};
 use rand::SeedableRng;
 
 use super::cells::{AttackKind, Cell, CellAttack};
-use super::convergence::{MORE_EOT, MORE_ITERATIONS};
-use super::spec::SweepSpec;
+use super::spec::{SweepSpec, MORE_EOT, MORE_ITERATIONS};
 use crate::backend::BenchBackend;
 
 /// Targets of the targeted attacks (APGD-T, FAB-T): the 9 most likely other classes.

@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
-use super::outputs::{self, CellResult};
+use super::outputs;
 use super::plan::{claim_folder, settings_differences, Plan};
-use super::progress::TerminalProgress;
-use super::spec::SweepSpec;
+use super::rows::CellResult;
+use super::spec::{SweepObserver, SweepSpec};
 use super::sweep::finish;
 use crate::backend::BenchBackend;
 
@@ -57,6 +57,7 @@ pub fn merge<B: BenchBackend>(
     spec: &MergeSpec,
     out: &Path,
     device: &B::Device,
+    observer: &dyn SweepObserver,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(!folders.is_empty(), "no sweep folders to merge");
     let folders = folders
@@ -146,7 +147,7 @@ pub fn merge<B: BenchBackend>(
         outputs::save_cell(out, result)?;
     }
     outputs::write_csvs(out, &results)?;
-    finish(&plan, &joined, &results, &TerminalProgress::default(), 0).map(|_| ())
+    finish(&plan, &joined, &results, observer, 0).map(|_| ())
 }
 
 impl Folder {

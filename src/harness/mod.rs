@@ -5,12 +5,10 @@
 //! Robustness-curve plots and `report` (regenerating summary, table and plots from CSV),
 //! `--shard` with `merge` (which also joins sweeps of other models), and `regress` against a stored reference.
 
-mod adversarials;
 mod attack_config;
-mod cell_run;
+mod cell;
 mod cells;
 mod checks;
-mod convergence;
 mod estimate;
 mod kept_parts;
 mod merge;
@@ -21,6 +19,7 @@ mod progress;
 mod regress;
 mod report;
 mod robustness;
+mod rows;
 mod spec;
 mod subject;
 mod sweep;
@@ -28,12 +27,13 @@ mod sweep;
 pub use crate::settings::InvalidSetting;
 pub use cells::{AttackKind, Cell, CellAttack};
 pub use merge::{merge, MergeSpec};
-pub use outputs::{read_tidy, ExampleRow, GradColumn, RowAttack, TidyRow};
+pub use outputs::read_tidy;
 pub use own_attack::OwnAttack;
 pub use progress::TerminalProgress;
 pub use regress::{compare, regress, RegressSpec};
 pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
+pub use rows::{ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use spec::{
     CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
 };

@@ -10,8 +10,9 @@ use burn::module::Module;
 use jem_attacks::{Classifier, Norm};
 
 use super::cells::{self, AttackKind, Cell};
-use super::outputs::{self, CellResult};
+use super::outputs;
 use super::own_attack::{check_names, gradient_use, OwnAttack};
+use super::rows::CellResult;
 use super::spec::SweepSpec;
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -69,7 +70,7 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         // activations of each come on top): what cannot hold even the images is refused here,
         // not by an aborted allocation.
         let chains = spec.defence.chains.max(spec.defence.recheck_chains) as u128;
-        let batch = super::cell_run::batch_len(spec, spec.n_examples).min(spec.n_examples) as u128;
+        let batch = spec.batch_len(spec.n_examples).min(spec.n_examples) as u128;
         let bytes = chains * batch * data.image_len() as u128 * 4;
         if let Some(available) = crate::settings::available_memory() {
             if bytes > available as u128 {
@@ -274,11 +275,23 @@ pub(super) fn claim_folder(
             .path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let stem = name.as_deref().and_then(|n| {
-            n.strip_suffix(".json")
+            n.strip_suffix(outputs::CELL_FILE_SUFFIX)
                 .or_else(|| n.strip_suffix(".batches"))
         });
         // Atomic writes leave `NAME.tmp` files only while they run (or after a crash).
         let temporary = name.as_deref().is_some_and(|n| n.ends_with(".tmp"));
+        // jem-bench wrote cell files uncompressed before: the same JSON, which gzip makes a
+        // cell file of this version again.
+        let uncompressed = name
+            .as_deref()
+            .and_then(|n| n.strip_suffix(".json"))
+            .is_some_and(|s| ids.contains(s));
+        anyhow::ensure!(
+            !uncompressed,
+            "{}: an uncompressed cell file of an earlier jem-bench; `gzip` it to reuse the \
+             cell, or delete it to run the cell again",
+            path.display()
+        );
         anyhow::ensure!(
             temporary || stem.is_some_and(|s| ids.contains(s)),
             "{}: not a cell of this sweep (another sweep or jem-bench version wrote it); \

@@ -14,7 +14,7 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::estimate;
-use super::outputs::CellResult;
+use super::rows::CellResult;
 use super::spec::{CellPart, Shard, SweepEstimate, SweepObserver};
 
 /// Draws the bar on stderr and prints the table on stdout.
@@ -61,7 +61,7 @@ impl SweepObserver for TerminalProgress {
         let total = estimate.expected();
         if !estimates.is_empty() {
             eprintln!(
-                "{} cells to run, about {} here (timed gradients, and the examples a short pilot \
+                "{} cells to run, about {} here (timed gradients, and the examples a pilot \
                  attack left standing at each ε), at most {} (every example attacked at every ε \
                  to the last iteration)",
                 estimates.len(),
@@ -155,6 +155,14 @@ impl SweepObserver for TerminalProgress {
         }
         print!("{table}");
         println!("wrote {}", out.display());
+    }
+
+    fn says(&self, text: &str) {
+        println!("{}", text.trim_end_matches('\n'));
+    }
+
+    fn warns(&self, text: &str) {
+        eprintln!("{}", text.trim_end_matches('\n'));
     }
 
     fn nothing_to_do(&self, shard: Shard, cells: usize) {

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::outputs::{read_tidy, row_key, RowKey, TidyRow};
-use super::progress::TerminalProgress;
-use super::spec::{Runner, SweepSpec};
+use super::outputs::read_tidy;
+use super::rows::{row_key, RowKey, TidyRow};
+use super::spec::{Runner, SweepObserver, SweepSpec};
 use super::sweep::{check, run};
 use crate::settings::InvalidSetting;
 
@@ -130,7 +130,12 @@ fn overlapping(a: &Path, b: &Path) -> bool {
     a.starts_with(&b) || b.starts_with(&a)
 }
 
-fn rerun<B: BenchBackend>(reference: &Path, out: &Path, device: &B::Device) -> anyhow::Result<()> {
+fn rerun<B: BenchBackend>(
+    reference: &Path,
+    out: &Path,
+    device: &B::Device,
+    observer: &dyn SweepObserver,
+) -> anyhow::Result<()> {
     if overlapping(reference, out) {
         let problem = format!(
             "overlaps the reference {}: the rerun would overwrite what it is compared with; \
@@ -173,9 +178,8 @@ fn rerun<B: BenchBackend>(reference: &Path, out: &Path, device: &B::Device) -> a
         )
         .as_bytes(),
     )?;
-    let progress = TerminalProgress::default();
     let runner = Runner {
-        observer: &progress,
+        observer,
         ..Runner::new(out)
     };
     run::<B>(&spec, &runner, device).map(|_| ())
@@ -214,7 +218,11 @@ fn check_same_weights(
 
 /// `jem-bench regress`: compares a sweep (rerun on `device` unless `a.run` names one) with a
 /// reference; an error lists the cells that regressed.
-pub fn regress<B: BenchBackend>(a: &RegressSpec, device: &B::Device) -> anyhow::Result<()> {
+pub fn regress<B: BenchBackend>(
+    a: &RegressSpec,
+    device: &B::Device,
+    observer: &dyn SweepObserver,
+) -> anyhow::Result<()> {
     if !(a.tolerance.is_finite() && (0.0..=1.0).contains(&a.tolerance)) {
         return Err(InvalidSetting::new(
             "tolerance",
@@ -269,7 +277,7 @@ pub fn regress<B: BenchBackend>(a: &RegressSpec, device: &B::Device) -> anyhow::
                 .out
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("runs/regress").join(name));
-            rerun::<B>(&a.reference, &out, device)?;
+            rerun::<B>(&a.reference, &out, device, observer)?;
             out
         }
     };
@@ -292,21 +300,23 @@ pub fn regress<B: BenchBackend>(a: &RegressSpec, device: &B::Device) -> anyhow::
             candidate_dir.display(),
             a.reference.display()
         );
-        eprintln!("warning: comparing cells computed with other settings:\n  {listed}{more}");
+        observer.warns(&format!(
+            "warning: comparing cells computed with other settings:\n  {listed}{more}"
+        ));
     }
     let failures = compare(&reference, &candidate, a.tolerance);
     if failures.is_empty() {
-        println!(
+        observer.says(&format!(
             "regress: all {} reference cells hold within {} ({} vs {})",
             reference.len(),
             a.tolerance,
             candidate_dir.display(),
             a.reference.display()
-        );
+        ));
         Ok(())
     } else {
         for f in &failures {
-            eprintln!("REGRESSED {f}");
+            observer.warns(&format!("REGRESSED {f}"));
         }
         anyhow::bail!(
             "{} of {} reference cells regressed ({} vs {})",

@@ -12,8 +12,10 @@ use jem_datasets::DataSource;
 use serde::Serialize;
 
 use super::checks;
-use super::outputs::{read_tidy, GradColumn, TidyRow};
+use super::outputs::read_tidy;
 use super::robustness::{ALL_GRADS, WORST_CASE};
+use super::rows::{GradColumn, TidyRow};
+use super::spec::SweepObserver;
 use crate::model::{write_atomic, SOFTWARE};
 use crate::plot::{model_labels, Dash, Figure, Panel, Series, PALETTE};
 
@@ -443,13 +445,13 @@ fn cell_seconds(dir: &Path) -> Option<f64> {
     let cells = std::fs::read_dir(dir.join("cells")).ok()?;
     let mut total = 0.0;
     // Only the cell files: an unfinished cell's kept batches are a folder beside them.
-    let files = cells
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"));
+    let files = cells.flatten().filter(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .ends_with(super::outputs::CELL_FILE_SUFFIX)
+    });
     for entry in files {
-        let text = std::fs::read_to_string(entry.path()).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        total += v["seconds"].as_f64()?;
+        total += super::outputs::read_cell_file(&entry.path()).ok()?.seconds;
     }
     Some(total)
 }
@@ -484,7 +486,12 @@ fn unfinished_cells(dir: &Path) -> anyhow::Result<Option<(Vec<super::Cell>, usiz
 /// (k-curve.csv, .svg, .png). A sweep whose settings plan cells it has not finished (killed,
 /// still running, or one shard of several) is refused, naming them, unless `partial` asks to
 /// draw what is there; then the table says what is missing.
-pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Result<()> {
+pub fn report(
+    runs: &[PathBuf],
+    out: Option<&Path>,
+    partial: bool,
+    observer: &dyn SweepObserver,
+) -> anyhow::Result<()> {
     anyhow::ensure!(!runs.is_empty(), "no sweep folders to report");
     // Every folder is checked before anything is drawn.
     let mut unfinished = Vec::new();
@@ -514,15 +521,15 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Re
     let mut all = Vec::new();
     for (dir, (missing, total)) in runs.iter().zip(&unfinished) {
         let rows = read_tidy(&dir.join("robust.csv"))?;
-        print!("{}", write(dir, &rows, cell_seconds(dir))?);
+        observer.says(&write(dir, &rows, cell_seconds(dir))?);
         if !missing.is_empty() {
-            println!(
+            observer.says(&format!(
                 "partial: {} of {total} cells not finished, not drawn: {}",
                 missing.len(),
                 missing.join(", ")
-            );
+            ));
         }
-        println!("wrote {}", dir.display());
+        observer.says(&format!("wrote {}", dir.display()));
         all.extend(rows);
     }
     if let Some(out) = out {
@@ -533,9 +540,12 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>, partial: bool) -> anyhow::Re
             first.data, first.n, first.seed
         );
         figure(&all, &title).write(&out.join("curves"))?;
-        println!("wrote {}", out.join("curves.{svg,png}").display());
+        observer.says(&format!("wrote {}", out.join("curves.{svg,png}").display()));
         if write_against_k(out, &all, &format!("robust accuracy against K, {title}"))? {
-            println!("wrote {}", out.join("k-curve.{csv,svg,png}").display());
+            observer.says(&format!(
+                "wrote {}",
+                out.join("k-curve.{csv,svg,png}").display()
+            ));
         }
     }
     Ok(())

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use anyhow::Context;
 use jem_attacks::Norm;
 
-use super::outputs::{CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
+use super::rows::{CellResult, ExampleRow, GradColumn, RowAttack, TidyRow};
 
 /// The `attack` of the rows that hold the per-example worst case over attacks.
 pub const WORST_CASE: RowAttack = RowAttack::WorstCase;
@@ -408,10 +408,7 @@ mod tests {
                 forward_evals: 1,
             })
             .collect();
-        let text = include_str!(
-            "../../results/reference/linf-small/cells/results_models_baseline.pgd.k0.none.f714f53c8564d075.json"
-        );
-        let template: CellResult = serde_json::from_str(text).expect("a cell file");
+        let template = committed_cell();
         let rows = [0.1f32, 0.2, 0.3, 0.25]
             .map(|eps| TidyRow {
                 model: "m".into(),
@@ -458,22 +455,20 @@ mod tests {
             for sweep in std::fs::read_dir(root.join(group)).expect("results folder") {
                 let cells = sweep.expect("entry").path().join("cells");
                 if let Ok(entries) = std::fs::read_dir(&cells) {
-                    files.extend(
-                        entries
-                            .map(|e| e.expect("entry").path())
-                            .filter(|p| p.extension().is_some_and(|x| x == "json")),
-                    );
+                    files.extend(entries.map(|e| e.expect("entry").path()).filter(|p| {
+                        let name = p.file_name().unwrap().to_string_lossy();
+                        name.ends_with(crate::harness::outputs::CELL_FILE_SUFFIX)
+                    }));
                 }
             }
         }
         assert!(files.len() >= 20, "only {} cell files found", files.len());
         let mut rows = 0;
         for file in files {
-            let text = std::fs::read_to_string(&file).expect("readable");
-            let stored: CellResult = serde_json::from_str(&text).expect("a cell file");
+            let stored = crate::harness::outputs::read_cell_file(&file).expect("a cell file");
             // Each file is named for its cell and passes the check a sweep reads it with.
             let name = file.file_name().unwrap().to_string_lossy().into_owned();
-            assert_eq!(name, format!("{}.json", stored.cell.id()));
+            assert_eq!(name, format!("{}.json.gz", stored.cell.id()));
             check_cell(&stored).unwrap_or_else(|why| panic!("{}: {why}", file.display()));
             let recomputed = with_own_rates(stored.clone()).expect("rates");
             assert_eq!(
@@ -495,14 +490,20 @@ mod tests {
         assert!(rows >= 100, "only {rows} rows compared");
     }
 
+    /// A cell of the committed reference sweep, as jem-bench wrote it.
+    fn committed_cell() -> CellResult {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "results/reference/linf-small/cells/\
+             results_models_baseline.pgd.k0.none.f714f53c8564d075.json.gz",
+        );
+        crate::harness::outputs::read_cell_file(&path).expect("a cell file")
+    }
+
     /// A cell file edited after the fact is refused: a flag flipped in its examples, or a
     /// row's number out of range or at odds with its examples.
     #[test]
     fn an_edited_cell_is_refused() {
-        let text = include_str!(
-            "../../results/reference/linf-small/cells/results_models_baseline.pgd.k0.none.f714f53c8564d075.json"
-        );
-        let cell: CellResult = serde_json::from_str(text).expect("a cell file");
+        let cell = committed_cell();
         check_cell(&cell).unwrap();
         let refused = |edit: &dyn Fn(&mut CellResult), why: &str| {
             let mut edited = cell.clone();

@@ -12,7 +12,7 @@ use jem_attacks::{GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
 use super::cells::{AttackKind, Cell};
-use super::outputs::CellResult;
+use super::rows::CellResult;
 use crate::defended::DefenceSpec;
 use crate::settings::{self, InvalidSetting};
 
@@ -103,6 +103,9 @@ pub struct Runner<'a> {
     pub jobs: NonZeroUsize,
     /// Told of the sweep's progress; [`Silent`] by default.
     pub observer: &'a dyn SweepObserver,
+    /// Run a sweep whose counts are beyond the usual ([`SweepSpec::beyond_usual`]); without
+    /// it such a sweep is refused with its estimate, before its folder is touched.
+    pub allow_long: bool,
 }
 
 impl Runner<'static> {
@@ -113,6 +116,7 @@ impl Runner<'static> {
             shard: None,
             jobs: std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
             observer: &Silent,
+            allow_long: false,
         }
     }
 }
@@ -133,13 +137,24 @@ pub trait SweepObserver {
     fn finished(&self, _out: &Path, _table: &str, _ran: usize, _cells: usize) {}
     /// This shard has no cells of a sweep of `cells` cells.
     fn nothing_to_do(&self, _shard: Shard, _cells: usize) {}
+    /// Results for the reader, as `report`, `regress` and `merge` give them: a table, a
+    /// verdict, a file written (text of one or more lines).
+    fn says(&self, _text: &str) {}
+    /// A warning for the reader: the results stand, but something about them needs attention
+    /// (cells compared across other settings, a reference cell that regressed).
+    fn warns(&self, _text: &str) {}
 }
 
+/// How many times the attack's EOT draws the first re-attack of a convergence check takes.
+pub(super) const MORE_EOT: usize = 4;
+/// How many times the attack's iterations (steps, queries) the second re-attack takes.
+pub(super) const MORE_ITERATIONS: usize = 2;
+
 /// What the cells a sweep is about to run are expected to take here, printed before the first
-/// one. Each cell's gradient is timed on up to 16 of its examples, and a short pilot (APGD-CE,
-/// 10 iterations, one draw, on up to 16 of its examples) tells how many examples stand at each
-/// ε, so that the examples an attack breaks early, and the later stages of a cascade that never
-/// see them, are not counted at full cost.
+/// one. Each cell's gradient is timed on up to 16 of its examples, and a pilot (the cell's
+/// first attack at its budget with one draw, on 16 examples, in sweeps of 64 or more) tells
+/// how many examples stand at each ε, so that the examples an attack breaks early, and the
+/// later stages of a cascade that never see them, are not counted at full cost.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepEstimate {
     /// Expected seconds of each cell to run, in the order they start.
@@ -315,6 +330,57 @@ impl SweepSpec {
             }
         }
         out
+    }
+
+    /// The first count beyond what published evaluations use, by a wide margin (SGLD steps,
+    /// iterations, queries, draws, restarts, chains): a sweep that sets one runs only when its
+    /// runner allows it ([`Runner::allow_long`]), after its estimate is printed. A mistyped
+    /// `--steps 1000000` would otherwise compute in silence for days.
+    pub fn beyond_usual(&self) -> Option<InvalidSetting> {
+        let k = self.ks.iter().copied().max().unwrap_or(0);
+        let counts: [(&'static str, usize, usize, &str); 10] = [
+            ("ks", k, 100, "SGLD steps"),
+            ("pgd_steps", self.pgd_steps, 10_000, "PGD steps"),
+            (
+                "apgd_iterations",
+                self.apgd_iterations,
+                10_000,
+                "APGD iterations",
+            ),
+            (
+                "fab_iterations",
+                self.fab_iterations,
+                10_000,
+                "FAB iterations",
+            ),
+            ("square_queries", self.square_queries, 1_000_000, "queries"),
+            (
+                "boundary_steps",
+                self.boundary_steps,
+                1_000_000,
+                "boundary steps",
+            ),
+            ("eot", self.eot.unwrap_or(0), 1_000, "EOT draws"),
+            ("restarts", self.restarts, 100, "restarts"),
+            ("chains", self.defence.chains, 1_000, "chains"),
+            (
+                "recheck_chains",
+                self.defence.recheck_chains,
+                10_000,
+                "chains",
+            ),
+        ];
+        let (field, value, most, what) = counts.into_iter().find(|c| c.1 > c.2)?;
+        Some(InvalidSetting::new(
+            field,
+            value.to_string(),
+            &format!("more than {most} {what}, far beyond what evaluations use"),
+        ))
+    }
+
+    /// Examples per batch of a cell of `n` examples (`batch_size`, else all of them).
+    pub fn batch_len(&self, n: usize) -> usize {
+        self.batch_size.unwrap_or(n).max(1)
     }
 
     /// EOT draws of the gradient attacks at K: `--eot`, else 1 at K = 0 and, at K > 0, enough

@@ -9,16 +9,16 @@ use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{Classifier, GradMode};
 
-use super::cell_run::batch_len;
-use super::cell_run::run_cell;
+use super::cell::run_cell;
 use super::cells::{AttackKind, Cell};
 use super::estimate;
 use super::kept_parts;
-use super::outputs::{self, CellResult, TidyRow};
+use super::outputs;
 use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
 use super::robustness::WORST_CASE;
+use super::rows::{CellResult, TidyRow};
 use super::spec::{CellPart, Runner, SweepEstimate, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
@@ -89,6 +89,15 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         // A job array larger than the sweep: this task has nothing to do, which is no error.
         runner.observer.nothing_to_do(shard, plan.cells.len());
         return Ok(Vec::new());
+    }
+    if let (Some(mut beyond), false) = (spec.beyond_usual(), runner.allow_long) {
+        beyond.problem = format!(
+            "{}: this sweep would take up to {} here (a gradient timed at smaller counts, \
+             scaled); allow it (--allow-long) to run it",
+            beyond.problem,
+            estimate::duration(long_run_bound(plan, spec, &mine)?)
+        );
+        return Err(beyond.into());
     }
     let lock = crate::output_folder::claim(&out, "robust")?;
     // Finished cells (from an earlier, interrupted run) are read back; the rest run on
@@ -188,9 +197,11 @@ enum Message {
 /// 5 chains, WRN-10-1 on two cores), and the timing runs before every sweep.
 const TIMED_BATCH: usize = 16;
 
-/// Examples and iterations of the pilot attack that tells the estimate how many examples stand.
+/// Examples of the pilot attack that tells the estimate how many examples stand; only sweeps of
+/// at least [`PILOT_EXAMPLES`] × [`PILOTED_SWEEPS`] examples run it (for a smaller one the pilot
+/// would cost a good part of the cell, and the estimate is the bound).
 const PILOT_EXAMPLES: usize = 16;
-const PILOT_ITERATIONS: usize = 10;
+const PILOTED_SWEEPS: usize = 4;
 
 /// Seconds one example's input gradient takes through `cell`'s defended model (its model, K
 /// and gradient mode), timed on the cell's first examples (at most [`TIMED_BATCH`]).
@@ -199,7 +210,8 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
     spec: &SweepSpec,
     cell: &Cell,
 ) -> anyhow::Result<f64> {
-    let len = batch_len(spec, spec.n_examples)
+    let len = spec
+        .batch_len(spec.n_examples)
         .min(spec.n_examples)
         .min(TIMED_BATCH);
     let (x, y) = first_examples(plan.subject(cell), len);
@@ -231,7 +243,7 @@ fn defended<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
 fn first_examples<B: BenchBackend, N: Module<B>>(
     subject: &Subject<B, N>,
     len: usize,
-) -> super::cell_run::Examples<B> {
+) -> super::cell::Examples<B> {
     let data = subject.test_set();
     let idx: Vec<usize> = (0..len.max(1)).collect();
     let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
@@ -242,31 +254,82 @@ fn first_examples<B: BenchBackend, N: Module<B>>(
     (x, y)
 }
 
-/// What a weak, short attack leaves of `cell`'s model, K and gradient mode: the fraction of
-/// up to [`PILOT_EXAMPLES`] examples classified correctly, and of those standing at each ε > 0
-/// of the grid (ascending) after APGD-CE with [`PILOT_ITERATIONS`] iterations and one draw.
-/// At least as many as the cell's attack leaves, so an estimate from it errs long.
+/// What `mine` would take at most ([`SweepEstimate::bound`]), within seconds even for counts
+/// far beyond the usual: each gradient is timed on a few examples at no more than
+/// [`TIMED_STEPS`] SGLD steps and [`TIMED_CHAINS`] chains and scaled to the sweep's (an SGLD
+/// step and a chain each cost about one pass of the network).
+fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    mine: &[&Cell],
+) -> anyhow::Result<f64> {
+    let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
+    let chains = spec.defence.chains.max(1);
+    let timed_spec = SweepSpec {
+        defence: crate::defended::DefenceSpec {
+            chains: chains.min(TIMED_CHAINS),
+            ..spec.defence.clone()
+        },
+        ..spec.clone()
+    };
+    let mut bound = 0.0;
+    for cell in mine {
+        let timed_cell = Cell {
+            k: cell.k.min(TIMED_STEPS),
+            ..(*cell).clone()
+        };
+        let len = spec.n_examples.clamp(1, 4);
+        let (x, y) = first_examples(plan.subject(cell), len);
+        let defended = defended(plan, &timed_spec, &timed_cell)?;
+        let mut seconds = estimate::seconds_per_gradient(&defended, x, y);
+        seconds *= (cell.k + 1) as f64 / (timed_cell.k + 1) as f64;
+        if cell.k > 0 {
+            seconds *= chains as f64 / chains.min(TIMED_CHAINS) as f64;
+        }
+        let classes = plan.subject(cell).test_set().num_classes();
+        let own = |name: &str, eot| {
+            let attack = plan.own.iter().find(|o| o.name() == name);
+            attack.map_or(0.0, |o| o.gradients_per_eps(eot))
+        };
+        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
+            * (1.0 + estimate::check_factor(spec, cell, eps));
+        bound += seconds * spec.n_examples as f64 * most;
+    }
+    Ok(bound)
+}
+
+/// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].
+const TIMED_STEPS: usize = 10;
+const TIMED_CHAINS: usize = 5;
+
+/// What the first attack of `cell` (a preset's first stage), at its own budget but with one
+/// gradient draw and one restart, leaves of `cell`'s model, K and gradient mode: the fraction
+/// of [`PILOT_EXAMPLES`] examples classified correctly, and of those standing at each ε > 0 of
+/// the grid (ascending). At least as many as the whole cell leaves (its later stages, more
+/// draws and restarts break more), so an estimate from it errs long, but not by much: the first
+/// stage breaks most of what a cascade breaks. (A pilot of 10 APGD iterations left standing
+/// far more at large ε than 100 do, and the estimate of the default sweep came out 2–4× long.)
 fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     cell: &Cell,
+    first: AttackKind,
     grid: &[f32],
 ) -> anyhow::Result<(f64, Vec<f64>)> {
     let defended = defended(plan, spec, cell)?;
     let pilot_cell = Cell {
-        attack: super::CellAttack::Kind(AttackKind::ApgdCe),
+        attack: super::CellAttack::Kind(first),
         ..cell.clone()
     };
     let pilot_spec = SweepSpec {
-        apgd_iterations: PILOT_ITERATIONS,
         eot: Some(1),
         restarts: 1,
         ..spec.clone()
     };
-    let (x, y) = first_examples(plan.subject(cell), spec.n_examples.min(PILOT_EXAMPLES));
-    let build = super::cell_run::builder(&pilot_cell, &plan.own);
+    let (x, y) = first_examples(plan.subject(cell), PILOT_EXAMPLES);
+    let build = super::cell::builder(&pilot_cell, &plan.own);
     let stages =
-        super::cell_run::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
+        super::cell::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
     let last = stages.last().expect("an attack has a stage");
     let share = |flags: Vec<bool>| {
         let n = flags.len().max(1) as f64;
@@ -283,7 +346,7 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                 .iter()
                 .find(|(at, _)| at.is_none_or(|a| a == eps))
                 .expect("a stage answers every ε of the grid");
-            share(super::convergence::standing(outcome, *at, spec.norm, eps))
+            share(super::cell::standing(outcome, *at, spec.norm, eps))
         })
         .collect();
     Ok((clean, standing))
@@ -303,7 +366,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     let eps = grid.len();
     type Key<'a> = (&'a str, usize, Option<GradMode>);
     let mut timed: Vec<(Key, f64)> = Vec::new();
-    let mut piloted: Vec<(Key, (f64, Vec<f64>))> = Vec::new();
+    let mut piloted: Vec<((Key, AttackKind), (f64, Vec<f64>))> = Vec::new();
     let (mut cells, mut bound) = (Vec::new(), 0.0);
     for &i in pending {
         let cell = mine[i];
@@ -326,20 +389,26 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
             * (1.0 + estimate::check_factor(spec, cell, eps));
         bound += seconds * n * most;
-        // Only where the count can use survivors; the pilot's cost then is a small fraction
-        // of the cell's (480 of its 100 × 5 280 example-gradients at the default's K = 1).
+        // Only where the count can use survivors, and the pilot costs a small part of the
+        // cell's attack: at the default's K = 1, 16 examples at one draw of APGD-CE's 4 and
+        // without APGD-DLR, against 100 examples (3 % of the attack, before its check).
         let uses_survivors = eps > 0
+            && spec.n_examples >= PILOT_EXAMPLES * PILOTED_SWEEPS
             && estimate::expected_gradients_per_example(spec, cell, classes, 1.0, &vec![1.0; eps])
                 .is_some();
-        let likely = if uses_survivors {
-            if !piloted.iter().any(|(k, _)| *k == key) {
-                piloted.push((key, pilot(plan, spec, cell, &grid)?));
+        let first = cell.attack.kind().map(|kind| kind.stages()[0]);
+        let likely = match (uses_survivors, first) {
+            (true, Some(first)) => {
+                let key = (key, first);
+                if !piloted.iter().any(|(k, _)| *k == key) {
+                    piloted.push((key, pilot(plan, spec, cell, first, &grid)?));
+                }
+                let (_, (clean, standing)) =
+                    piloted.iter().find(|(k, _)| *k == key).expect("piloted");
+                estimate::expected_gradients_per_example(spec, cell, classes, *clean, standing)
+                    .unwrap_or(most)
             }
-            let (_, (clean, standing)) = piloted.iter().find(|(k, _)| *k == key).expect("piloted");
-            estimate::expected_gradients_per_example(spec, cell, classes, *clean, standing)
-                .unwrap_or(most)
-        } else {
-            most
+            _ => most,
         };
         cells.push(seconds * n * likely);
     }

@@ -164,14 +164,27 @@ pub fn import_pytorch<B: Backend>(
     let missing: Vec<_> = result.missing.iter().map(|(path, _)| path).collect();
     if !result.errors.is_empty() || !unexpected.is_empty() || !missing.is_empty() {
         bail!(
-            "{}: does not fit {} with {:?} naming: errors {:?}, unexpected tensors {:?}, \
-             missing tensors {:?} (check --depth/--width/--naming)",
+            "{}: does not fit {} with {} naming: errors [{}], unexpected tensors [{}], \
+             missing tensors [{}] (check --depth/--width/--naming)",
             path.display(),
             config.name(),
-            naming,
-            result.errors.iter().map(describe).collect::<Vec<_>>(),
-            unexpected,
+            naming.name(),
+            result
+                .errors
+                .iter()
+                .map(describe)
+                .collect::<Vec<_>>()
+                .join("; "),
+            unexpected
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
             missing
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(model)

@@ -9,6 +9,7 @@ mod onnx;
 mod precision;
 mod widen;
 mod wrn;
+mod wrn_flops;
 
 pub use checkpoint::{
     embedded_models, weights_digest, write_atomic, Checkpoint, Sidecar, TrainingRecord,
@@ -20,4 +21,5 @@ pub use network::LoadedNetwork;
 pub use onnx::{import_onnx, OnnxCheckpoint, OnnxSidecar};
 pub use precision::{to_f32, Precision};
 pub use widen::{widen, widening_factor};
-pub use wrn::{ConvShape, InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};
+pub use wrn::{InputNormalization, WideBasic, WideResNet, WideResNetConfig, WrnVariant};
+pub use wrn_flops::ConvShape;

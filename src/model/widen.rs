@@ -41,7 +41,7 @@ pub fn widening_factor(
     };
     if &same_but_width != wide {
         return Err(format!(
-            "only the width may differ: {narrow:?} against {wide:?}"
+            "only the width may differ: {narrow} against {wide}"
         ));
     }
     if narrow.width == 0 || !wide.width.is_multiple_of(narrow.width) || wide.width < narrow.width {

@@ -148,6 +148,80 @@ struct Trainer<'a, B: KernelsAutodiff, O: Objective<B>> {
     _lock: crate::output_folder::FolderLock,
 }
 
+/// The run's iteration log (`log.csv`) and epoch log (`epochs.csv`), opened to append after
+/// the rows `progress` has done, and the iteration log's header (the objective adds columns).
+fn open_logs<B: KernelsAutodiff, O: Objective<B>>(
+    cfg: &TrainSpec,
+    objective: &O,
+    progress: &Progress,
+) -> anyhow::Result<(Vec<&'static str>, CsvLog, CsvLog)> {
+    let robust = objective.selects_on_robustness();
+    let mut header = vec![
+        "iteration",
+        "epoch",
+        "lr",
+        "loss",
+        "cross_entropy",
+        "train_accuracy",
+    ];
+    header.extend(objective.extra_columns());
+    header.push("seconds_per_iteration");
+    // Rows are numbered by completed iterations (1-based) and epochs (0-based): keep those done.
+    let iter_log = CsvLog::open(
+        &cfg.out.join("log.csv"),
+        &header,
+        progress.global_iter as u64 + 1,
+    )?;
+    let mut epoch_header = vec![
+        "epoch",
+        "iteration",
+        "lr",
+        "val_accuracy",
+        "val_nll",
+        "val_ece",
+    ];
+    if robust {
+        epoch_header.push("val_robust_accuracy");
+    }
+    epoch_header.extend(["best", "wall_seconds"]);
+    let epoch_log = CsvLog::open(
+        &cfg.out.join("epochs.csv"),
+        &epoch_header,
+        progress.epoch as u64,
+    )?;
+    Ok((header, iter_log, epoch_log))
+}
+
+/// A run from before robust selection: its best checkpoint scored by the new criterion, so
+/// that later epochs are compared with it rather than replacing it unseen.
+fn score_chosen_on_clean<B: KernelsAutodiff, O: Objective<B>>(
+    best: &Checkpoint,
+    objective: &O,
+    val: &ImageSet,
+    device: &B::Device,
+) -> anyhow::Result<f64> {
+    let (kept, _) = best.load::<B>(device)?;
+    let r = objective.robust_accuracy(&kept, val, device)?;
+    eprintln!(
+        "best checkpoint {}: robust validation accuracy {r:.4} (scored now; it was chosen on \
+         clean accuracy)",
+        best.weights.display()
+    );
+    Ok(r)
+}
+
+/// The progress bar of a run of `total` iterations, `done` of them done.
+fn iteration_bar(total: usize, done: usize) -> ProgressBar {
+    let bar = ProgressBar::new(total as u64).with_position(done as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} it  ETA {eta}  {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar
+}
+
 impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
     /// Checks everything that can be refused, then claims `cfg.out` and starts or resumes the
     /// run saved there.
@@ -223,65 +297,18 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         };
         record_backend(&cfg.out, progress.global_iter)?;
 
-        let mut header = vec![
-            "iteration",
-            "epoch",
-            "lr",
-            "loss",
-            "cross_entropy",
-            "train_accuracy",
-        ];
-        header.extend(objective.extra_columns());
-        header.push("seconds_per_iteration");
-        // Rows are numbered by completed iterations (1-based) and epochs (0-based): keep those done.
-        let iter_log = CsvLog::open(
-            &cfg.out.join("log.csv"),
-            &header,
-            progress.global_iter as u64 + 1,
-        )?;
         let robust = objective.selects_on_robustness();
-        let mut epoch_header = vec![
-            "epoch",
-            "iteration",
-            "lr",
-            "val_accuracy",
-            "val_nll",
-            "val_ece",
-        ];
-        if robust {
-            epoch_header.push("val_robust_accuracy");
-        }
-        epoch_header.extend(["best", "wall_seconds"]);
-        let epoch_log = CsvLog::open(
-            &cfg.out.join("epochs.csv"),
-            &epoch_header,
-            progress.epoch as u64,
-        )?;
+        let (header, iter_log, epoch_log) = open_logs(cfg, &*objective, &progress)?;
 
         let best = Checkpoint::at(cfg.out.join("model"));
         if robust && progress.best_val_robust_accuracy.is_none() && best.exists() {
-            // A run from before robust selection: score its best checkpoint by the new
-            // criterion, so that later epochs are compared with it rather than replacing it
-            // unseen.
-            let (kept, _) = best.load::<B>(device)?;
-            let r = objective.robust_accuracy(&kept, &val, device)?;
-            eprintln!(
-                "best checkpoint {}: robust validation accuracy {r:.4} (scored now; it was chosen \
-                 on clean accuracy)",
-                best.weights.display()
-            );
-            progress.best_val_robust_accuracy = Some(r);
+            progress.best_val_robust_accuracy =
+                Some(score_chosen_on_clean(&best, &*objective, &val, device)?);
         }
         let batches_per_epoch = train.len().div_ceil(cfg.batch_size);
         let total_iters = batches_per_epoch * cfg.epochs;
         let stop_at = cfg.max_iters.unwrap_or(usize::MAX).min(total_iters);
-        let bar = ProgressBar::new(total_iters as u64).with_position(progress.global_iter as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} it  ETA {eta}  {msg}",
-            )
-            .expect("valid template"),
-        );
+        let bar = iteration_bar(total_iters, progress.global_iter);
         Ok(Trainer {
             cfg,
             objective,
@@ -589,8 +616,8 @@ fn warm_start<B: AutodiffBackend>(
         }
         Err(why) => {
             let problem = format!(
-                "its architecture {:?} is neither this run's {arch:?} nor one that widens to it \
-                 ({why})",
+                "its architecture ({}) is neither this run's ({arch}) nor one that widens to \
+                 it ({why})",
                 sidecar.architecture
             );
             Err(InvalidSetting::new("init_from", value.to_string(), &problem).into())

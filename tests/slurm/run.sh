@@ -292,9 +292,9 @@ same_bytes "$tmp/sharded"
 say "submitting again, to cancel a task"
 ids="$(submit "$tmp/cancelled")"
 read -r array merge <<< "$ids"
-# The task to cancel: the first seen running with a cell finished (a .json in its cells/) and its
+# The task to cancel: the first seen running with a cell finished (a .json.gz in its cells/) and its
 # shard not yet done, so that it is cut mid-shard and its rerun has a finished cell to reuse.
-cells_done() { compgen -G "$tmp/cancelled/shards/$1/cells/*.json" | wc -l || true; }
+cells_done() { compgen -G "$tmp/cancelled/shards/$1/cells/*.json.gz" | wc -l || true; }
 victim="" done_at_cancel=0
 for _ in $(seq 1200); do # 120 s
     open=0

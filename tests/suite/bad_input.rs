@@ -549,25 +549,19 @@ fn checkpoints_have_the_names_and_shapes_of_a_pytorch_state_dict() {
     let pytorch = header(&root().join("tests/fixtures/pytorch/wrn10_1.safetensors"));
     assert_eq!(ours, pytorch);
     assert_eq!(ours["linear.weight"], vec![10, 64]);
-    // When PyTorch is installed, it loads the file into its own Wide_ResNet (strict).
+}
+
+/// PyTorch loads a checkpoint into its own Wide_ResNet (strict: every name and shape).
+#[test]
+#[ignore = "needs a Python with torch: JEM_BENCH_PYTHON=PYTHON cargo test --release --test suite -- --ignored pytorch"]
+fn pytorch_loads_a_checkpoint_strictly() {
     let script = root().join("tests/fixtures/pytorch/load_checkpoint.py");
-    let torch = Command::new("python3")
-        .args(["-c", "import torch"])
+    let o = Command::new(common::python_with_torch())
+        .arg(&script)
+        .arg(root().join("results/models/baseline.safetensors"))
         .output()
-        .is_ok_and(|o| o.status.success());
-    if torch {
-        let o = Command::new("python3")
-            .arg(&script)
-            .arg(root().join("results/models/baseline.safetensors"))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-    } else {
-        eprintln!(
-            "skipped the PyTorch load of {}: torch is not installed",
-            script.display()
-        );
-    }
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]
@@ -1511,7 +1505,7 @@ fn every_flag_is_checked_before_the_folder_is_claimed() {
     let o = small_sweep(&out, &["--steps", "1", "--chains", "100000000"]);
     assert_fails_with(&o, &["--chains 100000000", "GiB"]);
     assert!(!out.exists(), "--chains 1e8 created {}", out.display());
-    // The defence's flags at K = 0, where no SGLD step runs: still numbers or refused.
+    // The defence's flags at K = 0, where no SGLD step runs: refused, whatever their value.
     for (flag, value) in [
         ("--init-noise", "NaN"),
         ("--sgld-noise", "inf"),
@@ -1520,6 +1514,194 @@ fn every_flag_is_checked_before_the_folder_is_claimed() {
         let out = dir.path().join("sweep");
         assert_fails_with(&small_sweep(&out, &[flag, value]), &[flag]);
         assert!(!out.exists(), "{flag} {value} created {}", out.display());
+    }
+}
+
+/// A flag the other settings leave unused (a JEM setting of a baseline run, the defence's at
+/// K = 0, a budget of an attack the sweep does not run) is refused by name, with what would use
+/// it, before the output folder exists; the same flags where they are used are taken.
+#[test]
+fn flags_the_settings_leave_unused_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    for (flags, named) in [
+        (
+            &["--kind", "baseline", "--px-weight", "2"][..],
+            "--px-weight is a setting of --kind jem only",
+        ),
+        (
+            &["--kind", "baseline", "--guard-max-energy-gap", "5"],
+            "--guard-max-energy-gap",
+        ),
+        (
+            &["--kind", "jem", "--eps", "0.3"],
+            "--eps is a setting of --kind adv only",
+        ),
+        (
+            &["--kind", "adv", "--sgld-steps", "5"],
+            "--sgld-steps is a setting of --kind jem only",
+        ),
+    ] {
+        let o = cli()
+            .args(["train", "--epochs", "1", "--train-subset", "64", "--out"])
+            .arg(&run)
+            .args(flags)
+            .output()
+            .unwrap();
+        assert_fails_with(&o, &[named, "drop the flag"]);
+        assert!(!run.exists(), "{flags:?} created {}", run.display());
+    }
+    let out = dir.path().join("sweep");
+    for (flags, named) in [
+        (
+            &["--chains", "3"][..],
+            "--chains is a setting of the SGLD defence",
+        ),
+        (
+            &["--grad", "bpda"],
+            "--grad is a setting of the SGLD defence",
+        ),
+        (
+            &["--square-queries", "10"],
+            "--square-queries is a budget of square only",
+        ),
+        (
+            &["--fab-iterations", "10"],
+            "--fab-iterations is a budget of fab-t only",
+        ),
+    ] {
+        assert_fails_with(&small_sweep(&out, flags), &[named]);
+        assert!(!out.exists(), "{flags:?} created {}", out.display());
+    }
+    // Where a K > 0 cell runs the defence, its flags are taken.
+    let o = cli()
+        .args([
+            "robust",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "1",
+            "--eps",
+            "0,0.1",
+        ])
+        .args([
+            "--chains",
+            "2",
+            "--convergence-sample",
+            "0",
+            "--n-examples",
+            "3",
+        ])
+        .args(["--models", "results/models/baseline", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+}
+
+/// Counts far beyond what evaluations use print what the sweep would take here, within
+/// seconds, and stop before the folder exists unless `--allow-long` is given; a thread count
+/// beyond the cores is refused before any work.
+#[test]
+fn counts_beyond_the_usual_need_their_estimate_and_a_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let started = std::time::Instant::now();
+    let o = cli()
+        .args([
+            "robust",
+            "--attacks",
+            "fgsm",
+            "--steps",
+            "1000000",
+            "--eps",
+            "0,0.1",
+        ])
+        .args([
+            "--n-examples",
+            "2",
+            "--models",
+            "results/models/baseline",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(
+        &o,
+        &[
+            "--steps 1000000",
+            "more than 100 SGLD steps",
+            "would take up to",
+            "--allow-long",
+        ],
+    );
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "the estimate took {:?}",
+        started.elapsed()
+    );
+    assert!(!out.exists(), "--steps 1000000 created {}", out.display());
+    assert_fails_with(
+        &small_sweep(&out, &["--attacks", "pgd", "--pgd-steps", "20000"][..]),
+        &[
+            "--pgd-steps 20000",
+            "more than 10000 PGD steps",
+            "--allow-long",
+        ],
+    );
+    assert!(!out.exists());
+    let o = cli()
+        .env("RAYON_NUM_THREADS", "100000")
+        .args(TINY_FGSM_SWEEP)
+        .args(["--models", "results/models/baseline", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_fails_with(
+        &o,
+        &["RAYON_NUM_THREADS=100000", "the cores this process may use"],
+    );
+    assert!(!out.exists());
+}
+
+/// Messages about architectures show them as the project writes them (`WRN-10-2, 1 input
+/// channel, …`), never as Rust structures.
+#[test]
+fn architectures_in_messages_are_written_out_not_dumped() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cli()
+        .args([
+            "train",
+            "--kind",
+            "baseline",
+            "--epochs",
+            "1",
+            "--train-subset",
+            "64",
+        ])
+        .args([
+            "--depth",
+            "16",
+            "--init-from",
+            "results/models/baseline",
+            "--out",
+        ])
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    assert_fails_with(
+        &o,
+        &[
+            "--init-from",
+            "WRN-16-",
+            "input channel",
+            "only the width may differ",
+        ],
+    );
+    let message = stderr(&o);
+    for dump in ["Config {", "Shape {", "Cell {", "Some("] {
+        assert!(!message.contains(dump), "{message}");
     }
 }
 

@@ -1,13 +1,16 @@
 //! `jem-bench bench` prints one JSON line per operation, with the FLOP count of the forward pass
 //! that PyTorch's own count gives for the same network (benches/pytorch/ops.py hooks every
 //! convolution and the head: 1.889910784 GFLOP for WRN-10-1 and 12.654149632 for WRN-16-2 on 64
-//! MNIST images), times the factor each row's comment in src/bench.rs derives. Where a Python
-//! with torch is at hand (`JEM_BENCH_PYTHON`, else `python3`), ops.py runs every row too and
-//! must report the same row, model, batch and FLOPs, and a PreAct-ResNet-18 it exports to ONNX is
-//! timed by `bench --model` on the same row; without torch those tests say so and pass.
+//! MNIST images), times the factor each row's comment in src/bench.rs derives. With a Python
+//! that has torch (`JEM_BENCH_PYTHON`, else `python3`), ignored tests run every row through
+//! ops.py too, which must report the same row, model, batch and FLOPs, and time a
+//! PreAct-ResNet-18 it exports to ONNX with `bench --model` on the same row
+//! (`-- --ignored pytorch`).
 
 use std::path::Path;
 use std::process::Command;
+
+use crate::common;
 
 /// PyTorch's forward FLOPs of one MNIST image (its hook count over 64 images / 64).
 const WRN_10_1: f64 = 1.889910784 / 64.0;
@@ -144,22 +147,10 @@ fn max_seconds_bounds_the_timed_calls() {
     );
 }
 
-/// A Python that imports torch, if one is at hand.
-fn python_with_torch() -> Option<String> {
-    let python = std::env::var("JEM_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(python)
-}
-
 #[test]
+#[ignore = "needs a Python with torch: JEM_BENCH_PYTHON=PYTHON cargo test --release --test suite -- --ignored pytorch"]
 fn pytorch_twin_reports_the_same_rows_and_flops() {
-    let Some(python) = python_with_torch() else {
-        eprintln!("skipped: no Python with torch (set JEM_BENCH_PYTHON to one)");
-        return;
-    };
+    let python = common::python_with_torch();
     let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pytorch/ops.py");
     let mut rows = rows();
     rows.push((
@@ -201,9 +192,8 @@ fn pytorch_twin_reports_the_same_rows_and_flops() {
             ours["gflop_per_call"].as_f64().unwrap(),
             theirs["gflop_per_call"].as_f64().unwrap(),
         );
-        // Full gradients too: both sides count 2F per Hessian-vector product, n·(4K + 2) in all
-        // (jem-bench: forward and back through the network linearised at the step; PyTorch:
-        // double backward), as src/bench.rs derives.
+        // Both count n·(4K + 2)F for a full gradient: jem-bench's linearised Hessian-vector
+        // products and PyTorch's double backward both cost about 2F per step back.
         let expected = a;
         assert!(
             (b - expected).abs() < 1e-9,
@@ -257,11 +247,9 @@ fn the_forced_instruction_set_is_reported_and_a_bad_one_refused() {
 /// times it; `bench --model` times the same graph through the ONNX interpreter, on the same
 /// row, batch and image shape, with no FLOP count of its own (compare.py takes PyTorch's).
 #[test]
+#[ignore = "needs a Python with torch: JEM_BENCH_PYTHON=PYTHON cargo test --release --test suite -- --ignored pytorch"]
 fn pytorch_twin_exports_a_preact_resnet_that_bench_times() {
-    let Some(python) = python_with_torch() else {
-        eprintln!("skipped: no Python with torch (set JEM_BENCH_PYTHON to one)");
-        return;
-    };
+    let python = common::python_with_torch();
     let dir = tempfile::tempdir().unwrap();
     let graph = dir.path().join("preact.onnx");
     let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pytorch/ops.py");

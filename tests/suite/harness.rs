@@ -109,14 +109,14 @@ fn killed_sweeps_resume_without_lost_or_duplicated_rows() {
         .map(|d| {
             d.flatten()
                 .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .filter(|p| common::is_cell_file(p))
                 .collect()
         })
         .unwrap_or_default();
     finished.sort();
     if let Some(last) = finished.last() {
         std::fs::remove_file(last).unwrap();
-        std::fs::write(last.with_extension("json.tmp"), b"{\"cell\": trunc").unwrap();
+        std::fs::write(last.with_extension("gz.tmp"), b"{\"cell\": trunc").unwrap();
     }
     let status = sweep(parts.path()).output().unwrap();
     assert!(
@@ -383,13 +383,13 @@ fn as_if_swept_on(folder: &Path, backend: &str) {
     let identity = jem_bench::digest::of(settings.to_string().as_bytes());
     for entry in std::fs::read_dir(folder.join("cells")).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "json") {
-            let mut cell = read(&path);
+        if common::is_cell_file(&path) {
+            let mut cell = common::read_cell(&path);
             cell["identity"] = identity.clone().into();
             for row in cell["rows"].as_array_mut().unwrap() {
                 row["backend"] = backend.into();
             }
-            std::fs::write(&path, cell.to_string()).unwrap();
+            common::write_cell(&path, &cell);
         }
     }
 }
@@ -1016,7 +1016,7 @@ fn batches_count_every_example_once_and_one_batch_changes_nothing() {
     let leftovers: Vec<_> = std::fs::read_dir(split.path().join("cells"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|name| !name.ends_with(".json"))
+        .filter(|name| !name.ends_with(".json.gz"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
@@ -1260,10 +1260,9 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     let file = std::fs::read_dir(&cells)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .find(|p| common::is_cell_file(p))
         .expect("the cell's file");
-    let cell: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let cell = common::read_cell(&file);
     let checked = |cell: &serde_json::Value| {
         let row = cell["rows"]
             .as_array()
@@ -1284,10 +1283,7 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     // As if killed during the check: the cell's file gone, its batch folder holding the first
     // re-attack (4× EOT at ε 0.1), doctored.
     std::fs::remove_file(&file).unwrap();
-    let kept = cells.join(format!(
-        "{}.batches",
-        file.file_stem().unwrap().to_str().unwrap()
-    ));
+    let kept = cells.join(format!("{}.batches", common::cell_id(&file)));
     std::fs::create_dir_all(kept.join("convergence")).unwrap();
     // A kept part as jem-bench writes it: bound to its sweep, cell, kind and index, with a
     // digest of its content (so a doctored part is written as a genuine one would be).
@@ -1353,8 +1349,7 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     };
     assert_eq!(read_back(": convergence check "), parts, "{err}");
     assert!(read_back(": attack") >= 1, "{err}");
-    let resumed: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let resumed = common::read_cell(&file);
     assert_eq!(
         checked(&resumed),
         (Some(sampled as u64), Some(sampled as u64)),
@@ -1533,5 +1528,45 @@ fn a_quick_look_marks_its_rows_as_upper_bounds_and_is_no_reference() {
     assert!(
         !o.status.success() && err.contains("is a quick look"),
         "{err}"
+    );
+}
+
+/// Finished cells are stored gzip-compressed; the uncompressed file an earlier jem-bench wrote
+/// is refused by name with what to do (`gzip` it), and once compressed it is reused as it is.
+#[test]
+fn an_uncompressed_cell_file_is_named_and_reused_once_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = |out: &Path| {
+        let mut c = cli();
+        c.args(common::TINY_FGSM_SWEEP)
+            .args(["--models", "results/models/baseline", "--n-examples", "4"])
+            .arg("--out")
+            .arg(out);
+        c
+    };
+    run(&mut tiny(dir.path()));
+    let before = std::fs::read_to_string(dir.path().join("robust.csv")).unwrap();
+    let file = std::fs::read_dir(dir.path().join("cells"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| common::is_cell_file(p))
+        .expect("the cell's file");
+    let cell = common::read_cell(&file);
+    let uncompressed = file.with_extension("");
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&uncompressed, cell.to_string()).unwrap();
+    let o = tiny(dir.path()).output().unwrap();
+    assert_fails_with(
+        &o,
+        "an uncompressed cell file of an earlier jem-bench; `gzip` it",
+    );
+    std::fs::remove_file(&uncompressed).unwrap();
+    common::write_cell(&file, &cell);
+    let o = tiny(dir.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ran 0 cells"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("robust.csv")).unwrap(),
+        before
     );
 }

@@ -142,7 +142,7 @@ where
         x: burn::tensor::Tensor<B::InnerBackend, 4>,
         y: burn::tensor::Tensor<B::InnerBackend, 1, burn::tensor::Int>,
         eps: f32,
-    ) -> Result<jem_attacks::AttackOutcome, String> {
+    ) -> Result<jem_attacks::AttackOutcome, jem_attacks::AttackError> {
         jem_attacks::FixedEpsilon::<B, M>::run_at(&self.1, model, x, y, eps)
     }
 }

@@ -63,7 +63,7 @@ fn embedded_mnist_shapes_and_known_labels() {
 #[test]
 fn embedded_fashion_mnist_test() {
     let f = embedded::fashion_mnist_test().unwrap();
-    assert_eq!(f.len(), 10_000);
+    assert_eq!(f.len(), 1_000, "the first 1 000 test images");
     assert_eq!(
         f.labels[0], 9,
         "first Fashion-MNIST test item is an ankle boot"
@@ -71,7 +71,8 @@ fn embedded_fashion_mnist_test() {
     assert_eq!(f.class_names[9], "Ankle boot");
     let mut counts = [0usize; 10];
     f.labels.iter().for_each(|&l| counts[l as usize] += 1);
-    assert!(counts.iter().all(|&c| c == 1000), "{counts:?}");
+    // Counted from Debian's full test set's first 1 000 labels.
+    assert_eq!(counts, [107, 105, 111, 93, 115, 87, 97, 95, 95, 95]);
 }
 
 /// Writes the embedded MNIST test files into `dir`, gzipped or raw.
