@@ -332,6 +332,25 @@ fn validate(args: &BenchSpec) -> anyhow::Result<()> {
     if args.op == BenchOp::PgdStep && args.k > 0 {
         settings::at_least_one("chains", args.chains)?;
     }
+    if args.k > 100 {
+        let problem = "expected at most 100 SGLD steps (a row times one PGD step, whose cost \
+                       grows with K: beyond 100 it measures nothing the others do not)";
+        return Err(settings::InvalidSetting::new("k", args.k.to_string(), problem).into());
+    }
+    // The timed batch's images (chains of them at K > 0), before any activation: a size or
+    // batch that cannot hold even those is refused, not an aborted allocation.
+    let chains = if args.k > 0 { args.chains } else { 1 } as u128;
+    let image = args.channels as u128 * (args.size as u128).pow(2) * 4;
+    settings::fits_in_memory(
+        "batch",
+        args.batch,
+        chains * args.batch as u128 * image,
+        &format!(
+            "{} × {chains} images of {}×{}×{}, for the images alone,",
+            args.batch, args.channels, args.size, args.size
+        ),
+        "lower --batch, --size or --chains",
+    )?;
     Ok(())
 }
 

@@ -42,6 +42,9 @@ pub struct CalibrateSpec {
     pub defence: DefenceSpec,
     /// Seed of the SGLD noise (K > 0); K = 0 draws nothing.
     pub seed: u64,
+    /// Run K beyond 100 SGLD steps (far beyond what evaluations use).
+    #[serde(default)]
+    pub allow_long: bool,
     /// Output folder: calibration.csv, calibration-bins.csv, reliability.{png,svg},
     /// settings.json.
     pub out: PathBuf,
@@ -57,6 +60,7 @@ impl Default for CalibrateSpec {
             batch_size: 100,
             defence: DefenceSpec::default(),
             seed: 1,
+            allow_long: false,
             out: PathBuf::from("runs/calibrate"),
         }
     }
@@ -121,6 +125,9 @@ impl CalibrateSpec {
         }
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
+        for &k in &self.steps {
+            settings::usual_count("steps", k, 100, "SGLD steps", self.allow_long)?;
+        }
         let models =
             crate::defended::checked_models::<B>(&self.models, &self.steps, device, |info, k| {
                 crate::defended::forward_settings(info, k, &self.defence).map(drop)
@@ -129,6 +136,17 @@ impl CalibrateSpec {
         for (path, (network, info)) in self.models.iter().zip(models) {
             let m = path.display().to_string();
             let data = test_set::load(&m, &info, "data", self.data.as_deref(), self.n)?;
+            if self.steps.iter().any(|&k| k > 0) {
+                let batch = self.batch_size.min(self.n);
+                let chains = self.defence.chains;
+                settings::fits_in_memory(
+                    "chains",
+                    chains,
+                    (chains * batch) as u128 * data.set.image_len() as u128 * 4,
+                    &format!("{chains} chains × {batch} images, for the images alone,"),
+                    "lower --chains or --batch-size",
+                )?;
+            }
             prepared.push(Prepared {
                 path: path.clone(),
                 network,

@@ -125,6 +125,13 @@ pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Res
     });
 
     let n = classes.len() * args.per_class;
+    settings::fits_in_memory(
+        "per_class",
+        args.per_class,
+        n as u128 * (c * h * w) as u128 * 4,
+        &format!("{n} chains of {c}×{h}×{w} images, for the images alone,"),
+        "lower --per-class or name fewer --class",
+    )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (start, pixels) = chain_starts(&args, &classes, norm, [c, h, w], &source, &mut rng)?;
     let x0 = Tensor::from_data(TensorData::new(pixels, [n, c, h, w]), device);

@@ -121,6 +121,56 @@ pub fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Refuses a setting (`field`, set to `value`) whose tensors take `bytes` (`what` says which:
+/// "5 chains × 100 images of mnist") beyond the memory the machine has available now: checked
+/// before allocating, so that a mistyped count is an error naming its flag and what to lower,
+/// not an aborted allocation. Nothing is refused where the available memory cannot be read.
+pub fn fits_in_memory(
+    field: &'static str,
+    value: impl std::fmt::Display,
+    bytes: u128,
+    what: &str,
+    lower: &str,
+) -> Result<(), InvalidSetting> {
+    let Some(available) = available_memory() else {
+        return Ok(());
+    };
+    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+    refuse_unless(
+        bytes <= available as u128,
+        field,
+        format!(
+            "{what} need {:.1} GiB; this machine has {:.1} GiB available ({lower})",
+            gib(bytes),
+            gib(available as u128)
+        ),
+    )
+    .map_err(|mut e| {
+        e.value = value.to_string();
+        e
+    })
+}
+
+/// `value` at most `most` (a count of steps or iterations far beyond what evaluations use,
+/// which would compute in silence for days), unless the caller allows long runs.
+pub fn usual_count(
+    field: &'static str,
+    value: usize,
+    most: usize,
+    what: &str,
+    allow_long: bool,
+) -> Result<(), InvalidSetting> {
+    refuse_unless(
+        allow_long || value <= most,
+        field,
+        format!("more than {most} {what}, far beyond what evaluations use; allow it (--allow-long) to run it"),
+    )
+    .map_err(|mut e| {
+        e.value = value.to_string();
+        e
+    })
+}
+
 /// `RAYON_NUM_THREADS`, the worker threads of the CPU backend, checked: a number from 0
 /// (rayon's default, one per core) to the cores this process may use. More threads than cores
 /// only slow every operation down, and rayon spends minutes silently creating 100 000 of them.

@@ -35,6 +35,9 @@ pub struct CalibrateArgs {
     /// settings.json.
     #[arg(long, default_value = "runs/calibrate")]
     pub out: PathBuf,
+    /// Run K beyond 100 SGLD steps (far beyond what evaluations use; refused without it).
+    #[arg(long)]
+    pub allow_long: bool,
 }
 
 impl CalibrateArgs {
@@ -48,6 +51,7 @@ impl CalibrateArgs {
             batch_size: self.batch_size,
             defence: self.defence.spec(),
             seed: self.seed,
+            allow_long: self.allow_long,
             out: self.out,
         };
         calibration::run::<B>(spec, device)

@@ -72,22 +72,13 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         let chains = spec.defence.chains.max(spec.defence.recheck_chains) as u128;
         let batch = spec.batch_len(spec.n_examples).min(spec.n_examples) as u128;
         let bytes = chains * batch * data.image_len() as u128 * 4;
-        if let Some(available) = crate::settings::available_memory() {
-            if bytes > available as u128 {
-                return Err(InvalidSetting::new(
-                    "chains",
-                    spec.defence.chains.to_string(),
-                    &format!(
-                        "{chains} chains × {batch} images of {data_name} need {} GiB for the \
-                         images alone; this machine has {} GiB available (lower --chains, \
-                         --recheck-chains or --batch-size)",
-                        bytes >> 30,
-                        available >> 30
-                    ),
-                )
-                .into());
-            }
-        }
+        crate::settings::fits_in_memory(
+            "chains",
+            spec.defence.chains,
+            bytes,
+            &format!("{chains} chains × {batch} images of {data_name}, for the images alone,"),
+            "lower --chains, --recheck-chains or --batch-size",
+        )?;
     }
     if spec.ks.iter().any(|&k| k > 0) && subject.sgld().is_none() {
         return Err(InvalidSetting::bare(

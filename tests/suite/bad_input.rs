@@ -1705,6 +1705,73 @@ fn architectures_in_messages_are_written_out_not_dumped() {
     }
 }
 
+/// Sizes no machine here can hold are refused by name, with the memory they need, before any
+/// allocation: exit 1, never an abort; step counts far beyond the usual need `--allow-long`.
+#[test]
+fn sizes_that_cannot_fit_are_refused_in_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let model = "results/models/baseline";
+    let cases: [(&[&str], &[&str]); 6] = [
+        (
+            &[
+                "calibrate",
+                "--models",
+                model,
+                "--steps",
+                "1",
+                "--chains",
+                "100000000",
+            ],
+            &["--chains 100000000", "GiB"],
+        ),
+        (
+            &["calibrate", "--models", model, "--steps", "1000000"],
+            &[
+                "--steps 1000000",
+                "more than 100 SGLD steps",
+                "--allow-long",
+            ],
+        ),
+        (
+            &[
+                "sample",
+                "--model",
+                "results/models/jem",
+                "--per-class",
+                "1000000000",
+            ],
+            &["--per-class 1000000000", "GiB"],
+        ),
+        (
+            &["bench", "--op", "forward", "--batch", "1000000000"],
+            &["--batch 1000000000", "GiB"],
+        ),
+        (
+            &[
+                "bench", "--op", "forward", "--batch", "1", "--size", "100000",
+            ],
+            &["GiB", "--size"],
+        ),
+        (
+            &[
+                "bench", "--op", "pgd-step", "--batch", "1", "--k", "1000000",
+            ],
+            &["--k 1000000", "at most 100"],
+        ),
+    ];
+    for (args, named) in cases {
+        let mut c = cli();
+        c.args(args);
+        // bench writes nothing and takes no --out.
+        if args[0] != "bench" {
+            c.arg("--out").arg(&out);
+        }
+        assert_fails_with(&c.output().unwrap(), named);
+        assert!(!out.exists(), "{args:?} created {}", out.display());
+    }
+}
+
 /// `report` on a sweep that has not finished every cell it plans (here: one shard of two)
 /// names the missing cells and exits 1; `--partial` draws the finished ones and lists the rest.
 #[test]
