@@ -17,10 +17,10 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 cargo build --release
-"$python" benches/pytorch/export_jem.py --out "$work/jem.onnx"
+"$python" benches/pytorch/export_jem.py --out "$work/jem-export.onnx"
 "$bin" import tests/fixtures/onnx/embedded_baseline.onnx --data mnist --mean 0.5 --std 0.5 \
     --out "$work/baseline"
-"$bin" import "$work/jem.onnx" --data mnist --mean 0.5 --std 0.5 --out "$work/jem"
+"$bin" import "$work/jem-export.onnx" --data mnist --mean 0.5 --std 0.5 --out "$work/jem"
 
 python3 benches/onnx_native.py \
     --pair "baseline=results/models/baseline,$work/baseline" \
