@@ -11,6 +11,7 @@ mod guard;
 mod jem;
 mod log;
 mod objective;
+mod opening;
 mod replay_buffer;
 mod resume;
 mod schedule;

@@ -8,9 +8,8 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use jem_datasets::{DataSource, ImageSet};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -19,6 +18,7 @@ use rand_distr::{Distribution, Normal};
 use super::augment::Augmentation;
 use super::log::{CsvLog, LogWindow};
 use super::objective::{Objective, Step};
+use super::opening::{iteration_bar, open_logs, score_chosen_on_clean, warm_start};
 use super::resume::{check_resumable, record_backend, record_changes, roll_back};
 use super::schedule::LrSchedule;
 use super::state::{Progress, StateDir};
@@ -26,7 +26,6 @@ use super::TrainSpec;
 use crate::batches;
 use crate::metrics::{self, CleanMetrics};
 use crate::model::{Checkpoint, Sidecar, WideResNet, WideResNetConfig};
-use crate::settings::InvalidSetting;
 
 /// What a finished (or paused, with `max_iters`) run leaves behind.
 #[derive(Debug, Clone)]
@@ -146,80 +145,6 @@ struct Trainer<'a, B: KernelsAutodiff, O: Objective<B>> {
     window: LogWindow,
     /// Held while the run lasts: one process per run folder.
     _lock: crate::output_folder::FolderLock,
-}
-
-/// The run's iteration log (`log.csv`) and epoch log (`epochs.csv`), opened to append after
-/// the rows `progress` has done, and the iteration log's header (the objective adds columns).
-fn open_logs<B: KernelsAutodiff, O: Objective<B>>(
-    cfg: &TrainSpec,
-    objective: &O,
-    progress: &Progress,
-) -> anyhow::Result<(Vec<&'static str>, CsvLog, CsvLog)> {
-    let robust = objective.selects_on_robustness();
-    let mut header = vec![
-        "iteration",
-        "epoch",
-        "lr",
-        "loss",
-        "cross_entropy",
-        "train_accuracy",
-    ];
-    header.extend(objective.extra_columns());
-    header.push("seconds_per_iteration");
-    // Rows are numbered by completed iterations (1-based) and epochs (0-based): keep those done.
-    let iter_log = CsvLog::open(
-        &cfg.out.join("log.csv"),
-        &header,
-        progress.global_iter as u64 + 1,
-    )?;
-    let mut epoch_header = vec![
-        "epoch",
-        "iteration",
-        "lr",
-        "val_accuracy",
-        "val_nll",
-        "val_ece",
-    ];
-    if robust {
-        epoch_header.push("val_robust_accuracy");
-    }
-    epoch_header.extend(["best", "wall_seconds"]);
-    let epoch_log = CsvLog::open(
-        &cfg.out.join("epochs.csv"),
-        &epoch_header,
-        progress.epoch as u64,
-    )?;
-    Ok((header, iter_log, epoch_log))
-}
-
-/// A run from before robust selection: its best checkpoint scored by the new criterion, so
-/// that later epochs are compared with it rather than replacing it unseen.
-fn score_chosen_on_clean<B: KernelsAutodiff, O: Objective<B>>(
-    best: &Checkpoint,
-    objective: &O,
-    val: &ImageSet,
-    device: &B::Device,
-) -> anyhow::Result<f64> {
-    let (kept, _) = best.load::<B>(device)?;
-    let r = objective.robust_accuracy(&kept, val, device)?;
-    eprintln!(
-        "best checkpoint {}: robust validation accuracy {r:.4} (scored now; it was chosen on \
-         clean accuracy)",
-        best.weights.display()
-    );
-    Ok(r)
-}
-
-/// The progress bar of a run of `total` iterations, `done` of them done.
-fn iteration_bar(total: usize, done: usize) -> ProgressBar {
-    let bar = ProgressBar::new(total as u64).with_position(done as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} it  ETA {eta}  {msg}",
-        )
-        .expect("valid template"),
-    );
-    bar
 }
 
 impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
@@ -584,43 +509,5 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
             test,
             wall_seconds: progress.wall_seconds,
         })
-    }
-}
-
-/// The model initialised from another checkpoint's weights (`init_from`): the same
-/// architecture, or a narrower one of the same depth, widened to this run's width without
-/// changing what it computes (Net2WiderNet, `crate::model::widen`; `seed` splits its weights),
-/// with a line saying so for the log if it was widened.
-fn warm_start<B: AutodiffBackend>(
-    from: &std::path::Path,
-    arch: &WideResNetConfig,
-    seed: u64,
-    device: &B::Device,
-) -> anyhow::Result<(WideResNet<B>, Option<String>)> {
-    let value = from.display();
-    let (init, sidecar) = Checkpoint::at(from)
-        .load::<B>(device)
-        .map_err(|e| crate::settings::refusal("init_from", &value, e))?;
-    if &sidecar.architecture == arch {
-        return Ok((init, None));
-    }
-    match crate::model::widening_factor(&sidecar.architecture, arch) {
-        Ok(factor) => {
-            let note = format!(
-                "init_from: {} widened ×{factor} to {} (Net2WiderNet: the same logits, its \
-                 weights split at random among each channel's copies)",
-                sidecar.architecture.name(),
-                arch.name()
-            );
-            Ok((crate::model::widen(&init, arch, seed, device)?, Some(note)))
-        }
-        Err(why) => {
-            let problem = format!(
-                "its architecture ({}) is neither this run's ({arch}) nor one that widens to \
-                 it ({why})",
-                sidecar.architecture
-            );
-            Err(InvalidSetting::new("init_from", value.to_string(), &problem).into())
-        }
     }
 }
