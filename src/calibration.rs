@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
-use jem_attacks::GradMode;
+use jem_attacks::{GradMode, Model};
 use rand::SeedableRng;
 use serde::Serialize;
 
@@ -19,9 +19,10 @@ use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
 use crate::metrics::{self, Calibration};
-use crate::model::{write_atomic, LoadedNetwork, ModelInfo, SOFTWARE};
+use crate::model::{LoadedNetwork, ModelInfo, SOFTWARE};
+use crate::output_folder::FileSet;
 use crate::settings;
-use crate::tables::{first_repeat, write_csv};
+use crate::tables::{csv_bytes, first_repeat};
 use crate::test_set::{self, TestImages};
 
 /// What `calibrate` computes: models × K, on how many test images, with which defence and
@@ -125,9 +126,6 @@ impl CalibrateSpec {
         }
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
-        for &k in &self.steps {
-            settings::usual_count("steps", k, 100, "SGLD steps", self.allow_long)?;
-        }
         let models =
             crate::defended::checked_models::<B>(&self.models, &self.steps, device, |info, k| {
                 crate::defended::forward_settings(info, k, &self.defence).map(drop)
@@ -154,9 +152,71 @@ impl CalibrateSpec {
                 data,
             });
         }
+        let longest = self.steps.iter().copied().max().unwrap_or(0);
+        if let (Err(mut refused), false) = (
+            settings::usual_count("steps", longest, MOST_STEPS, "SGLD steps", false),
+            self.allow_long,
+        ) {
+            refused.problem = format!(
+                "more than {MOST_STEPS} SGLD steps, far beyond what evaluations use: this \
+                 calibration would take about {} here (SGLD steps timed at K ≤ {TIMED_STEPS} on \
+                 {TIMED_IMAGES} images, scaled); allow it (--allow-long) to run it",
+                crate::duration::duration(self.seconds_scaled(&prepared, device)?)
+            );
+            return Err(refused.into());
+        }
         Ok(prepared)
     }
+
+    /// What computing every model at every K would take here, within seconds even for counts
+    /// far beyond the usual: each model's defence timed on [`TIMED_IMAGES`] images at no more
+    /// than [`TIMED_STEPS`] SGLD steps, scaled to K (a step costs about one pass of the
+    /// network) and to the images evaluated.
+    fn seconds_scaled<B: BenchBackend>(
+        &self,
+        prepared: &[Prepared<B>],
+        device: &B::Device,
+    ) -> anyhow::Result<f64> {
+        let mut seconds = 0.0;
+        for p in prepared {
+            let len = TIMED_IMAGES.min(p.data.set.len()).max(1);
+            let idx: Vec<usize> = (0..len).collect();
+            let x = crate::batches::images::<B::InnerBackend>(&p.data.set, &idx, device);
+            for &k in &self.steps {
+                let timed = k.min(TIMED_STEPS);
+                let base = if timed > 0 {
+                    Some(p.info.sgld()?)
+                } else {
+                    None
+                };
+                let defended = Defended::new(
+                    p.network.clone(),
+                    base.as_ref(),
+                    timed,
+                    GradMode::Bpda,
+                    &self.defence,
+                )?;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed);
+                // The second of two calls: the first warms caches and allocation pools up.
+                let mut once = 0.0;
+                for _ in 0..2 {
+                    let started = Instant::now();
+                    let _ = defended.logits(x.clone(), &mut rng).into_data();
+                    once = started.elapsed().as_secs_f64();
+                }
+                let scale = (k + 1) as f64 / (timed + 1) as f64 * self.n as f64 / len as f64;
+                seconds += once * scale;
+            }
+        }
+        Ok(seconds)
+    }
 }
+
+/// SGLD steps beyond which a calibration needs `--allow-long`.
+const MOST_STEPS: usize = 100;
+/// SGLD steps and images [`CalibrateSpec::seconds_scaled`] times at most.
+const TIMED_STEPS: usize = 10;
+const TIMED_IMAGES: usize = 4;
 
 /// Predictions of one model at K on its test images, summarised; an error when they are not
 /// finite (a number made of NaN is no result).
@@ -256,12 +316,9 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
             results.push((model.clone(), k, c));
         }
     }
-    write_csv(&args.out.join("calibration.csv"), &rows)?;
-    write_csv(&args.out.join("calibration-bins.csv"), &bins)?;
     let data = distinct_specs(&prepared);
     // Short: the raster title must fit over a single column of panels.
     let title = format!("Reliability, {data}, n = {}, seed {}", args.n, args.seed);
-    diagram::figure(&results, &title).write(&args.out.join("reliability"))?;
     let record = serde_json::json!({
         "software": SOFTWARE,
         "backend": B::recorded_name(device),
@@ -276,10 +333,18 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
         "seconds": started.elapsed().as_secs_f64(),
         "rows": &rows,
     });
-    write_atomic(
-        &args.out.join("settings.json"),
-        serde_json::to_string_pretty(&record)?.as_bytes(),
-    )?;
+    // All of them or none: a folder never holds this run's table beside an earlier figure.
+    let mut files = FileSet::new();
+    files.add(args.out.join("calibration.csv"), csv_bytes(&rows)?);
+    files.add(args.out.join("calibration-bins.csv"), csv_bytes(&bins)?);
+    for (path, bytes) in diagram::figure(&results, &title).files(&args.out.join("reliability"))? {
+        files.add(path, bytes);
+    }
+    files.add(
+        args.out.join("settings.json"),
+        serde_json::to_string_pretty(&record)?.into_bytes(),
+    );
+    files.write()?;
     println!(
         "{:<32} {:>3} {:>6} {:>9} {:>8} {:>8} {:>7}",
         "model", "K", "n", "accuracy", "NLL", "Brier", "ECE"

@@ -13,13 +13,20 @@ pub struct ImageBatch<'a> {
     pub width: usize,
 }
 
-/// Writes `rows × cols` cells; cell (r, c) shows image `r * cols + c`, empty when missing.
+/// Writes `rows × cols` cells to `path` (see [`grid_png`]).
 pub fn write_grid(
     path: &Path,
     images: &ImageBatch,
     rows: usize,
     cols: usize,
 ) -> anyhow::Result<()> {
+    let bytes = grid_png(images, rows, cols)?;
+    crate::model::write_atomic(path, &bytes)
+        .with_context(|| format!("cannot write the image grid {}", path.display()))
+}
+
+/// A PNG of `rows × cols` cells; cell (r, c) shows image `r * cols + c`, empty when missing.
+pub fn grid_png(images: &ImageBatch, rows: usize, cols: usize) -> anyhow::Result<Vec<u8>> {
     let (c, h, w) = (images.channels, images.height, images.width);
     anyhow::ensure!(c == 1 || c == 3, "a grid needs 1 or 3 channels, not {c}");
     const GAP: usize = 2;
@@ -43,9 +50,7 @@ pub fn write_grid(
             }
         }
     }
-    let bytes = encode_png(&canvas, gw as u32, gh as u32, c)?;
-    crate::model::write_atomic(path, &bytes)
-        .with_context(|| format!("cannot write the image grid {}", path.display()))
+    encode_png(&canvas, gw as u32, gh as u32, c)
 }
 
 /// 8-bit PNG of row-major pixels with 1 (grey) or 3 (RGB) interleaved channels.

@@ -12,9 +12,11 @@ use serde::Serialize;
 use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
-use crate::image_grid::{write_grid, ImageBatch};
-use crate::model::{write_atomic, LoadedNetwork, ModelInfo, SOFTWARE};
+use crate::image_grid::{grid_png, ImageBatch};
+use crate::model::{LoadedNetwork, ModelInfo, SOFTWARE};
+use crate::output_folder::FileSet;
 use crate::settings;
+use crate::tables::csv_bytes;
 
 /// What `nonsense` computes: per model, K and class, searches from noise for an input the
 /// model classifies as that class with at least `threshold` confidence (after Schott et al.
@@ -138,9 +140,14 @@ impl NonsenseSpec {
                     InvalidSetting::bare(
                         "models",
                         &format!(
-                            "{} takes {:?} images of {} classes, {} {:?} of {}: the grid needs \
+                            "{} takes {} images of {} classes, {} {} of {}: the grid needs \
                              one image shape and class count; run them separately",
-                            first.0, first.1, first.2, other.0, other.1, other.2
+                            first.0,
+                            shape_text(first.1),
+                            first.2,
+                            other.0,
+                            shape_text(other.1),
+                            other.2
                         )
                     )
                 );
@@ -150,22 +157,83 @@ impl NonsenseSpec {
     }
 }
 
+/// What the searches found so far: a summary row per model and K, a line per search.
+struct Found {
+    rows: Vec<Row>,
+    searches: csv::Writer<Vec<u8>>,
+}
+
+/// Every model's searches at K = `k`, added to `found`; returns the PNG grid of the first
+/// search of each class (a row per model, a column per class).
+fn search_at<B: BenchBackend>(
+    args: &NonsenseSpec,
+    cfg: &NonsenseConfig,
+    models: &[(LoadedNetwork<B>, ModelInfo)],
+    k: usize,
+    found: &mut Found,
+    device: &B::Device,
+) -> anyhow::Result<Vec<u8>> {
+    let mut grid: Vec<f32> = Vec::new();
+    let (mut classes, mut shape) = (0, [0; 3]);
+    for (network, info) in models {
+        shape = info.image_shape()?;
+        classes = info.classes();
+        let targets: Vec<usize> = (0..classes)
+            .flat_map(|c| std::iter::repeat_n(c, args.per_class))
+            .collect();
+        let base = if k > 0 { Some(info.sgld()?) } else { None };
+        let defended = Defended::new(network.clone(), base.as_ref(), k, args.grad, &args.defence)?;
+        let started = std::time::Instant::now();
+        let out = cfg.run::<B, _>(&defended, shape, &targets, device);
+        let name = info.file.display().to_string();
+        for (i, target) in targets.iter().enumerate() {
+            found.searches.write_record([
+                name.clone(),
+                k.to_string(),
+                target.to_string(),
+                format!("{:.5}", out.confidence[i]),
+                out.iterations[i].to_string(),
+                out.reached[i].to_string(),
+            ])?;
+        }
+        let reached = out.reached.iter().filter(|&&r| r).count();
+        found.rows.push(Row {
+            model: name,
+            k,
+            grad: if k > 0 {
+                args.grad.to_string()
+            } else {
+                "none".into()
+            },
+            searches: targets.len(),
+            reached_fraction: reached as f64 / targets.len() as f64,
+            median_confidence: median(&out.confidence)?,
+            median_iterations: median(&out.iterations)?,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+        // The first search of each class goes into the grid.
+        let len: usize = shape.iter().product();
+        for c in 0..classes {
+            let i = c * args.per_class;
+            grid.extend_from_slice(&out.images[i * len..(i + 1) * len]);
+        }
+    }
+    let [c, h, w] = shape;
+    let batch = ImageBatch {
+        pixels: &grid,
+        channels: c,
+        height: h,
+        width: w,
+    };
+    grid_png(&batch, models.len(), classes)
+}
+
 pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyhow::Result<()> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
     let models = args.validate::<B>(device)?;
     let _lock = crate::output_folder::claim(&args.out, "nonsense")?;
-    let mut rows = Vec::new();
-    let mut searches = csv::Writer::from_writer(Vec::new());
-    searches.write_record([
-        "model",
-        "k",
-        "target",
-        "confidence",
-        "iterations",
-        "reached",
-    ])?;
     let cfg = NonsenseConfig {
         max_iters: args.max_iters,
         lr: args.lr,
@@ -173,73 +241,27 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
         threshold: args.threshold,
         seed: args.seed,
     };
+    let mut found = Found {
+        rows: Vec::new(),
+        searches: csv::Writer::from_writer(Vec::new()),
+    };
+    found.searches.write_record([
+        "model",
+        "k",
+        "target",
+        "confidence",
+        "iterations",
+        "reached",
+    ])?;
+    // All of the files or none: nothing is written before every search has finished.
+    let mut files = FileSet::new();
     for &k in &args.steps {
-        let mut grid: Vec<f32> = Vec::new();
-        let (mut classes, mut shape) = (0, [0; 3]);
-        for (network, info) in &models {
-            shape = info.image_shape()?;
-            classes = info.classes();
-            let targets: Vec<usize> = (0..classes)
-                .flat_map(|c| std::iter::repeat_n(c, args.per_class))
-                .collect();
-            let base = if k > 0 { Some(info.sgld()?) } else { None };
-            let defended =
-                Defended::new(network.clone(), base.as_ref(), k, args.grad, &args.defence)?;
-            let started = std::time::Instant::now();
-            let out = cfg.run::<B, _>(&defended, shape, &targets, device);
-            let name = info.file.display().to_string();
-            for (i, target) in targets.iter().enumerate() {
-                searches.write_record([
-                    name.clone(),
-                    k.to_string(),
-                    target.to_string(),
-                    format!("{:.5}", out.confidence[i]),
-                    out.iterations[i].to_string(),
-                    out.reached[i].to_string(),
-                ])?;
-            }
-            let reached = out.reached.iter().filter(|&&r| r).count();
-            rows.push(Row {
-                model: name,
-                k,
-                grad: if k > 0 {
-                    args.grad.to_string()
-                } else {
-                    "none".into()
-                },
-                searches: targets.len(),
-                reached_fraction: reached as f64 / targets.len() as f64,
-                median_confidence: median(&out.confidence)?,
-                median_iterations: median(&out.iterations)?,
-                seconds: started.elapsed().as_secs_f64(),
-            });
-            // The first search of each class goes into the grid.
-            let len: usize = shape.iter().product();
-            for c in 0..classes {
-                let i = c * args.per_class;
-                grid.extend_from_slice(&out.images[i * len..(i + 1) * len]);
-            }
-        }
-        let [c, h, w] = shape;
-        let batch = ImageBatch {
-            pixels: &grid,
-            channels: c,
-            height: h,
-            width: w,
-        };
-        write_grid(
-            &args.out.join(format!("grid-k{k}.png")),
-            &batch,
-            args.models.len(),
-            classes,
-        )?;
+        let grid = search_at::<B>(&args, &cfg, &models, k, &mut found, device)?;
+        files.add(args.out.join(format!("grid-k{k}.png")), grid);
     }
-    write_atomic(&args.out.join("searches.csv"), &searches.into_inner()?)?;
-    let mut table = csv::Writer::from_writer(Vec::new());
-    for r in &rows {
-        table.serialize(r)?;
-    }
-    write_atomic(&args.out.join("nonsense.csv"), &table.into_inner()?)?;
+    let Found { rows, searches } = found;
+    files.add(args.out.join("searches.csv"), searches.into_inner()?);
+    files.add(args.out.join("nonsense.csv"), csv_bytes(&rows)?);
     let record = serde_json::json!({
         "software": SOFTWARE,
         "backend": B::recorded_name(device),
@@ -252,10 +274,11 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
         "units": "pixels in [0, 1]; confidence = p(y = target | x) re-checked with recheck_chains chains",
         "rows": &rows,
     });
-    write_atomic(
-        &args.out.join("nonsense.json"),
-        serde_json::to_string_pretty(&record)?.as_bytes(),
-    )?;
+    files.add(
+        args.out.join("nonsense.json"),
+        serde_json::to_string_pretty(&record)?.into_bytes(),
+    );
+    files.write()?;
     println!(
         "{:<40} {:>3} {:>5} {:>8} {:>10} {:>11} {:>10} {:>8}",
         "model", "K", "grad", "searches", "≥ threshold", "median conf", "median its", "seconds"
@@ -275,4 +298,9 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
     }
     println!("wrote {}", args.out.display());
     Ok(())
+}
+
+/// An image shape as messages write it: `1×28×28`.
+fn shape_text([c, h, w]: [usize; 3]) -> String {
+    format!("{c}×{h}×{w}")
 }

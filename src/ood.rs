@@ -29,8 +29,9 @@ pub use sets::{OodSet, GAUSSIAN_MEAN, GAUSSIAN_STD, NOISE_SETS};
 use crate::backend::BenchBackend;
 use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
-use crate::model::{write_atomic, LoadedNetwork, ModelInfo, SOFTWARE};
-use crate::tables::{first_repeat, write_csv};
+use crate::model::{LoadedNetwork, ModelInfo, SOFTWARE};
+use crate::output_folder::FileSet;
+use crate::tables::{csv_bytes, first_repeat};
 use crate::test_set::{self, TestImages};
 
 /// What `ood` computes: per model and K, how well each score separates the in-distribution
@@ -319,10 +320,8 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
             cells.push(cell);
         }
     }
-    write_csv(&args.out.join("ood.csv"), &rows)?;
     // Short: the raster title must fit over a single column of panels.
     let title = format!("OOD scores, n = {} per set, seed {}", args.n, args.seed);
-    histograms::figure(&cells, &args.scores, &title).write(&args.out.join("histograms"))?;
     let sets: serde_json::Map<String, serde_json::Value> = args
         .ood
         .iter()
@@ -351,10 +350,18 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
         "k": "SGLD steps before scoring; K > 0: scores of the logits averaged over --chains chains, grad-norm differentiated through the steps (full mode)",
         "seconds": started.elapsed().as_secs_f64(),
     });
-    write_atomic(
-        &args.out.join("settings.json"),
-        serde_json::to_string_pretty(&record)?.as_bytes(),
-    )?;
+    // All of them or none: a folder never holds this run's table beside an earlier figure.
+    let mut files = FileSet::new();
+    files.add(args.out.join("ood.csv"), csv_bytes(&rows)?);
+    let figure = histograms::figure(&cells, &args.scores, &title);
+    for (path, bytes) in figure.files(&args.out.join("histograms"))? {
+        files.add(path, bytes);
+    }
+    files.add(
+        args.out.join("settings.json"),
+        serde_json::to_string_pretty(&record)?.into_bytes(),
+    );
+    files.write()?;
     print!("{}", table(&rows, &args.ood));
     println!("wrote {}", args.out.display());
     Ok(())

@@ -92,3 +92,57 @@ impl FolderLock {
         Ok(Self { _file: file })
     }
 }
+
+/// Files a command writes together as its results (tables, figures, the record of its
+/// settings): each is written to a temporary file first, and only when every one is written
+/// are they renamed into place. A failure to write (a full disk, a refused write) removes the
+/// temporaries and leaves the folder as it was, never with some of the results of this run
+/// beside the others of an earlier one. (A rename, which needs no space, failing between two
+/// others is the one failure that leaves part of the set in place.)
+#[derive(Default)]
+pub struct FileSet {
+    files: Vec<(std::path::PathBuf, Vec<u8>)>,
+}
+
+impl FileSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `path` with its contents.
+    pub fn add(&mut self, path: std::path::PathBuf, bytes: Vec<u8>) {
+        self.files.push((path, bytes));
+    }
+
+    /// Writes every file of the set, or none (see [`FileSet`]).
+    pub fn write(self) -> anyhow::Result<()> {
+        let mut staged = Vec::with_capacity(self.files.len());
+        let written = self.stage(&mut staged).and_then(|()| {
+            for ((path, _), tmp) in self.files.iter().zip(&staged) {
+                std::fs::rename(tmp, path).with_context(|| {
+                    format!("cannot rename {} to {}", tmp.display(), path.display())
+                })?;
+            }
+            Ok(())
+        });
+        if written.is_err() {
+            for tmp in &staged {
+                let _ = std::fs::remove_file(tmp);
+            }
+        }
+        written
+    }
+
+    /// Writes each file to its temporary name, pushing the names onto `staged` as it goes.
+    fn stage(&self, staged: &mut Vec<std::path::PathBuf>) -> anyhow::Result<()> {
+        for (path, bytes) in &self.files {
+            let tmp = crate::model::temporary_path(path)?;
+            staged.push(tmp.clone());
+            std::fs::write(&tmp, bytes).with_context(|| {
+                format!("cannot write {} (for {})", tmp.display(), path.display())
+            })?;
+        }
+        Ok(())
+    }
+}

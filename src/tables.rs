@@ -9,11 +9,16 @@ use crate::model::write_atomic;
 
 /// Writes `rows` to `path` as CSV; `None` fields are left empty.
 pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+    write_atomic(path, &csv_bytes(rows)?)
+}
+
+/// `rows` as the bytes of a CSV file; `None` fields are left empty.
+pub fn csv_bytes<T: Serialize>(rows: &[T]) -> anyhow::Result<Vec<u8>> {
     let mut w = csv::Writer::from_writer(Vec::new());
     for r in rows {
         w.serialize(r)?;
     }
-    write_atomic(path, &w.into_inner()?)
+    Ok(w.into_inner()?)
 }
 
 /// The first value a list flag names twice (two K = 1 in `--steps 0,1,1`): its rows would

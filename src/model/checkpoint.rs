@@ -516,14 +516,7 @@ pub(crate) fn load_weights<B: Backend>(
 /// The temporary name is unique to the process and the call, so that concurrent writers of the
 /// same file never write into each other's temporary file; the last rename wins whole.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}-{call}.tmp", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
+    let tmp = temporary_path(path)?;
     let written = std::fs::write(&tmp, bytes)
         .with_context(|| format!("cannot write {}", tmp.display()))
         .and_then(|()| {
@@ -535,6 +528,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// A temporary name beside `path`, unique to this process and call, with `path`'s folder
+/// created: where [`write_atomic`] and [`FileSet`](crate::output_folder::FileSet) write before
+/// renaming.
+pub(crate) fn temporary_path(path: &Path) -> anyhow::Result<PathBuf> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}-{call}.tmp", std::process::id()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    Ok(PathBuf::from(tmp))
 }
 
 /// The embedded default models (baseline, JEM, adversarially trained, in that order), by the

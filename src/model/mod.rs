@@ -11,6 +11,7 @@ mod widen;
 mod wrn;
 mod wrn_flops;
 
+pub(crate) use checkpoint::temporary_path;
 pub use checkpoint::{
     embedded_models, weights_digest, write_atomic, Checkpoint, Sidecar, TrainingRecord,
     FORMAT_VERSION, SOFTWARE,

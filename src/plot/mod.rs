@@ -10,7 +10,7 @@
 mod raster;
 mod svg;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::model::write_atomic;
 
@@ -243,8 +243,19 @@ impl Figure {
 
     /// Writes `stem.svg` and `stem.png`, each atomically.
     pub fn write(&self, stem: &Path) -> anyhow::Result<()> {
-        write_atomic(&stem.with_extension("svg"), self.to_svg().as_bytes())?;
-        write_atomic(&stem.with_extension("png"), &self.to_png()?)
+        for (path, bytes) in self.files(stem)? {
+            write_atomic(&path, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// `stem.svg` and `stem.png` with their bytes, to be written with other files together
+    /// ([`FileSet`](crate::output_folder::FileSet)).
+    pub fn files(&self, stem: &Path) -> anyhow::Result<[(PathBuf, Vec<u8>); 2]> {
+        Ok([
+            (stem.with_extension("svg"), self.to_svg().into_bytes()),
+            (stem.with_extension("png"), self.to_png()?),
+        ])
     }
 }
 

@@ -1730,6 +1730,7 @@ fn sizes_that_cannot_fit_are_refused_in_every_command() {
             &[
                 "--steps 1000000",
                 "more than 100 SGLD steps",
+                "would take about",
                 "--allow-long",
             ],
         ),

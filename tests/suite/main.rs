@@ -16,6 +16,7 @@ mod bad_input;
 mod bench_cli;
 mod calibration_ood;
 mod corrupt_readers;
+mod full_disk;
 mod harness;
 mod jem;
 mod library_sweep;
