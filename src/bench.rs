@@ -238,8 +238,10 @@ impl Choice for KernelsArg {
     }
 }
 
+/// One timed operation, with every setting it ran at: what `bench` prints as one JSON line
+/// (serialise it).
 #[derive(Debug, Serialize)]
-struct Timing {
+pub struct Timing {
     op: BenchOp,
     /// The table's row: `op`, with K and the gradient mode for a PGD step.
     row: String,
@@ -354,8 +356,8 @@ fn validate(args: &BenchSpec) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Times the operation `args` names on `device` and prints one JSON line.
-pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Result<()> {
+/// Times the operation `args` names on `device` (the command line prints it as one JSON line).
+pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Result<Timing> {
     validate(&args)?;
     jem_kernels::set_implementation(match args.kernels {
         KernelsArg::Own => Implementation::Own,
@@ -398,8 +400,7 @@ pub fn run<B: BenchBackend>(args: BenchSpec, device: &B::Device) -> anyhow::Resu
         grad: defended.then_some(args.grad),
         chains: defended.then_some(args.chains),
     };
-    println!("{}", serde_json::to_string(&timing)?);
-    Ok(())
+    Ok(timing)
 }
 
 /// The wall times (ms) of the timed calls of `args.op` on `timed`'s network and a batch of

@@ -22,7 +22,7 @@ use crate::metrics::{self, Calibration};
 use crate::model::{LoadedNetwork, ModelInfo, SOFTWARE};
 use crate::output_folder::FileSet;
 use crate::settings;
-use crate::tables::{csv_bytes, first_repeat};
+use crate::tables::{csv_bytes, first_repeat, Summary};
 use crate::test_set::{self, TestImages};
 
 /// What `calibrate` computes: models × K, on how many test images, with which defence and
@@ -264,7 +264,13 @@ fn calibrate_one<B: BenchBackend>(
     Ok(c)
 }
 
-pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyhow::Result<()> {
+/// Computes `args` on `device`, telling `progress` of each model and K as it finishes; returns
+/// the table of the results written.
+pub fn run<B: BenchBackend>(
+    mut args: CalibrateSpec,
+    device: &B::Device,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<Summary> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
@@ -280,15 +286,14 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
             let cell = Instant::now();
             let c = calibrate_one::<B>(&args, p, k, device)?;
             let m = c.metrics;
-            // Progress on stderr: stdout carries the results, printed once they are written.
-            eprintln!(
+            progress(&format!(
                 "{model} K = {k}: accuracy {:.4}, NLL {:.4}, Brier {:.4}, ECE {:.4} ({})",
                 m.accuracy,
                 m.nll,
                 m.brier,
                 m.ece,
                 crate::duration::duration(cell.elapsed().as_secs_f64())
-            );
+            ));
             rows.push(Row {
                 model: model.clone(),
                 k,
@@ -345,13 +350,13 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
         serde_json::to_string_pretty(&record)?.into_bytes(),
     );
     files.write()?;
-    println!(
-        "{:<32} {:>3} {:>6} {:>9} {:>8} {:>8} {:>7}",
+    let mut table = format!(
+        "{:<32} {:>3} {:>6} {:>9} {:>8} {:>8} {:>7}\n",
         "model", "K", "n", "accuracy", "NLL", "Brier", "ECE"
     );
     for r in &rows {
-        println!(
-            "{:<32} {:>3} {:>6} {:>8.2}% {:>8.4} {:>8.4} {:>6.2}%",
+        table += &format!(
+            "{:<32} {:>3} {:>6} {:>8.2}% {:>8.4} {:>8.4} {:>6.2}%\n",
             r.model,
             r.k,
             r.n,
@@ -361,8 +366,10 @@ pub fn run<B: BenchBackend>(mut args: CalibrateSpec, device: &B::Device) -> anyh
             100.0 * r.ece
         );
     }
-    println!("wrote {}", args.out.display());
-    Ok(())
+    Ok(Summary {
+        table,
+        wrote: vec![args.out.clone()],
+    })
 }
 
 /// The data sets of a run, comma-separated, each once.

@@ -16,7 +16,7 @@ use crate::image_grid::{grid_png, ImageBatch};
 use crate::model::{LoadedNetwork, ModelInfo, SOFTWARE};
 use crate::output_folder::FileSet;
 use crate::settings;
-use crate::tables::csv_bytes;
+use crate::tables::{csv_bytes, Summary};
 
 /// What `nonsense` computes: per model, K and class, searches from noise for an input the
 /// model classifies as that class with at least `threshold` confidence (after Schott et al.
@@ -228,7 +228,8 @@ fn search_at<B: BenchBackend>(
     grid_png(&batch, models.len(), classes)
 }
 
-pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyhow::Result<()> {
+/// Runs every search of `args` on `device`; returns the table of the results written.
+pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyhow::Result<Summary> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
@@ -279,13 +280,13 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
         serde_json::to_string_pretty(&record)?.into_bytes(),
     );
     files.write()?;
-    println!(
-        "{:<40} {:>3} {:>5} {:>8} {:>10} {:>11} {:>10} {:>8}",
+    let mut table = format!(
+        "{:<40} {:>3} {:>5} {:>8} {:>10} {:>11} {:>10} {:>8}\n",
         "model", "K", "grad", "searches", "≥ threshold", "median conf", "median its", "seconds"
     );
     for r in &rows {
-        println!(
-            "{:<40} {:>3} {:>5} {:>8} {:>10.2} {:>11.3} {:>10} {:>8.0}",
+        table += &format!(
+            "{:<40} {:>3} {:>5} {:>8} {:>10.2} {:>11.3} {:>10} {:>8.0}\n",
             r.model,
             r.k,
             r.grad,
@@ -296,8 +297,10 @@ pub fn run<B: BenchBackend>(mut args: NonsenseSpec, device: &B::Device) -> anyho
             r.seconds
         );
     }
-    println!("wrote {}", args.out.display());
-    Ok(())
+    Ok(Summary {
+        table,
+        wrote: vec![args.out.clone()],
+    })
 }
 
 /// An image shape as messages write it: `1×28×28`.

@@ -31,7 +31,7 @@ use crate::defended::{DefenceSpec, Defended};
 use crate::harness::InvalidSetting;
 use crate::model::{LoadedNetwork, ModelInfo, SOFTWARE};
 use crate::output_folder::FileSet;
-use crate::tables::{csv_bytes, first_repeat};
+use crate::tables::{csv_bytes, first_repeat, Summary};
 use crate::test_set::{self, TestImages};
 
 /// What `ood` computes: per model and K, how well each score separates the in-distribution
@@ -269,7 +269,13 @@ fn score_cell<B: BenchBackend>(
     })
 }
 
-pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Result<()> {
+/// Computes `args` on `device`, telling `progress` of each model and K as it finishes; returns
+/// the table of the results written.
+pub fn run<B: BenchBackend>(
+    mut args: OodSpec,
+    device: &B::Device,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<Summary> {
     if args.models.is_empty() {
         args.models = crate::model::embedded_models();
     }
@@ -310,13 +316,12 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
                     });
                 }
             }
-            // Progress on stderr: stdout carries the results, printed once they are written.
-            eprintln!(
+            progress(&format!(
                 "{} K = {k}: {} sets scored in {}",
                 cell.model,
                 cell.sets.len(),
                 crate::duration::duration(clock.elapsed().as_secs_f64())
-            );
+            ));
             cells.push(cell);
         }
     }
@@ -362,9 +367,10 @@ pub fn run<B: BenchBackend>(mut args: OodSpec, device: &B::Device) -> anyhow::Re
         serde_json::to_string_pretty(&record)?.into_bytes(),
     );
     files.write()?;
-    print!("{}", table(&rows, &args.ood));
-    println!("wrote {}", args.out.display());
-    Ok(())
+    Ok(Summary {
+        table: table(&rows, &args.ood),
+        wrote: vec![args.out.clone()],
+    })
 }
 
 /// AUROC per model × K × score (rows) and OOD set (columns).

@@ -25,6 +25,7 @@ use crate::harness::InvalidSetting;
 use crate::image_grid::{write_grid, ImageBatch};
 use crate::model::{InputNormalization, ModelInfo, SOFTWARE};
 use crate::settings;
+use crate::tables::Summary;
 use crate::train::{chain_init, ChainStart, ClassGaussians, ReplayBuffer};
 
 /// What `sample` draws and where it writes: recorded in the JSON beside the grid.
@@ -88,8 +89,9 @@ struct SampleRecord<'a> {
     quality: Option<quality::Quality>,
 }
 
-/// Draws the samples `args` asks for, judges them and writes the grid and its JSON record.
-pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Result<()> {
+/// Draws the samples `args` asks for, judges them and writes the grid and its JSON record;
+/// returns the record's table.
+pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Result<Summary> {
     validate(&args)?;
     let (model, info) = ModelInfo::load_setting::<B>(&args.model, "model", device)?;
     let model = model.no_grad();
@@ -189,9 +191,10 @@ pub fn run<B: BenchBackend>(args: SampleSpec, device: &B::Device) -> anyhow::Res
     };
     let json = args.out.with_extension("json");
     crate::model::write_atomic(&json, serde_json::to_string_pretty(&record)?.as_bytes())?;
-    print_record(&record);
-    println!("wrote {} and {}", args.out.display(), json.display());
-    Ok(())
+    Ok(Summary {
+        table: record_table(&record),
+        wrote: vec![args.out.clone(), json],
+    })
 }
 
 /// Refuses settings no sampling can use, before anything is loaded.
@@ -335,20 +338,21 @@ fn class_reports(
         .collect()
 }
 
-/// The record's table on stdout.
-fn print_record(record: &SampleRecord) {
-    println!("class  name        p(y|x) mean  classified as class  judge p >= threshold");
+/// The record as a table: a line per class, and the judge's verdict.
+fn record_table(record: &SampleRecord) -> String {
+    let mut table =
+        "class  name        p(y|x) mean  classified as class  judge p >= threshold\n".to_string();
     for r in &record.classes {
         let judged = r.judge_confident.map_or("-".into(), |f| format!("{f:.2}"));
-        println!(
-            "{:>5}  {:<10}  {:>11.3}  {:>19.2}  {judged:>20}",
+        table += &format!(
+            "{:>5}  {:<10}  {:>11.3}  {:>19.2}  {judged:>20}\n",
             r.class, r.name, r.mean_confidence, r.classified_as_class
         );
     }
     if let Some(q) = &record.quality {
-        println!(
+        table += &format!(
             "judge {}: {:.1} % of {} samples at p >= {}; Fréchet distance to {} in its \
-             {}-dim features {:.3} (as many training images: {:.3})",
+             {}-dim features {:.3} (as many training images: {:.3})\n",
             q.judge,
             100.0 * q.confident_fraction,
             q.samples,
@@ -359,6 +363,7 @@ fn print_record(record: &SampleRecord) {
             q.frechet_distance_train_images
         );
     }
+    table
 }
 
 /// The replay buffer of the latest saved state of a training run folder.

@@ -30,3 +30,24 @@ pub fn first_repeat<T: PartialEq>(values: &[T]) -> Option<&T> {
         .find(|(i, v)| values[..*i].contains(v))
         .map(|(_, v)| v)
 }
+
+/// What a command that writes results tells its reader once they are written: the table of
+/// its results and what it wrote. Library code returns it; the command line prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The results as a table (lines ending in newlines), or empty.
+    pub table: String,
+    /// The files and folders written.
+    pub wrote: Vec<std::path::PathBuf>,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.table)?;
+        if !self.table.is_empty() && !self.table.ends_with('\n') {
+            writeln!(f)?;
+        }
+        let wrote: Vec<String> = self.wrote.iter().map(|p| p.display().to_string()).collect();
+        write!(f, "wrote {}", wrote.join(" and "))
+    }
+}

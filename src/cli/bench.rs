@@ -80,6 +80,8 @@ impl BenchArgs {
             grad: self.grad,
             chains: self.chains,
         };
-        bench::run::<B>(spec, device)
+        let timing = bench::run::<B>(spec, device)?;
+        println!("{}", serde_json::to_string(&timing)?);
+        Ok(())
     }
 }

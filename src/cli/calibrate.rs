@@ -54,6 +54,9 @@ impl CalibrateArgs {
             allow_long: self.allow_long,
             out: self.out,
         };
-        calibration::run::<B>(spec, device)
+        // Progress on stderr: stdout carries the results, printed once they are written.
+        let summary = calibration::run::<B>(spec, device, &|line| eprintln!("{line}"))?;
+        println!("{summary}");
+        Ok(())
     }
 }

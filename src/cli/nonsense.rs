@@ -61,6 +61,7 @@ impl NonsenseArgs {
             seed: self.seed,
             out: self.out,
         };
-        nonsense::run::<B>(spec, device)
+        println!("{}", nonsense::run::<B>(spec, device)?);
+        Ok(())
     }
 }

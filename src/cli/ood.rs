@@ -73,6 +73,9 @@ impl OodArgs {
             seed: self.seed,
             out: self.out,
         };
-        ood::run::<B>(spec, device)
+        // Progress on stderr: stdout carries the results, printed once they are written.
+        let summary = ood::run::<B>(spec, device, &|line| eprintln!("{line}"))?;
+        println!("{summary}");
+        Ok(())
     }
 }

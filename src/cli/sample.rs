@@ -74,6 +74,7 @@ impl SampleArgs {
             judge_threshold: self.judge_threshold,
             reference_images: self.reference_images,
         };
-        sample::run::<B>(spec, device)
+        println!("{}", sample::run::<B>(spec, device)?);
+        Ok(())
     }
 }
