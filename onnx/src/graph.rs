@@ -124,7 +124,61 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
         ))
         .into());
     }
-    // Every node's operator first, so that the first refusal names what is missing.
+    supported_operators(&model)?;
+    let (input, chw) = image_input(&model)?;
+    let input_name = input.name.clone();
+    // A batch size fixed in the file usually means constants shaped for it further on.
+    let hint = match input.dims.as_deref().and_then(|d| d.first()) {
+        Some(DeclaredDim::Fixed(b)) => format!(
+            " (the input's batch dimension is fixed at {b} in the file: export with dynamic_axes \
+             {{'{0}': {{0: 'batch'}}}} so that no shape is baked in)",
+            input_name
+        ),
+        _ => String::new(),
+    };
+    let mut c = Compiler::new(model.opset);
+    for (name, t) in model.initializers {
+        c.values.insert(name, Meta::Host(Rc::new(t)));
+    }
+    let input_slot = c.new_slot();
+    let shape = vec![
+        Sym::batch(),
+        Sym::fixed(chw[0] as i64),
+        Sym::fixed(chw[1] as i64),
+        Sym::fixed(chw[2] as i64),
+    ];
+    c.values
+        .insert(input_name.clone(), Meta::Act(input_slot, shape));
+    for node in &model.nodes {
+        c.node(node).map_err(|message| ErrorKind::Node {
+            node: node.name.clone(),
+            op_type: node.op_type.clone(),
+            message: message + &hint,
+        })?;
+    }
+
+    let (output_slot, shape, classes) = logits_output(&model.outputs, &c, &hint)?;
+    c.schedule_frees(Some(output_slot));
+    let output_shape = crate::compile::canon(&shape).map_err(ErrorKind::Output)?;
+    let tangent = TangentPlan::new(&c.steps, input_slot, c.slots);
+    Ok(OnnxGraph {
+        input_name,
+        input_shape: chw,
+        classes,
+        opset: model.opset,
+        consts: c.consts,
+        steps: c.steps,
+        slots: c.slots,
+        input_slot,
+        output_slot,
+        output_shape,
+        tangent,
+    })
+}
+
+/// Every node's operator is one the interpreter runs, checked before any is compiled so that
+/// the first refusal names what is missing.
+fn supported_operators(model: &Model) -> Result<(), OnnxError> {
     for node in &model.nodes {
         let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
         if !default_domain || !SUPPORTED_OPERATORS.contains(&node.op_type.as_str()) {
@@ -138,7 +192,11 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
         }
     }
 
-    // The one input: [N, C, H, W] with C, H, W fixed.
+    Ok(())
+}
+
+/// The graph's one image input, `[N, C, H, W]` with C, H and W fixed, and its C, H, W.
+fn image_input(model: &Model) -> Result<(&load::ValueInfo, [usize; 3]), OnnxError> {
     let initialised: Vec<&str> = model.initializers.iter().map(|(n, _)| n.as_str()).collect();
     let inputs: Vec<_> = model
         .inputs
@@ -194,43 +252,19 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
         };
     }
 
-    let mut c = Compiler::new(model.opset);
-    for (name, t) in model.initializers {
-        c.values.insert(name, Meta::Host(Rc::new(t)));
-    }
-    let input_slot = c.new_slot();
-    let shape = vec![
-        Sym::batch(),
-        Sym::fixed(chw[0] as i64),
-        Sym::fixed(chw[1] as i64),
-        Sym::fixed(chw[2] as i64),
-    ];
-    c.values
-        .insert(input.name.clone(), Meta::Act(input_slot, shape));
-    // A batch size fixed in the file usually means constants shaped for it further on.
-    let hint = match &dims[0] {
-        DeclaredDim::Fixed(b) => format!(
-            " (the input's batch dimension is fixed at {b} in the file: export with dynamic_axes \
-             {{'{0}': {{0: 'batch'}}}} so that no shape is baked in)",
-            input.name
-        ),
-        _ => String::new(),
-    };
-    for node in &model.nodes {
-        c.node(node).map_err(|message| ErrorKind::Node {
-            node: node.name.clone(),
-            op_type: node.op_type.clone(),
-            message: message + &hint,
-        })?;
-    }
+    Ok((input, chw))
+}
 
-    // The one output: [N, K].
-    let [output] = model.outputs.as_slice() else {
-        return Err(ErrorKind::Output(format!(
-            "one output expected, found {}",
-            model.outputs.len()
-        ))
-        .into());
+/// The graph's one output, logits `[N, K]`: its slot, shape and K.
+fn logits_output(
+    outputs: &[load::ValueInfo],
+    c: &Compiler,
+    hint: &str,
+) -> Result<(usize, Vec<Sym>, usize), OnnxError> {
+    let [output] = outputs else {
+        return Err(
+            ErrorKind::Output(format!("one output expected, found {}", outputs.len())).into(),
+        );
     };
     let (output_slot, shape) = match c.values.get(&output.name) {
         Some(Meta::Act(slot, shape)) => (*slot, shape.clone()),
@@ -267,20 +301,5 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
             .into());
         }
     }
-    c.schedule_frees(Some(output_slot));
-    let output_shape = crate::compile::canon(&shape).map_err(ErrorKind::Output)?;
-    let tangent = TangentPlan::new(&c.steps, input_slot, c.slots);
-    Ok(OnnxGraph {
-        input_name: input.name.clone(),
-        input_shape: chw,
-        classes,
-        opset: model.opset,
-        consts: c.consts,
-        steps: c.steps,
-        slots: c.slots,
-        input_slot,
-        output_slot,
-        output_shape,
-        tangent,
-    })
+    Ok((output_slot, shape, classes))
 }

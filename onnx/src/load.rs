@@ -253,17 +253,36 @@ pub(crate) fn tensor(t: &TensorProto) -> Result<HostTensor, OnnxError> {
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .filter(|&n| n <= 1 << 31)
-        .ok_or_else(|| fail(format!("implausible shape {shape:?}")))?;
+        .ok_or_else(|| {
+            let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            fail(format!("implausible shape {}", dims.join("×")))
+        })?;
+    let data = values(t, n).map_err(|message| {
+        fail(format!(
+            "{message} (shape {})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("×")
+        ))
+    })?;
+    Ok(HostTensor { shape, data })
+}
+
+/// The `n` values of `t`, from its raw little-endian bytes or its typed field: floats as f32,
+/// integers as i64, bools.
+fn values(t: &TensorProto, n: usize) -> Result<HostData, String> {
     let raw: &[u8] = &t.raw_data;
-    let from_raw = |width: usize| -> Result<Option<Vec<&[u8]>>, OnnxError> {
+    let from_raw = |width: usize| -> Result<Option<Vec<&[u8]>>, String> {
         if raw.is_empty() {
             return Ok(None);
         }
         if raw.len() != n * width {
-            return Err(fail(format!(
+            return Err(format!(
                 "{} bytes of data for {n} elements of {width} bytes",
                 raw.len()
-            )));
+            ));
         }
         Ok(Some(raw.chunks_exact(width).collect()))
     };
@@ -271,7 +290,7 @@ pub(crate) fn tensor(t: &TensorProto) -> Result<HostTensor, OnnxError> {
         if len == n {
             Ok(())
         } else {
-            Err(fail(format!("{len} values for shape {shape:?}")))
+            Err(format!("{len} values for {n} elements"))
         }
     };
     let data = match t.data_type {
@@ -359,9 +378,9 @@ pub(crate) fn tensor(t: &TensorProto) -> Result<HostTensor, OnnxError> {
                 HostData::Int(v.into_iter().map(Sym::fixed).collect())
             }
         }
-        other => return Err(fail(format!("element type {other} is not supported"))),
+        other => return Err(format!("element type {other} is not supported")),
     };
-    Ok(HostTensor { shape, data })
+    Ok(data)
 }
 
 fn f16_to_f32(h: u16) -> f32 {

@@ -297,35 +297,7 @@ pub(crate) fn tangent_unary<B: Backend>(
                 .mask_fill(inside.bool_not(), 0.0);
             t * h + slope
         }
-        // x Φ(x): Φ(x) + x φ(x).
-        Unary::Gelu { tanh: false } => {
-            let x = x();
-            let cdf = x
-                .clone()
-                .div_scalar(std::f64::consts::SQRT_2)
-                .erf()
-                .add_scalar(1.0)
-                .mul_scalar(0.5);
-            let pdf = (x.clone() * x.clone())
-                .mul_scalar(-0.5)
-                .exp()
-                .mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-            t * (cdf + x * pdf)
-        }
-        // x (1 + tanh u) / 2, u = c (x + k x³): (1 + tanh u) / 2 + x (1 − tanh² u) u' / 2.
-        Unary::Gelu { tanh: true } => {
-            let x = x();
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            let square = x.clone() * x.clone();
-            let u = (x.clone() + square.clone() * x.clone().mul_scalar(0.044715)).mul_scalar(c);
-            let th = u.tanh();
-            let du = square
-                .mul_scalar(3.0 * 0.044715)
-                .add_scalar(1.0)
-                .mul_scalar(c);
-            let sech2 = (th.clone() * th.clone()).neg().add_scalar(1.0);
-            t * (th.add_scalar(1.0).mul_scalar(0.5) + x * sech2 * du.mul_scalar(0.5))
-        }
+        Unary::Gelu { tanh } => t * gelu_slope(x(), tanh),
         Unary::Erf => {
             let x = x();
             t * (x.clone() * x)
@@ -376,6 +348,35 @@ pub(crate) fn tangent_unary<B: Backend>(
             _ => t * x().powf_scalar(p - 1.0).mul_scalar(p),
         },
     }
+}
+
+/// GELU's derivative at `x`, in its erf form (`tanh` false) or its tanh approximation.
+fn gelu_slope<B: Backend>(x: Tensor<B, MAX_RANK>, tanh: bool) -> Tensor<B, MAX_RANK> {
+    if !tanh {
+        // x Φ(x): Φ(x) + x φ(x).
+        let cdf = x
+            .clone()
+            .div_scalar(std::f64::consts::SQRT_2)
+            .erf()
+            .add_scalar(1.0)
+            .mul_scalar(0.5);
+        let pdf = (x.clone() * x.clone())
+            .mul_scalar(-0.5)
+            .exp()
+            .mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+        return cdf + x * pdf;
+    }
+    // x (1 + tanh u) / 2, u = c (x + k x³): (1 + tanh u) / 2 + x (1 − tanh² u) u' / 2.
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let square = x.clone() * x.clone();
+    let u = (x.clone() + square.clone() * x.clone().mul_scalar(0.044715)).mul_scalar(c);
+    let th = u.tanh();
+    let du = square
+        .mul_scalar(3.0 * 0.044715)
+        .add_scalar(1.0)
+        .mul_scalar(c);
+    let sech2 = (th.clone() * th.clone()).neg().add_scalar(1.0);
+    th.add_scalar(1.0).mul_scalar(0.5) + x * sech2 * du.mul_scalar(0.5)
 }
 
 /// Whether a binary operation is piecewise linear in its varying inputs.

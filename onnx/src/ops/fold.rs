@@ -38,35 +38,7 @@ pub(crate) fn fold(cx: &Cx) -> Res<Option<Compiled>> {
             t.clone()
                 .reshaped(out.iter().map(|s| s.k as usize).collect())
         }
-        "Concat" => {
-            let parts: Vec<&HostTensor> =
-                (0..cx.n_inputs()).map(|i| cx.host(i)).collect::<Res<_>>()?;
-            let rank = parts.first().map(|p| p.shape.len()).ok_or("no inputs")?;
-            let axis = cx.axis(cx.attr_i("axis", 0)?, rank)?;
-            for p in &parts {
-                let mut a = p.shape.clone();
-                let mut b = parts[0].shape.clone();
-                if a.len() != rank {
-                    return Err("inputs of different ranks".into());
-                }
-                a[axis] = 0;
-                b[axis] = 0;
-                if a != b {
-                    return Err("inputs of incompatible shapes".into());
-                }
-            }
-            // Mixed integer and float constants: as floats.
-            let same = parts.iter().all(|p| p.kind() == parts[0].kind());
-            if same {
-                HostTensor::concat(&parts, axis)?
-            } else {
-                let floats: Vec<HostTensor> = parts
-                    .iter()
-                    .map(|p| Ok(HostTensor::float(p.shape.clone(), p.to_f32()?)))
-                    .collect::<Res<_>>()?;
-                HostTensor::concat(&floats.iter().collect::<Vec<_>>(), axis)?
-            }
-        }
+        "Concat" => concat(cx)?,
         "Gather" => {
             let t = cx.host(0)?;
             let rank = t.shape.len();
@@ -102,39 +74,71 @@ pub(crate) fn fold(cx: &Cx) -> Res<Option<Compiled>> {
         }
         "Range" => range(cx)?,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" => binary(cx)?,
-        "Where" => {
-            let (c, x, y) = (cx.host(0)?, cx.host(1)?, cx.host(2)?);
-            let shape = broadcast_shapes(&c.shape, &x.shape)
-                .and_then(|s| broadcast_shapes(&s, &y.shape))
-                .ok_or("shapes do not broadcast")?;
-            limit(&shape)?;
-            let HostData::Bool(c) = c.broadcast_to(&shape).data else {
-                return Err("the condition is not a bool tensor".into());
-            };
-            let (x, y) = unify(&x.broadcast_to(&shape), &y.broadcast_to(&shape))?;
-            let data = match (x.data, y.data) {
-                (HostData::Float(a), HostData::Float(b)) => HostData::Float(
-                    c.iter()
-                        .zip(a.iter().zip(&b))
-                        .map(|(&c, (&a, &b))| if c { a } else { b })
-                        .collect(),
-                ),
-                (HostData::Int(a), HostData::Int(b)) => HostData::Int(
-                    c.iter()
-                        .zip(a.iter().zip(&b))
-                        .map(|(&c, (&a, &b))| if c { a } else { b })
-                        .collect(),
-                ),
-                _ => return Err("unsupported element types".into()),
-            };
-            HostTensor { shape, data }
-        }
+        "Where" => select(cx)?,
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Relu" | "Floor" | "Ceil" => {
             unary(cx)?
         }
         _ => return Ok(None),
     };
     Ok(Some(Compiled::Host(vec![out])))
+}
+
+/// Concat of constants along `axis` (mixed integer and float parts as floats).
+fn concat(cx: &Cx) -> Res<HostTensor> {
+    let parts: Vec<&HostTensor> = (0..cx.n_inputs()).map(|i| cx.host(i)).collect::<Res<_>>()?;
+    let rank = parts.first().map(|p| p.shape.len()).ok_or("no inputs")?;
+    let axis = cx.axis(cx.attr_i("axis", 0)?, rank)?;
+    for p in &parts {
+        let mut a = p.shape.clone();
+        let mut b = parts[0].shape.clone();
+        if a.len() != rank {
+            return Err("inputs of different ranks".into());
+        }
+        a[axis] = 0;
+        b[axis] = 0;
+        if a != b {
+            return Err("inputs of incompatible shapes".into());
+        }
+    }
+    let same = parts.iter().all(|p| p.kind() == parts[0].kind());
+    if same {
+        HostTensor::concat(&parts, axis)
+    } else {
+        let floats: Vec<HostTensor> = parts
+            .iter()
+            .map(|p| Ok(HostTensor::float(p.shape.clone(), p.to_f32()?)))
+            .collect::<Res<_>>()?;
+        HostTensor::concat(&floats.iter().collect::<Vec<_>>(), axis)
+    }
+}
+
+/// Where on constants: `x` where the condition holds, else `y`, broadcast.
+fn select(cx: &Cx) -> Res<HostTensor> {
+    let (c, x, y) = (cx.host(0)?, cx.host(1)?, cx.host(2)?);
+    let shape = broadcast_shapes(&c.shape, &x.shape)
+        .and_then(|s| broadcast_shapes(&s, &y.shape))
+        .ok_or("shapes do not broadcast")?;
+    limit(&shape)?;
+    let HostData::Bool(c) = c.broadcast_to(&shape).data else {
+        return Err("the condition is not a bool tensor".into());
+    };
+    let (x, y) = unify(&x.broadcast_to(&shape), &y.broadcast_to(&shape))?;
+    let data = match (x.data, y.data) {
+        (HostData::Float(a), HostData::Float(b)) => HostData::Float(
+            c.iter()
+                .zip(a.iter().zip(&b))
+                .map(|(&c, (&a, &b))| if c { a } else { b })
+                .collect(),
+        ),
+        (HostData::Int(a), HostData::Int(b)) => HostData::Int(
+            c.iter()
+                .zip(a.iter().zip(&b))
+                .map(|(&c, (&a, &b))| if c { a } else { b })
+                .collect(),
+        ),
+        _ => return Err("unsupported element types".into()),
+    };
+    Ok(HostTensor { shape, data })
 }
 
 /// The most elements a folded constant may have (a guard against absurd shapes in a corrupt

@@ -49,180 +49,207 @@ pub(crate) fn compile(cx: &Cx) -> Res<Compiled> {
     let op = cx.node.op_type.as_str();
     match op {
         "Identity" => Ok(Compiled::Alias(0)),
-        "Dropout" => {
-            if let Some(t) = cx.opt_host(2)? {
-                if t.to_f32()?.iter().any(|&v| v != 0.0) {
-                    return Err("training mode is not supported (inference only)".into());
-                }
-            }
-            Ok(Compiled::Alias(0))
-        }
-        "Cast" => {
-            let to = cx.attr_i("to", 1)? as i32;
-            if is_float_type(to) {
-                Ok(Compiled::Alias(0))
-            } else {
-                Err(format!(
-                    "casting an activation to element type {to} is not supported"
-                ))
-            }
-        }
+        "Dropout" => dropout(cx),
+        "Cast" => cast(cx),
         "Reshape" => {
             let target = cx.host(1)?.to_syms()?;
             let out = sym::reshape_target(&cx.shape(0)?, &target, cx.attr_i("allowzero", 0)? != 0)?;
             reshape_to(out)
         }
-        "Flatten" => {
-            let shape = cx.shape(0)?;
-            let axis = cx.axis(cx.attr_i("axis", 1)?, shape.len() + 1)?;
-            let rows = sym::numel(&shape[..axis]).ok_or("size not linear in the batch size")?;
-            let cols = sym::numel(&shape[axis..]).ok_or("size not linear in the batch size")?;
-            reshape_to(vec![rows, cols])
-        }
+        "Flatten" => flatten(cx),
         "Squeeze" => reshape_to(squeezed(cx, &cx.shape(0)?)?),
         "Unsqueeze" => reshape_to(unsqueezed(cx, &cx.shape(0)?)?),
-        "Transpose" => {
-            let shape = cx.shape(0)?;
-            let perm = permutation(cx, shape.len())?;
-            let off = MAX_RANK - shape.len();
-            let mut canon: [usize; MAX_RANK] = std::array::from_fn(|i| i);
-            for (i, &p) in perm.iter().enumerate() {
-                canon[off + i] = off + p;
-            }
-            let out = perm.iter().map(|&p| shape[p]).collect();
-            Ok(Compiled::Run {
-                op: Op::Transpose(canon),
-                args: vec![Arg::Input(0)],
-                shapes: vec![out],
-            })
-        }
-        "Concat" => {
-            let shapes: Vec<SymShape> = (0..cx.n_inputs())
-                .map(|i| cx.shape(i))
-                .collect::<Res<_>>()?;
-            let rank = shapes.first().ok_or("no inputs")?.len();
-            let axis = cx.axis(cx.attr_i("axis", 0)?, rank)?;
-            let mut out = shapes[0].clone();
-            for s in &shapes[1..] {
-                if s.len() != rank || (0..rank).any(|d| d != axis && s[d] != out[d]) {
-                    return Err(format!(
-                        "inputs of incompatible shapes {} and {}",
-                        sym::show(&out),
-                        sym::show(s)
-                    ));
-                }
-                out[axis] = out[axis]
-                    .add(s[axis])
-                    .ok_or("concatenated size not linear in the batch size")?;
-            }
-            let args = (0..cx.n_inputs()).map(Arg::Input).collect();
-            Ok(Compiled::Run {
-                op: Op::Concat(canon_axis(axis, rank)),
-                args,
-                shapes: vec![out],
-            })
-        }
+        "Transpose" => transpose(cx),
+        "Concat" => concat(cx),
         "Pad" => pad(cx),
-        "Slice" => {
-            let shape = cx.shape(0)?;
-            let ranges = slice_ranges(cx, &shape)?;
-            let off = MAX_RANK - shape.len();
-            let mut axes = [None; MAX_RANK];
-            for (d, r) in ranges.iter().enumerate() {
-                if r.whole {
-                    continue;
-                }
-                let len = r
-                    .len
-                    .as_fixed()
-                    .ok_or("slicing along the batch dimension")? as usize;
-                if len == 0 {
-                    return Err("an empty slice".into());
-                }
-                axes[off + d] = Some((r.start as usize, r.step as isize, len));
-            }
-            let out = ranges.iter().map(|r| r.len).collect();
-            Ok(Compiled::Run {
-                op: Op::Slice(axes),
-                args: vec![Arg::Input(0)],
-                shapes: vec![out],
-            })
-        }
-        "Gather" => {
-            let shape = cx.shape(0)?;
-            let axis = cx.axis(cx.attr_i("axis", 0)?, shape.len())?;
-            let dim = shape[axis]
-                .as_fixed()
-                .ok_or("gathering along the batch dimension")?;
-            let idx = cx.host(1)?;
-            let indices = super::gather_indices(idx, dim)?;
-            let mut out = shape[..axis].to_vec();
-            out.extend(idx.shape.iter().map(|&d| Sym::fixed(d as i64)));
-            out.extend_from_slice(&shape[axis + 1..]);
-            let op = Op::Gather(Gather {
-                axis: canon_axis(axis, shape.len()),
-                indices,
-            });
-            Ok(Compiled::Run {
-                op,
-                args: vec![Arg::Input(0)],
-                shapes: vec![out],
-            })
-        }
-        "Split" => {
-            let shape = cx.shape(0)?;
-            let axis = cx.axis(cx.attr_i("axis", 0)?, shape.len())?;
-            let dim = shape[axis]
-                .as_fixed()
-                .ok_or("splitting along the batch dimension")? as usize;
-            let n_out = cx.node.outputs.len();
-            let sizes: Vec<usize> = match cx.ints_attr_or_input("split", 1)? {
-                Some(s) => s
-                    .into_iter()
-                    .map(|v| usize::try_from(v).map_err(|_| "negative split"))
-                    .collect::<Result<_, _>>()?,
-                None => {
-                    let parts = cx.attr_i("num_outputs", n_out as i64)?.max(1) as usize;
-                    let each = dim.div_ceil(parts);
-                    (0..parts)
-                        .map(|i| each.min(dim.saturating_sub(i * each)))
-                        .collect()
-                }
-            };
-            if sizes.iter().sum::<usize>() != dim || sizes.len() != n_out || sizes.contains(&0) {
-                return Err(format!(
-                    "split sizes {sizes:?} do not divide a dimension of {dim} into {n_out} outputs"
-                ));
-            }
-            let shapes = sizes
-                .iter()
-                .map(|&s| {
-                    let mut o = shape.clone();
-                    o[axis] = Sym::fixed(s as i64);
-                    o
-                })
-                .collect();
-            let op = Op::Split(Split {
-                axis: canon_axis(axis, shape.len()),
-                sizes,
-            });
-            Ok(Compiled::Run {
-                op,
-                args: vec![Arg::Input(0)],
-                shapes,
-            })
-        }
-        "Expand" => {
-            let target = cx.host(1)?.to_syms()?;
-            let out = sym::broadcast(&cx.shape(0)?, &target).ok_or("shapes do not broadcast")?;
-            Ok(Compiled::Run {
-                op: Op::Expand,
-                args: vec![Arg::Input(0)],
-                shapes: vec![out],
-            })
-        }
+        "Slice" => slice(cx),
+        "Gather" => gather(cx),
+        "Split" => split(cx),
+        "Expand" => expand(cx),
         _ => Err(format!("{op} is not a layout operator")),
     }
+}
+
+/// Dropout: the identity at inference; a training-mode flag that is set is refused.
+fn dropout(cx: &Cx) -> Res<Compiled> {
+    if let Some(t) = cx.opt_host(2)? {
+        if t.to_f32()?.iter().any(|&v| v != 0.0) {
+            return Err("training mode is not supported (inference only)".into());
+        }
+    }
+    Ok(Compiled::Alias(0))
+}
+
+/// Cast: the identity between float types; any other element type is refused.
+fn cast(cx: &Cx) -> Res<Compiled> {
+    let to = cx.attr_i("to", 1)? as i32;
+    if is_float_type(to) {
+        Ok(Compiled::Alias(0))
+    } else {
+        Err(format!(
+            "casting an activation to element type {to} is not supported"
+        ))
+    }
+}
+
+/// Flatten: a reshape to two dimensions split at `axis`.
+fn flatten(cx: &Cx) -> Res<Compiled> {
+    let shape = cx.shape(0)?;
+    let axis = cx.axis(cx.attr_i("axis", 1)?, shape.len() + 1)?;
+    let rows = sym::numel(&shape[..axis]).ok_or("size not linear in the batch size")?;
+    let cols = sym::numel(&shape[axis..]).ok_or("size not linear in the batch size")?;
+    reshape_to(vec![rows, cols])
+}
+
+/// Transpose: the permutation, on canonical axes.
+fn transpose(cx: &Cx) -> Res<Compiled> {
+    let shape = cx.shape(0)?;
+    let perm = permutation(cx, shape.len())?;
+    let off = MAX_RANK - shape.len();
+    let mut canon: [usize; MAX_RANK] = std::array::from_fn(|i| i);
+    for (i, &p) in perm.iter().enumerate() {
+        canon[off + i] = off + p;
+    }
+    let out = perm.iter().map(|&p| shape[p]).collect();
+    Ok(Compiled::Run {
+        op: Op::Transpose(canon),
+        args: vec![Arg::Input(0)],
+        shapes: vec![out],
+    })
+}
+
+/// Concat: inputs joined along `axis`, every other dimension equal.
+fn concat(cx: &Cx) -> Res<Compiled> {
+    let shapes: Vec<SymShape> = (0..cx.n_inputs())
+        .map(|i| cx.shape(i))
+        .collect::<Res<_>>()?;
+    let rank = shapes.first().ok_or("no inputs")?.len();
+    let axis = cx.axis(cx.attr_i("axis", 0)?, rank)?;
+    let mut out = shapes[0].clone();
+    for s in &shapes[1..] {
+        if s.len() != rank || (0..rank).any(|d| d != axis && s[d] != out[d]) {
+            return Err(format!(
+                "inputs of incompatible shapes {} and {}",
+                sym::show(&out),
+                sym::show(s)
+            ));
+        }
+        out[axis] = out[axis]
+            .add(s[axis])
+            .ok_or("concatenated size not linear in the batch size")?;
+    }
+    let args = (0..cx.n_inputs()).map(Arg::Input).collect();
+    Ok(Compiled::Run {
+        op: Op::Concat(canon_axis(axis, rank)),
+        args,
+        shapes: vec![out],
+    })
+}
+
+/// Slice: constant starts, ends, axes and steps (a slice along the batch is refused).
+fn slice(cx: &Cx) -> Res<Compiled> {
+    let shape = cx.shape(0)?;
+    let ranges = slice_ranges(cx, &shape)?;
+    let off = MAX_RANK - shape.len();
+    let mut axes = [None; MAX_RANK];
+    for (d, r) in ranges.iter().enumerate() {
+        if r.whole {
+            continue;
+        }
+        let len = r
+            .len
+            .as_fixed()
+            .ok_or("slicing along the batch dimension")? as usize;
+        if len == 0 {
+            return Err("an empty slice".into());
+        }
+        axes[off + d] = Some((r.start as usize, r.step as isize, len));
+    }
+    let out = ranges.iter().map(|r| r.len).collect();
+    Ok(Compiled::Run {
+        op: Op::Slice(axes),
+        args: vec![Arg::Input(0)],
+        shapes: vec![out],
+    })
+}
+
+/// Gather: constant indices along a fixed-size axis.
+fn gather(cx: &Cx) -> Res<Compiled> {
+    let shape = cx.shape(0)?;
+    let axis = cx.axis(cx.attr_i("axis", 0)?, shape.len())?;
+    let dim = shape[axis]
+        .as_fixed()
+        .ok_or("gathering along the batch dimension")?;
+    let idx = cx.host(1)?;
+    let indices = super::gather_indices(idx, dim)?;
+    let mut out = shape[..axis].to_vec();
+    out.extend(idx.shape.iter().map(|&d| Sym::fixed(d as i64)));
+    out.extend_from_slice(&shape[axis + 1..]);
+    let op = Op::Gather(Gather {
+        axis: canon_axis(axis, shape.len()),
+        indices,
+    });
+    Ok(Compiled::Run {
+        op,
+        args: vec![Arg::Input(0)],
+        shapes: vec![out],
+    })
+}
+
+/// Split: sizes from the attribute or input 1, else `num_outputs` equal parts.
+fn split(cx: &Cx) -> Res<Compiled> {
+    let shape = cx.shape(0)?;
+    let axis = cx.axis(cx.attr_i("axis", 0)?, shape.len())?;
+    let dim = shape[axis]
+        .as_fixed()
+        .ok_or("splitting along the batch dimension")? as usize;
+    let n_out = cx.node.outputs.len();
+    let sizes: Vec<usize> = match cx.ints_attr_or_input("split", 1)? {
+        Some(s) => s
+            .into_iter()
+            .map(|v| usize::try_from(v).map_err(|_| "negative split"))
+            .collect::<Result<_, _>>()?,
+        None => {
+            let parts = cx.attr_i("num_outputs", n_out as i64)?.max(1) as usize;
+            let each = dim.div_ceil(parts);
+            (0..parts)
+                .map(|i| each.min(dim.saturating_sub(i * each)))
+                .collect()
+        }
+    };
+    if sizes.iter().sum::<usize>() != dim || sizes.len() != n_out || sizes.contains(&0) {
+        return Err(format!(
+            "split sizes {sizes:?} do not divide a dimension of {dim} into {n_out} outputs"
+        ));
+    }
+    let shapes = sizes
+        .iter()
+        .map(|&s| {
+            let mut o = shape.clone();
+            o[axis] = Sym::fixed(s as i64);
+            o
+        })
+        .collect();
+    let op = Op::Split(Split {
+        axis: canon_axis(axis, shape.len()),
+        sizes,
+    });
+    Ok(Compiled::Run {
+        op,
+        args: vec![Arg::Input(0)],
+        shapes,
+    })
+}
+
+/// Expand: a broadcast to a constant shape.
+fn expand(cx: &Cx) -> Res<Compiled> {
+    let target = cx.host(1)?.to_syms()?;
+    let out = sym::broadcast(&cx.shape(0)?, &target).ok_or("shapes do not broadcast")?;
+    Ok(Compiled::Run {
+        op: Op::Expand,
+        args: vec![Arg::Input(0)],
+        shapes: vec![out],
+    })
 }
 
 fn reshape_to(out: SymShape) -> Res<Compiled> {
