@@ -45,6 +45,8 @@
 //!   L∞ and L2), answering every ε at once through [`MinimumNorm`].
 //! - Score-based: [`SquareConfig`] (Andriushchenko et al. 2020, L∞ and L2). Decision-based:
 //!   [`BoundaryConfig`], [`PointwiseConfig`].
+//! - Ensembles: [`AutoAttack`] (Croce & Hein 2020), its standard version and the one for
+//!   randomised defences, as a [`Cascade`].
 //! - Every attack returns an [`AttackOutcome`]: per example, adversarial or not (re-checked;
 //!   with many chains for a stochastic model), L0 / L2 / L∞ distances in pixel units, gradient
 //!   and forward evaluations.
@@ -56,6 +58,7 @@
 
 mod apgd;
 mod attack;
+mod autoattack;
 mod boundary;
 mod channels;
 mod classifier;
@@ -81,6 +84,7 @@ pub use apgd::{
 pub use attack::{
     Access, Attack, Cascade, Describe, FixedEpsilon, MinimumNorm, MinimumPerturbation, PerEpsilon,
 };
+pub use autoattack::{AutoAttack, AutoAttackVersion};
 pub use boundary::BoundaryConfig;
 pub use channels::{scale_channels, shift_channels};
 pub use classifier::{

@@ -1,17 +1,16 @@
 //! The attack a cell runs, built from the sweep's settings ([`AttackKind::build`]): a fixed-ε
-//! attack, a minimum-perturbation attack, or a preset's cascade of them. What each attack needs
+//! attack, a minimum-perturbation attack, or a preset: jem-attacks' [`AutoAttack`] cascade. What each attack needs
 //! of the model (gradients, scores, decisions) is what the attack itself declares
 //! ([`Describe::access`]), read from the same configuration.
 
 use jem_attacks::{
-    Access, ApgdConfig, ApgdLoss, Attack, BoundaryConfig, Cascade, Describe, FabConfig,
-    MinimumNorm, MinimumPerturbation, Model, PgdConfig, PointwiseConfig, SquareConfig,
+    Access, ApgdConfig, ApgdLoss, Attack, AutoAttack, BoundaryConfig, Cascade, Describe, FabConfig,
+    MinimumPerturbation, Model, PgdConfig, PointwiseConfig, SquareConfig,
 };
 
 use super::cells::AttackKind;
 use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
-use crate::Choice;
 
 /// The attack a cell runs, configured from the sweep's settings.
 pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {
@@ -78,29 +77,20 @@ impl AttackKind {
         spec: &SweepSpec,
         eot: usize,
     ) -> Configured<'a, B, M> {
-        if !self.is_preset() {
+        let Some(version) = self.autoattack_version() else {
             return single(spec, self, eot).bind();
-        }
-        let kinds = self.stages();
-        let attacks = kinds
-            .iter()
-            .map(|&kind| match single(spec, kind, eot).bind::<B, M>() {
-                Configured::PerEps(a) => a,
-                // Inside a cascade a minimum-norm attack answers each ε by its distance.
-                Configured::Minimum(a) => Box::new(MinimumNorm {
-                    attack: a,
-                    norm: spec.norm,
-                }),
-                Configured::Cascade(..) => unreachable!("a single attack is no cascade"),
-            })
-            .collect();
-        Configured::Cascade(
-            kinds,
-            Cascade {
-                name: self.name(),
-                attacks,
-            },
-        )
+        };
+        let autoattack = AutoAttack {
+            version,
+            norm: spec.norm,
+            apgd_iterations: spec.apgd_iterations,
+            apgd_restarts: spec.restarts,
+            fab_iterations: spec.fab_iterations,
+            square_queries: spec.square_queries,
+            eot,
+            seed: spec.seed,
+        };
+        Configured::Cascade(self.stages(), autoattack.cascade())
     }
 }
 
@@ -169,6 +159,7 @@ fn single(spec: &SweepSpec, kind: AttackKind, eot: usize) -> Single {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Choice;
 
     #[test]
     fn each_attack_declares_what_it_needs_of_the_model() {

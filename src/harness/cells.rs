@@ -8,7 +8,7 @@
 //! through the stochastic SGLD defence (K > 0).
 
 use crate::Choice;
-use jem_attacks::GradMode;
+use jem_attacks::{AutoAttack, AutoAttackVersion, GradMode};
 use serde::{Deserialize, Serialize};
 
 /// An attack of the sweep, or a preset of several run as a cascade. Its name ([`AttackKind::name`],
@@ -131,16 +131,27 @@ impl AttackKind {
         }
     }
 
+    /// The version of AutoAttack a preset runs (jem-attacks' [`AutoAttack`]); `None` for a
+    /// single attack and for `adaptive`, which is one of them per K.
+    pub fn autoattack_version(self) -> Option<AutoAttackVersion> {
+        match self {
+            AttackKind::AutoAttack => Some(AutoAttackVersion::Standard),
+            AttackKind::AutoAttackRand => Some(AutoAttackVersion::Rand),
+            _ => None,
+        }
+    }
+
     /// The attacks a preset runs, in order (itself for a single attack).
     pub fn stages(self) -> Vec<AttackKind> {
+        if let Some(version) = self.autoattack_version() {
+            return AutoAttack::stage_names(version)
+                .iter()
+                .map(|name| {
+                    AttackKind::parse(name).expect("AutoAttack's stages are attacks of the sweep")
+                })
+                .collect();
+        }
         match self {
-            AttackKind::AutoAttack => vec![
-                AttackKind::ApgdCe,
-                AttackKind::ApgdT,
-                AttackKind::FabT,
-                AttackKind::Square,
-            ],
-            AttackKind::AutoAttackRand => vec![AttackKind::ApgdCe, AttackKind::ApgdDlr],
             // Every attack it may run, at one K or another.
             AttackKind::Adaptive => vec![
                 AttackKind::ApgdCe,
