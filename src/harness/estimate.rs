@@ -166,6 +166,22 @@ pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
     seconds / n as f64
 }
 
+/// Seconds that tasks of `seconds` (in the order they start) take on `workers` workers, each
+/// worker taking the next task as soon as it is free, as a sweep hands out its cells. A task
+/// is taken to last as long alone as beside others: a cell's gradient is timed on every core,
+/// so a cell left running alone at the end finishes sooner than counted (this errs long).
+pub fn makespan(seconds: &[f64], workers: usize) -> f64 {
+    let mut free = vec![0.0_f64; workers.max(1)];
+    for &task in seconds {
+        let next = free
+            .iter_mut()
+            .min_by(|a, b| a.total_cmp(b))
+            .expect("at least one worker");
+        *next += task;
+    }
+    free.into_iter().fold(0.0, f64::max)
+}
+
 pub use crate::duration::duration;
 
 #[cfg(test)]
@@ -248,6 +264,17 @@ mod tests {
             expected_gradients_per_example(&spec, &fab, 10, 1.0, &[0.5]),
             None
         );
+    }
+
+    #[test]
+    fn cells_side_by_side_take_the_longest_worker_not_their_sum() {
+        assert_eq!(makespan(&[], 2), 0.0);
+        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 1), 6.0);
+        // Worker 1: 3; worker 2: 1, 1, 1 (each taken as it frees).
+        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 2), 3.0);
+        // Worker 1: 2, then 5 (free at 2 before worker 2 at 4); worker 2: 4.
+        assert_eq!(makespan(&[2.0, 4.0, 5.0], 2), 7.0);
+        assert_eq!(makespan(&[2.0, 4.0, 5.0], 8), 5.0);
     }
 
     #[test]

@@ -58,18 +58,23 @@ impl TerminalProgress {
 impl SweepObserver for TerminalProgress {
     fn starting(&self, estimate: &SweepEstimate, finished_before: usize) {
         let estimates = &estimate.cells;
-        let total = estimate.expected();
         if !estimates.is_empty() {
+            let at_once = match estimate.jobs.min(estimates.len()) {
+                1 => String::new(),
+                jobs => format!(", {jobs} at a time"),
+            };
             eprintln!(
-                "{} cells to run, about {} here (timed gradients, and the examples a pilot \
-                 attack left standing at each ε), at most {} (every example attacked at every ε \
-                 to the last iteration)",
+                "{} cells to run{at_once}, about {} here (timed gradients, and the examples a \
+                 pilot attack left standing at each ε), at most {} (every example attacked at \
+                 every ε to the last iteration)",
                 estimates.len(),
-                estimate::duration(total),
-                estimate::duration(estimate.bound)
+                estimate::duration(estimate.expected()),
+                estimate::duration(estimate.bound())
             );
         }
-        // Counted in estimated milliseconds, so that the remaining time weighs cells by cost.
+        // Counted in the cells' estimated milliseconds, so that the remaining time weighs cells
+        // by cost; run side by side, they advance it side by side.
+        let total: f64 = estimates.iter().sum();
         let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
         bar.set_style(
             ProgressStyle::with_template(
@@ -122,12 +127,14 @@ impl SweepObserver for TerminalProgress {
         self.done.set(self.done.get() + 1);
         let last = result.rows.last().map_or(String::new(), |row| {
             format!(
-                "last: {} {} K={} ε={} robust {:.1} %",
+                "last: {} {} K={} ε={} robust {:.1} % (the cell took {}, estimated {})",
                 row.attack,
                 row.model,
                 row.k,
                 row.eps,
-                100.0 * row.robust_accuracy
+                100.0 * row.robust_accuracy,
+                estimate::duration(result.seconds),
+                estimate::duration(estimated_seconds)
             )
         });
         let advanced = self
@@ -203,7 +210,8 @@ mod tests {
     fn estimate(cells: &[f64]) -> SweepEstimate {
         SweepEstimate {
             cells: cells.to_vec(),
-            bound: 2.0 * cells.iter().sum::<f64>(),
+            bounds: cells.iter().map(|c| 2.0 * c).collect(),
+            jobs: 1,
         }
     }
 

@@ -155,19 +155,27 @@ pub(super) const MORE_ITERATIONS: usize = 2;
 /// first attack at its budget with one draw, on 16 examples, in sweeps of 64 or more) tells
 /// how many examples stand at each ε, so that the examples an attack breaks early, and the
 /// later stages of a cascade that never see them, are not counted at full cost.
+/// Cells run `jobs` at a time, so the sweep takes what its cells take when handed out in
+/// order to that many workers, not their sum.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepEstimate {
     /// Expected seconds of each cell to run, in the order they start.
     pub cells: Vec<f64>,
-    /// Seconds they take at most, every example attacked at every ε to the last iteration.
-    pub bound: f64,
+    /// Seconds each takes at most, every example attacked at every ε to the last iteration.
+    pub bounds: Vec<f64>,
+    /// Cells run at once.
+    pub jobs: usize,
 }
 
 impl SweepEstimate {
-    /// Expected seconds of the whole sweep: the cells' sum (cells run side by side share the
-    /// cores their timed gradients used).
+    /// Expected seconds of the whole sweep: its cells on [`jobs`](Self::jobs) workers.
     pub fn expected(&self) -> f64 {
-        self.cells.iter().sum()
+        super::estimate::makespan(&self.cells, self.jobs)
+    }
+
+    /// Seconds the whole sweep takes at most: the cells' bounds on the same workers.
+    pub fn bound(&self) -> f64 {
+        super::estimate::makespan(&self.bounds, self.jobs)
     }
 }
 

@@ -95,7 +95,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             "{}: this sweep would take up to {} here (a gradient timed at smaller counts, \
              scaled); allow it (--allow-long) to run it",
             beyond.problem,
-            estimate::duration(long_run_bound(plan, spec, &mine)?)
+            estimate::duration(long_run_bound(plan, spec, &mine, runner.jobs.get())?)
         );
         return Err(beyond.into());
     }
@@ -113,7 +113,8 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         .filter(|&i| done[mine_at[i]].is_none())
         .collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
-    let estimate = estimate_cells(plan, spec, &mine, &pending)?;
+    let jobs = runner.jobs.get().clamp(1, pending.len().max(1));
+    let estimate = estimate_cells(plan, spec, &mine, &pending, jobs)?;
     runner
         .observer
         .starting(&estimate, mine.len() - pending.len());
@@ -125,7 +126,6 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     // Workers send each kept part of a cell and each finished cell; this thread reports and
     // saves them (an observer need not be shareable between threads).
     let (tx, rx) = mpsc::channel::<(usize, Message)>();
-    let jobs = runner.jobs.get().clamp(1, pending.len().max(1));
     std::thread::scope(|scope| -> anyhow::Result<()> {
         for _ in 0..jobs {
             let tx = tx.clone();
@@ -254,7 +254,8 @@ fn first_examples<B: BenchBackend, N: Module<B>>(
     (x, y)
 }
 
-/// What `mine` would take at most ([`SweepEstimate::bound`]), within seconds even for counts
+/// What `mine` would take at most on `jobs` workers ([`SweepEstimate::bound`]), within
+/// seconds even for counts
 /// far beyond the usual: each gradient is timed on a few examples at no more than
 /// [`TIMED_STEPS`] SGLD steps and [`TIMED_CHAINS`] chains and scaled to the sweep's (an SGLD
 /// step and a chain each cost about one pass of the network).
@@ -262,6 +263,7 @@ fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     mine: &[&Cell],
+    jobs: usize,
 ) -> anyhow::Result<f64> {
     let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
     let chains = spec.defence.chains.max(1);
@@ -272,8 +274,11 @@ fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         },
         ..spec.clone()
     };
-    let mut bound = 0.0;
-    for cell in mine {
+    // In the order the sweep would start them, longest K first.
+    let mut cells = mine.to_vec();
+    cells.sort_by_key(|cell| std::cmp::Reverse(cell.k));
+    let mut bounds = Vec::new();
+    for cell in cells {
         let timed_cell = Cell {
             k: cell.k.min(TIMED_STEPS),
             ..(*cell).clone()
@@ -293,9 +298,9 @@ fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         };
         let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
             * (1.0 + estimate::check_factor(spec, cell, eps));
-        bound += seconds * spec.n_examples as f64 * most;
+        bounds.push(seconds * spec.n_examples as f64 * most);
     }
-    Ok(bound)
+    Ok(estimate::makespan(&bounds, jobs))
 }
 
 /// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].
@@ -360,6 +365,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     spec: &SweepSpec,
     mine: &[&Cell],
     pending: &[usize],
+    jobs: usize,
 ) -> anyhow::Result<SweepEstimate> {
     let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
     grid.sort_by(f32::total_cmp);
@@ -367,7 +373,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     type Key<'a> = (&'a str, usize, Option<GradMode>);
     let mut timed: Vec<(Key, f64)> = Vec::new();
     let mut piloted: Vec<((Key, AttackKind), (f64, Vec<f64>))> = Vec::new();
-    let (mut cells, mut bound) = (Vec::new(), 0.0);
+    let (mut cells, mut bounds) = (Vec::new(), Vec::new());
     for &i in pending {
         let cell = mine[i];
         let subject = plan.subject(cell);
@@ -388,7 +394,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         let n = spec.n_examples as f64;
         let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
             * (1.0 + estimate::check_factor(spec, cell, eps));
-        bound += seconds * n * most;
+        bounds.push(seconds * n * most);
         // Only where the count can use survivors, and the pilot costs a small part of the
         // cell's attack: at the default's K = 1, 16 examples at one draw of APGD-CE's 4 and
         // without APGD-DLR, against 100 examples (3 % of the attack, before its check).
@@ -412,7 +418,11 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         };
         cells.push(seconds * n * likely);
     }
-    Ok(SweepEstimate { cells, bound })
+    Ok(SweepEstimate {
+        cells,
+        bounds,
+        jobs,
+    })
 }
 
 /// What the default evaluation of a quick look's models, norm, ε and K would take here: the
@@ -436,7 +446,8 @@ fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     };
     let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
     grid.sort_by(f32::total_cmp);
-    let (mut expected, mut bound) = (0.0, 0.0);
+    // Per cell, in the order `robust` starts them (longest K first): (K, expected, bound).
+    let mut cells: Vec<(usize, f64, f64)> = Vec::new();
     for subject in &plan.subjects {
         for &k in &full.ks {
             let cell = Cell {
@@ -451,7 +462,7 @@ fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             let most =
                 estimate::gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0)
                     * (1.0 + estimate::check_factor(&full, &cell, grid.len()));
-            bound += seconds * n * most;
+            let bound = seconds * n * most;
             // The quick look's worst case at this model and K.
             let worst: Vec<&TidyRow> = rows
                 .iter()
@@ -470,9 +481,13 @@ fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             let likely =
                 estimate::expected_gradients_per_example(&full, &cell, classes, clean, &standing)
                     .unwrap_or(most);
-            expected += seconds * n * likely;
+            cells.push((k, seconds * n * likely, bound));
         }
     }
+    cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = estimate::makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
+    let bound = estimate::makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
     let norm = quick.norm;
     Ok(format!(
         "the full evaluation, `jem-bench robust --norm {norm}` (100 images, the adaptive \

@@ -4,7 +4,6 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
-use jem_datasets::ImageSet;
 use jem_kernels::KernelsAutodiff;
 
 use super::log::CsvLog;
@@ -56,24 +55,6 @@ pub(super) fn open_logs<B: KernelsAutodiff, O: Objective<B>>(
         progress.epoch as u64,
     )?;
     Ok((header, iter_log, epoch_log))
-}
-
-/// A run from before robust selection: its best checkpoint scored by the new criterion, so
-/// that later epochs are compared with it rather than replacing it unseen.
-pub(super) fn score_chosen_on_clean<B: KernelsAutodiff, O: Objective<B>>(
-    best: &Checkpoint,
-    objective: &O,
-    val: &ImageSet,
-    device: &B::Device,
-) -> anyhow::Result<f64> {
-    let (kept, _) = best.load::<B>(device)?;
-    let r = objective.robust_accuracy(&kept, val, device)?;
-    eprintln!(
-        "best checkpoint {}: robust validation accuracy {r:.4} (scored now; it was chosen on \
-         clean accuracy)",
-        best.weights.display()
-    );
-    Ok(r)
 }
 
 /// The progress bar of a run of `total` iterations, `done` of them done.

@@ -6,10 +6,8 @@
 //! `progress.json` (written atomically) switches to g, then generations older than the one before
 //! g are deleted. An interruption at any point leaves a complete earlier generation in place.
 //!
-//! An objective state larger than [`PART_BYTES`] (MNIST's replay buffer of 10 000 chains is
-//! 31 MB) is written as numbered parts, `objective-g.part0of2.bin`, `objective-g.part1of2.bin`,
-//! so that every file of a training state fits a repository's limit on file size and a long run
-//! can be committed and continued on another machine.
+//! A state records its format ([`STATE_FORMAT`]); a state of another format is refused with
+//! what to do instead (start afresh from the run's best checkpoint), never half read.
 
 use std::path::{Path, PathBuf};
 
@@ -22,9 +20,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{write_atomic, WideResNet};
 
+/// The format of the training states this jem-bench writes and reads. Format 2: one file per
+/// record (format 1 split large objective states into parts and lacked some fields below).
+pub const STATE_FORMAT: u32 = 2;
+
 /// Where a run stands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
+    /// [`STATE_FORMAT`] of the state.
+    pub format: u32,
     pub generation: u64,
     /// Completed optimiser steps.
     pub global_iter: usize,
@@ -33,28 +37,21 @@ pub struct Progress {
     pub batch_in_epoch: usize,
     /// Clean validation accuracy of the best checkpoint.
     pub best_val_accuracy: Option<f64>,
-    /// Robust validation accuracy of the best checkpoint, for objectives that select on it
-    /// (absent from runs started before it was measured).
-    #[serde(default)]
+    /// Robust validation accuracy of the best checkpoint, for objectives that select on it.
     pub best_val_robust_accuracy: Option<f64>,
     pub wall_seconds: f64,
     /// The run's settings as JSON; a resume with other settings is refused.
     pub settings: serde_json::Value,
     /// Factor on the scheduled learning rate, lowered by the divergence guard at each rollback.
-    #[serde(default = "one")]
     pub lr_scale: f64,
     /// Rollbacks the divergence guard has made so far.
-    #[serde(default)]
     pub rollbacks: usize,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 impl Default for Progress {
     fn default() -> Self {
         Self {
+            format: STATE_FORMAT,
             generation: 0,
             global_iter: 0,
             epoch: 0,
@@ -68,9 +65,6 @@ impl Default for Progress {
         }
     }
 }
-
-/// Largest file of an objective's state; larger states are split into parts of this size.
-pub const PART_BYTES: usize = 16 << 20;
 
 pub struct StateDir {
     dir: PathBuf,
@@ -96,7 +90,20 @@ impl StateDir {
         }
         let text =
             std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-        Ok(Some(serde_json::from_str(&text).with_context(|| {
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))?;
+        let format = value.get("format").and_then(serde_json::Value::as_u64);
+        anyhow::ensure!(
+            format == Some(STATE_FORMAT.into()),
+            "{}: format: a training state of {}; this jem-bench reads format {STATE_FORMAT} \
+             only: start a fresh run (--init-from the run's best checkpoint keeps its weights)",
+            p.display(),
+            format.map_or(
+                "format 1 (written before states recorded one)".into(),
+                |f| { format!("format {f}") }
+            )
+        );
+        Ok(Some(serde_json::from_value(value).with_context(|| {
             format!("{}: not a jem-bench training progress file", p.display())
         })?))
     }
@@ -124,7 +131,7 @@ impl StateDir {
         write_atomic(&self.dir.join(format!("model-{g}.bin")), &model_bytes)?;
         write_atomic(&self.dir.join(format!("optim-{g}.bin")), &optim_bytes)?;
         if let Some(bytes) = objective {
-            write_objective(&self.dir, g, &bytes, PART_BYTES)?;
+            write_atomic(&self.dir.join(format!("objective-{g}.bin")), &bytes)?;
         }
         let progress_json = serde_json::to_string_pretty(progress)?;
         write_atomic(
@@ -172,7 +179,20 @@ impl StateDir {
         let p = self.dir.join(format!("progress-{g}.json"));
         let text =
             std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-        Ok(Some(serde_json::from_str(&text).with_context(|| {
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))?;
+        let format = value.get("format").and_then(serde_json::Value::as_u64);
+        anyhow::ensure!(
+            format == Some(STATE_FORMAT.into()),
+            "{}: format: a training state of {}; this jem-bench reads format {STATE_FORMAT} \
+             only: start a fresh run (--init-from the run's best checkpoint keeps its weights)",
+            p.display(),
+            format.map_or(
+                "format 1 (written before states recorded one)".into(),
+                |f| { format!("format {f}") }
+            )
+        );
+        Ok(Some(serde_json::from_value(value).with_context(|| {
             format!("{}: not a jem-bench training progress file", p.display())
         })?))
     }
@@ -247,74 +267,20 @@ fn load_record<B: burn::tensor::backend::Backend, R: burn::record::Record<B>>(
         .with_context(|| format!("training state {} is unreadable", path.display()))
 }
 
-/// Writes an objective's state of generation `g`: one file, or parts of at most `part_bytes`.
-fn write_objective(dir: &Path, g: u64, bytes: &[u8], part_bytes: usize) -> anyhow::Result<()> {
-    if bytes.len() <= part_bytes {
-        return write_atomic(&dir.join(format!("objective-{g}.bin")), bytes);
-    }
-    let parts = bytes.len().div_ceil(part_bytes);
-    for (i, part) in bytes.chunks(part_bytes).enumerate() {
-        write_atomic(
-            &dir.join(format!("objective-{g}.part{i}of{parts}.bin")),
-            part,
-        )?;
-    }
-    Ok(())
-}
-
-/// Reads what [`write_objective`] wrote for generation `g`, with a name for error messages;
-/// `None` if nothing was. Parts must all be there, each numbered for the same count.
+/// The objective's state of generation `g`, with its path for error messages; `None` if the
+/// objective keeps none.
 fn read_objective(dir: &Path, g: u64) -> anyhow::Result<Option<(Vec<u8>, String)>> {
-    let whole = dir.join(format!("objective-{g}.bin"));
-    if whole.exists() {
-        let bytes = std::fs::read(&whole)
-            .with_context(|| format!("cannot read training state {}", whole.display()))?;
-        return Ok(Some((bytes, whole.display().to_string())));
-    }
-    let prefix = format!("objective-{g}.part");
-    let mut parts: Vec<(usize, usize)> = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(&prefix) else {
-            continue;
-        };
-        let numbers = rest.strip_suffix(".bin").and_then(|r| r.split_once("of"));
-        let parsed = numbers.and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
-        let (i, n) = parsed.with_context(|| {
-            format!(
-                "{}: not a part of a training state (expected {prefix}IofN.bin)",
-                dir.join(&name).display()
-            )
-        })?;
-        parts.push((i, n));
-    }
-    let Some(&(_, count)) = parts.first() else {
+    let path = dir.join(format!("objective-{g}.bin"));
+    if !path.exists() {
         return Ok(None);
-    };
-    parts.sort_unstable();
-    let label = dir
-        .join(format!("{prefix}*of{count}.bin"))
-        .display()
-        .to_string();
-    anyhow::ensure!(
-        parts.iter().copied().eq((0..count).map(|i| (i, count))),
-        "{label}: the training state's parts are incomplete or of different counts (found {:?} \
-         as (part, of)); restore the missing parts",
-        parts
-    );
-    let mut bytes = Vec::new();
-    for i in 0..count {
-        let path = dir.join(format!("{prefix}{i}of{count}.bin"));
-        bytes.extend(
-            std::fs::read(&path)
-                .with_context(|| format!("cannot read training state {}", path.display()))?,
-        );
     }
-    Ok(Some((bytes, label)))
+    let bytes = std::fs::read(&path)
+        .with_context(|| format!("cannot read training state {}", path.display()))?;
+    Ok(Some((bytes, path.display().to_string())))
 }
 
 /// The generation number in a state file name (`model-3.bin`, `progress-3.json`,
-/// `objective-3.part0of2.bin`, …).
+/// `objective-3.bin`, …).
 fn generation_of(name: &str) -> Option<u64> {
     let (stem, _) = name.split_once('.')?;
     let (kind, g) = stem.rsplit_once('-')?;
@@ -328,41 +294,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_large_objective_state_goes_to_parts_and_comes_back_whole() {
+    fn a_state_of_another_format_is_refused_with_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
-        let bytes: Vec<u8> = (0..25u8).collect();
-        write_objective(dir.path(), 7, &bytes, 10).unwrap();
-        let mut names: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(
-            names,
-            [
-                "objective-7.part0of3.bin",
-                "objective-7.part1of3.bin",
-                "objective-7.part2of3.bin"
-            ]
-        );
-        assert!(names.iter().all(|n| generation_of(n) == Some(7)));
-        assert_eq!(read_objective(dir.path(), 7).unwrap().unwrap().0, bytes);
-        assert!(read_objective(dir.path(), 8).unwrap().is_none());
-
-        // Small states stay one file.
-        write_objective(dir.path(), 8, &bytes[..10], 10).unwrap();
-        assert!(dir.path().join("objective-8.bin").exists());
-        assert_eq!(
-            read_objective(dir.path(), 8).unwrap().unwrap().0,
-            &bytes[..10]
-        );
-
-        // A missing part is an error that names the parts, not a shorter state.
-        std::fs::remove_file(dir.path().join("objective-7.part1of3.bin")).unwrap();
-        let err = read_objective(dir.path(), 7).unwrap_err().to_string();
-        assert!(
-            err.contains("objective-7.part*of3.bin") && err.contains("incomplete"),
-            "{err}"
-        );
+        let state = StateDir::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("state")).unwrap();
+        let progress = Progress::default();
+        let mut json = serde_json::to_value(&progress).unwrap();
+        std::fs::write(state.progress_path(), json.to_string()).unwrap();
+        assert_eq!(state.load_progress().unwrap(), Some(progress));
+        for format in [None, Some(1), Some(3)] {
+            match format {
+                None => json.as_object_mut().unwrap().remove("format"),
+                Some(f) => json
+                    .as_object_mut()
+                    .unwrap()
+                    .insert("format".into(), f.into()),
+            };
+            std::fs::write(state.progress_path(), json.to_string()).unwrap();
+            let err = state.load_progress().unwrap_err().to_string();
+            assert!(
+                err.contains("progress.json: format")
+                    && err.contains(&format!("format {}", format.unwrap_or(1)))
+                    && err.contains("--init-from"),
+                "{err}"
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ use rand_distr::{Distribution, Normal};
 use super::augment::Augmentation;
 use super::log::{CsvLog, LogWindow};
 use super::objective::{Objective, Step};
-use super::opening::{iteration_bar, open_logs, score_chosen_on_clean, warm_start};
+use super::opening::{iteration_bar, open_logs, warm_start};
 use super::resume::{check_resumable, record_backend, record_changes, roll_back};
 use super::schedule::LrSchedule;
 use super::state::{Progress, StateDir};
@@ -185,7 +185,7 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         let state = StateDir::new(&cfg.out);
         let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;
         let mut optim = adam().init::<B, WideResNet<B>>();
-        let mut progress = match state.load_progress()? {
+        let progress = match state.load_progress()? {
             Some(mut p) => {
                 // What a resumed run changed is recorded in `changes.csv`.
                 check_resumable(cfg, &p, &settings)?;
@@ -224,12 +224,8 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
 
         let robust = objective.selects_on_robustness();
         let (header, iter_log, epoch_log) = open_logs(cfg, &*objective, &progress)?;
-
         let best = Checkpoint::at(cfg.out.join("model"));
-        if robust && progress.best_val_robust_accuracy.is_none() && best.exists() {
-            progress.best_val_robust_accuracy =
-                Some(score_chosen_on_clean(&best, &*objective, &val, device)?);
-        }
+
         let batches_per_epoch = train.len().div_ceil(cfg.batch_size);
         let total_iters = batches_per_epoch * cfg.epochs;
         let stop_at = cfg.max_iters.unwrap_or(usize::MAX).min(total_iters);
