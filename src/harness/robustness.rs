@@ -117,9 +117,10 @@ pub fn check_cell(result: &CellResult) -> Result<(), String> {
         }
         let sizes = [e.l0, e.l2, e.linf];
         if sizes.iter().any(|d| d.is_nan() || *d < 0.0) || e.eps.is_some_and(|x| !(x >= 0.0)) {
+            let eps = e.eps.map_or("none".to_string(), |x| x.to_string());
             return Err(format!(
-                "example record {i} has a negative or NaN size (ε {:?}, L0 {}, L2 {}, L∞ {})",
-                e.eps, e.l0, e.l2, e.linf
+                "example record {i} has a negative or NaN size (ε {eps}, L0 {}, L2 {}, L∞ {})",
+                e.l0, e.l2, e.linf
             ));
         }
     }

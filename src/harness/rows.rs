@@ -321,11 +321,15 @@ impl TidyRow {
                     && broken <= (eot + iterations).min(sampled)
                     && sampled <= self.n => {}
             _ => {
+                // An absent count is written as the empty field the CSV holds.
+                let [sampled, eot, iterations, broken] =
+                    counts.map(|c| c.map_or("empty".to_string(), |c| c.to_string()));
                 return Err(format!(
-                    "the convergence check's counts (sampled {:?}, broken by 4× EOT {:?}, by \
-                     2× iterations {:?}, by either {:?}) do not fit together or exceed n {}",
-                    counts[0], counts[1], counts[2], counts[3], self.n
-                ))
+                    "the convergence check's counts (sampled {sampled}, broken by 4× EOT {eot}, \
+                     by 2× iterations {iterations}, by either {broken}) do not fit together or \
+                     exceed n {}",
+                    self.n
+                ));
             }
         }
         Ok(())

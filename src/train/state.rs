@@ -88,24 +88,7 @@ impl StateDir {
         if !p.exists() {
             return Ok(None);
         }
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))?;
-        let format = value.get("format").and_then(serde_json::Value::as_u64);
-        anyhow::ensure!(
-            format == Some(STATE_FORMAT.into()),
-            "{}: format: a training state of {}; this jem-bench reads format {STATE_FORMAT} \
-             only: start a fresh run (--init-from the run's best checkpoint keeps its weights)",
-            p.display(),
-            format.map_or(
-                "format 1 (written before states recorded one)".into(),
-                |f| { format!("format {f}") }
-            )
-        );
-        Ok(Some(serde_json::from_value(value).with_context(|| {
-            format!("{}: not a jem-bench training progress file", p.display())
-        })?))
+        read_progress(&p).map(Some)
     }
 
     pub fn save<B, O>(
@@ -177,24 +160,7 @@ impl StateDir {
             return Ok(None);
         };
         let p = self.dir.join(format!("progress-{g}.json"));
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))?;
-        let format = value.get("format").and_then(serde_json::Value::as_u64);
-        anyhow::ensure!(
-            format == Some(STATE_FORMAT.into()),
-            "{}: format: a training state of {}; this jem-bench reads format {STATE_FORMAT} \
-             only: start a fresh run (--init-from the run's best checkpoint keeps its weights)",
-            p.display(),
-            format.map_or(
-                "format 1 (written before states recorded one)".into(),
-                |f| { format!("format {f}") }
-            )
-        );
-        Ok(Some(serde_json::from_value(value).with_context(|| {
-            format!("{}: not a jem-bench training progress file", p.display())
-        })?))
+        read_progress(&p).map(Some)
     }
 
     /// The objective's saved state of the generation named in `progress`, with the file's
@@ -265,6 +231,27 @@ fn load_record<B: burn::tensor::backend::Backend, R: burn::record::Record<B>>(
             )
         })?
         .with_context(|| format!("training state {} is unreadable", path.display()))
+}
+
+/// A progress file read and checked: its format must be [`STATE_FORMAT`].
+fn read_progress(p: &Path) -> anyhow::Result<Progress> {
+    let text =
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))?;
+    let format = value.get("format").and_then(serde_json::Value::as_u64);
+    let found = format.map_or(
+        "format 1 (written before states recorded one)".into(),
+        |f| format!("format {f}"),
+    );
+    anyhow::ensure!(
+        format == Some(STATE_FORMAT.into()),
+        "{}: format: a training state of {found}; this jem-bench reads format {STATE_FORMAT} \
+         only: start a fresh run (--init-from the run's best checkpoint keeps its weights)",
+        p.display()
+    );
+    serde_json::from_value(value)
+        .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))
 }
 
 /// The objective's state of generation `g`, with its path for error messages; `None` if the

@@ -134,18 +134,10 @@ fn a_sweep_on_a_full_disk_stops_with_an_error_and_leaves_no_temporaries() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("sweep");
     let sweep = [
-        "robust",
-        "--models",
-        "results/models/baseline",
-        "--attacks",
-        "fgsm",
-        "--steps",
-        "0",
-        "--eps",
-        "0,0.1",
-        "--n-examples",
-        "5",
-    ];
+        &crate::common::TINY_FGSM_SWEEP[..],
+        &["--models", "results/models/baseline", "--n-examples", "5"],
+    ]
+    .concat();
     let o = limited(1, &sweep, &out);
     assert_failed_cleanly(&o, &out);
     // What the full disk stopped, the same command finishes once there is room.
