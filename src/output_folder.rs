@@ -96,8 +96,7 @@ impl FolderLock {
 /// Files a command writes together as its results (tables, figures, the record of its
 /// settings): each is written to a temporary file first, and only when every one is written
 /// are they renamed into place. A failure to write (a full disk, a refused write) removes the
-/// temporaries and leaves the folder as it was, never with some of the results of this run
-/// beside the others of an earlier one. (A rename, which needs no space, failing between two
+/// temporaries and leaves the folder as it was: no file of the set is replaced unless all are. (A rename, which needs no space, failing between two
 /// others is the one failure that leaves part of the set in place.)
 #[derive(Default)]
 pub struct FileSet {

@@ -173,4 +173,32 @@ mod tests {
             assert_eq!(kind.access(), want, "{}", kind.name());
         }
     }
+
+    /// A preset's stages, built by jem-attacks' AutoAttack, take exactly the settings each of
+    /// those attacks takes on its own in a sweep of the same budgets.
+    #[test]
+    fn a_presets_stages_are_configured_as_the_single_attacks() {
+        type B = crate::backend::Train;
+        type M = jem_attacks::Undefended<jem_attacks::LinearClassifier<B>>;
+        let spec = SweepSpec {
+            apgd_iterations: 7,
+            restarts: 2,
+            fab_iterations: 5,
+            square_queries: 40,
+            seed: 9,
+            ..SweepSpec::default()
+        };
+        for preset in [AttackKind::AutoAttack, AttackKind::AutoAttackRand] {
+            let Configured::Cascade(kinds, cascade) = preset.build::<B, M>(&spec, 3) else {
+                panic!("{} is a cascade", preset.name());
+            };
+            assert_eq!(kinds, preset.stages());
+            assert_eq!(kinds.len(), cascade.attacks.len());
+            for (kind, attack) in kinds.iter().zip(&cascade.attacks) {
+                let alone = single(&spec, *kind, 3);
+                assert_eq!(attack.name(), alone.description().name());
+                assert_eq!(attack.settings(), alone.description().settings());
+            }
+        }
+    }
 }

@@ -167,9 +167,9 @@ pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
 }
 
 /// Seconds that tasks of `seconds` (in the order they start) take on `workers` workers, each
-/// worker taking the next task as soon as it is free, as a sweep hands out its cells. A task
-/// is taken to last as long alone as beside others: a cell's gradient is timed on every core,
-/// so a cell left running alone at the end finishes sooner than counted (this errs long).
+/// worker taking the next task as soon as it is free, as a sweep hands out its cells. A task is
+/// taken to last as long alone as beside others (a cell left running alone at the end has
+/// every core to itself and finishes sooner than counted).
 pub fn makespan(seconds: &[f64], workers: usize) -> f64 {
     let mut free = vec![0.0_f64; workers.max(1)];
     for &task in seconds {

@@ -156,14 +156,15 @@ pub(super) const MORE_ITERATIONS: usize = 2;
 /// how many examples stand at each ε, so that the examples an attack breaks early, and the
 /// later stages of a cascade that never see them, are not counted at full cost.
 /// Cells run `jobs` at a time, so the sweep takes what its cells take when handed out in
-/// order to that many workers, not their sum.
+/// order to that many workers, not their sum (on a GPU, whose cells take turns on one device,
+/// `jobs` is 1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepEstimate {
     /// Expected seconds of each cell to run, in the order they start.
     pub cells: Vec<f64>,
     /// Seconds each takes at most, every example attacked at every ε to the last iteration.
     pub bounds: Vec<f64>,
-    /// Cells run at once.
+    /// Cells counted as running side by side.
     pub jobs: usize,
 }
 

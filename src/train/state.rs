@@ -244,11 +244,14 @@ fn read_progress(p: &Path) -> anyhow::Result<Progress> {
         "format 1 (written before states recorded one)".into(),
         |f| format!("format {f}"),
     );
+    // state/progress.json: the run's folder is two up.
+    let run = p.parent().and_then(Path::parent).unwrap_or(Path::new("."));
     anyhow::ensure!(
         format == Some(STATE_FORMAT.into()),
         "{}: format: a training state of {found}; this jem-bench reads format {STATE_FORMAT} \
-         only: start a fresh run (--init-from the run's best checkpoint keeps its weights)",
-        p.display()
+         only: train afresh into another --out (--init-from {} keeps the run's best weights)",
+        p.display(),
+        run.join("model").display()
     );
     serde_json::from_value(value)
         .with_context(|| format!("{}: not a jem-bench training progress file", p.display()))

@@ -1066,7 +1066,7 @@ fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("2 cells to run, about") && err.contains("at most"),
+        err.contains("2 cells to run") && err.contains("about") && err.contains("at most"),
         "{err}"
     );
 

@@ -345,7 +345,7 @@ fn small_adversarial_run(out: &Path, epochs: usize) -> TrainSpec {
 }
 
 #[test]
-fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored() {
+fn adversarial_training_keeps_its_most_robust_epoch_and_older_states_are_refused() {
     let device = backend::device();
     let objective = |cfg: &TrainSpec| AdversarialObjective::new(cfg.adv.clone());
     let whole = tempfile::tempdir().unwrap();
@@ -354,9 +354,7 @@ fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored(
     assert!(done.finished);
 
     // The best flag marks exactly the epochs that beat every earlier one under attack, and the
-    // kept checkpoint is the most robust (not the most accurate) epoch. At this learning rate the
-    // two disagree (here: epoch 2 is the most accurate and not the most robust), which is what
-    // makes the rescoring below observable.
+    // kept checkpoint is the most robust (not the most accurate) epoch.
     let text = std::fs::read_to_string(whole.path().join("epochs.csv")).unwrap();
     let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
     let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap();
@@ -378,46 +376,30 @@ fn adversarial_training_keeps_its_most_robust_epoch_and_older_runs_are_rescored(
         .unwrap();
     assert_eq!(sidecar.metrics["val_robust_accuracy"], max);
 
-    // A run from before robust selection (no robust column, no robust best in its progress) is
-    // extended: its best checkpoint is scored first, so it ends exactly as the whole run did.
+    // A state of an earlier format (before states recorded one) is refused with what to do,
+    // before anything of the run changes.
     let old = tempfile::tempdir().unwrap();
     let two = small_adversarial_run(old.path(), 2);
     train::<Train, _>(&two, &mut objective(&two), &device).unwrap();
     let progress_path = old.path().join("state/progress.json");
     let mut progress: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&progress_path).unwrap()).unwrap();
-    progress
-        .as_object_mut()
-        .unwrap()
-        .remove("best_val_robust_accuracy");
+    progress.as_object_mut().unwrap().remove("format");
     std::fs::write(&progress_path, progress.to_string()).unwrap();
-    let epochs_path = old.path().join("epochs.csv");
-    let without_robust: Vec<String> = std::fs::read_to_string(&epochs_path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut f: Vec<&str> = l.split(',').collect();
-            f.remove(robust_col);
-            f.join(",")
-        })
-        .collect();
-    std::fs::write(&epochs_path, without_robust.join("\n") + "\n").unwrap();
-
+    let epochs = std::fs::read_to_string(old.path().join("epochs.csv")).unwrap();
     let three = small_adversarial_run(old.path(), 3);
-    let extended = train::<Train, _>(&three, &mut objective(&three), &device).unwrap();
-    assert_eq!(
-        extended.best_val_robust_accuracy,
-        done.best_val_robust_accuracy
+    let err = train::<Train, _>(&three, &mut objective(&three), &device)
+        .err()
+        .expect("an earlier format is refused")
+        .to_string();
+    assert!(
+        err.contains("progress.json: format") && err.contains("format 1"),
+        "{err}"
     );
     assert_eq!(
-        common::best_logits(whole.path()),
-        common::best_logits(old.path())
+        std::fs::read_to_string(old.path().join("epochs.csv")).unwrap(),
+        epochs
     );
-    let text = std::fs::read_to_string(&epochs_path).unwrap();
-    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
-    assert_eq!(rows[0][robust_col], "val_robust_accuracy");
-    assert_eq!(rows[1][robust_col], "", "older rows gain an empty column");
-    assert_eq!(rows[3][robust_col].parse::<f64>().unwrap(), robust[2]);
 }
 
 /// A warm start from a narrower network of the same depth is widened first (Net2WiderNet): at
