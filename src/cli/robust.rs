@@ -59,36 +59,37 @@ pub struct RobustArgs {
     /// (4 with the default 5 chains).
     #[arg(long)]
     pub eot: Option<usize>,
-    #[arg(long, default_value_t = 1)]
+    /// Restarts of PGD and each APGD run (PGD-long takes twice as many).
+    #[arg(long, default_value_t = SweepSpec::default().restarts)]
     pub restarts: usize,
     /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = SweepSpec::default().pgd_steps)]
     pub pgd_steps: usize,
     /// PGD step size as a fraction of ε (default 2.5 / steps, so that the steps can cross the
     /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
     #[arg(long)]
     pub pgd_rel_stepsize: Option<f32>,
     /// APGD iterations per run (AutoAttack: 100).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = SweepSpec::default().apgd_iterations)]
     pub apgd_iterations: usize,
     /// Square-attack queries per example (AutoAttack: 5 000).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = SweepSpec::default().square_queries)]
     pub square_queries: usize,
     /// FAB-T iterations per target class (AutoAttack: 100).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = SweepSpec::default().fab_iterations)]
     pub fab_iterations: usize,
     /// Boundary-attack steps (foolbox's default is 25 000).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = SweepSpec::default().boundary_steps)]
     pub boundary_steps: usize,
     /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = SweepSpec::default().n_examples)]
     pub n_examples: usize,
     /// Convergence check of every stochastic cell (K > 0): at each ε, up to this many of the
     /// examples the attack left standing (a seeded sample) are attacked again, once with 4×
     /// the EOT draws and once with 2× the iterations (steps, queries); a robust accuracy that
     /// then falls below the first estimate's 95 % interval is flagged in the table and in
     /// summary.json. 0: no check.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = SweepSpec::default().convergence_sample)]
     pub convergence_sample: usize,
     /// Examples attacked at once (default: all of a cell's). Bounds memory for a large
     /// --n-examples: a batch holds its images × chains activations. Batch j > 0 seeds its
@@ -98,7 +99,8 @@ pub struct RobustArgs {
     /// Data set (default: the one each model was trained on).
     #[arg(long)]
     pub data: Option<String>,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of every attack's random starts and draws (batch j > 0: mixed with j).
+    #[arg(long, default_value_t = SweepSpec::default().seed)]
     pub seed: u64,
     #[command(flatten)]
     pub defence: DefenceFlags,

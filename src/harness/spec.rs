@@ -17,72 +17,59 @@ use crate::defended::DefenceSpec;
 use crate::settings::{self, InvalidSetting};
 
 /// What a sweep computes: models, data, attacks with their budgets, ε, K, gradient modes,
-/// examples and seed. Stored in every sweep's `settings.json` (fields missing there, settings of
+/// examples and seed. Each field says what it is and which flag of `jem-bench robust` sets it;
+/// the flag's help says what it is for and why its default is what it is. Stored in every
+/// sweep's `settings.json` (fields missing there, settings of
 /// an older version, take their defaults, so stored references keep loading); where the sweep
 /// is written and how it is run are the [`Runner`](super::Runner)'s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SweepSpec {
-    /// Threat model: linf or l2.
+    /// The threat model (`--norm`).
     pub norm: Norm,
-    /// Checkpoints, comma-separated (default: the embedded baseline, JEM and adversarially
-    /// trained models that exist under results/models/).
+    /// Checkpoints to sweep; empty: the embedded models (`--models`). A library caller passes
+    /// its networks as [`Subject`](super::Subject)s instead.
     pub models: Vec<PathBuf>,
-    /// Attacks, comma-separated; presets `autoattack` (APGD-CE → APGD-T → FAB-T → Square) and
-    /// `autoattack-rand` (APGD-CE → APGD-DLR, with EOT) run their attacks as a cascade, each on
-    /// what the ones before left standing. The default, `adaptive`, is `autoattack` at K = 0
-    /// and `autoattack-rand` at K > 0 with gradients through the SGLD steps (--grad full)
-    /// averaged over EOT draws: the evaluation a stochastic test-time defence has to survive.
+    /// Attacks and presets, each a cell per model, K and gradient mode (`--attacks`).
     pub attacks: Vec<AttackKind>,
-    /// ε grid in [0, 1] pixel units (default: 0,0.1,0.2,0.3 for linf; 0,1,2,3 for l2).
+    /// The ε grid in [0, 1] pixel units; empty: the norm's default grid (`--eps`).
     pub eps: Vec<f32>,
-    /// SGLD sampling steps K of the defence.
-    /// (K = 10 through 5 chains costs about 10× K = 1 per attack step: add it when there is
-    /// time.)
+    /// SGLD steps K of the defence, 0 the plain classifier (`--steps`).
     pub ks: Vec<usize>,
-    /// Gradient modes through the SGLD steps (K > 0): full (exact reverse mode through every
-    /// step), bpda (the steps taken as the identity on the way back: a weaker attack, whose
-    /// robust accuracies are upper bounds).
+    /// Gradient modes through the SGLD steps at K > 0 (`--grad`).
     pub grad: Vec<GradMode>,
-    /// Gradient draws averaged per step of the gradient attacks (EOT). Default: 1 at K = 0
-    /// (a deterministic model); at K > 0 enough draws for 20 SGLD noise samples per gradient,
-    /// AutoAttack's count for randomised defences, each draw averaging --chains chains
-    /// (4 with the default 5 chains).
+    /// EOT draws per gradient; `None`: [`SweepSpec::eot_at`]'s default per K (`--eot`).
     pub eot: Option<usize>,
+    /// Restarts of the attacks that restart (PGD, APGD; `--restarts`).
     pub restarts: usize,
-    /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
+    /// PGD steps (`--pgd-steps`).
     pub pgd_steps: usize,
-    /// PGD step size as a fraction of ε (default 2.5 / steps, so that the steps can cross the
-    /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
+    /// PGD step size as a fraction of ε; `None`: the schedule's (`--pgd-rel-stepsize`).
     pub pgd_rel_stepsize: Option<f32>,
-    /// APGD iterations per run (AutoAttack: 100).
+    /// Iterations of each APGD run (`--apgd-iterations`).
     pub apgd_iterations: usize,
-    /// Square-attack queries per example (AutoAttack: 5 000).
+    /// Square-attack queries per example (`--square-queries`).
     pub square_queries: usize,
-    /// FAB-T iterations per target class (AutoAttack: 100).
+    /// FAB-T iterations per target class (`--fab-iterations`).
     pub fab_iterations: usize,
-    /// Boundary-attack steps (foolbox's default is 25 000).
+    /// Boundary-attack steps (`--boundary-steps`).
     pub boundary_steps: usize,
-    /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
+    /// The first `n_examples` images of the test split (`--n-examples`).
     pub n_examples: usize,
-    /// Convergence check of every stochastic cell (K > 0): at each ε, up to this many of the
-    /// examples the attack left standing (a seeded sample) are attacked again, once with 4×
-    /// the EOT draws and once with 2× the iterations (steps, queries); a robust accuracy that
-    /// then falls below the first estimate's 95 % interval is flagged in the table and in
-    /// summary.json. 0: no check.
+    /// Survivors re-attacked per ε by a stochastic cell's convergence check, 0 for none
+    /// (`--convergence-sample`).
     pub convergence_sample: usize,
-    /// Examples attacked at once (default: all of a cell's). Bounds memory for a large
-    /// --n-examples: a batch holds its images × chains activations. Batch j > 0 seeds its
-    /// attacks from (--seed, j), so the numbers depend on the batch size as on the seed.
+    /// Examples attacked at once; `None`: all of a cell's ([`SweepSpec::batch_len`];
+    /// `--batch-size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<usize>,
-    /// Data set (default: the one each model was trained on).
+    /// The data set; `None`: each model's own (`--data`).
     pub data: Option<String>,
+    /// Seed of every attack's random starts and draws (`--seed`).
     pub seed: u64,
+    /// The SGLD defence's settings where they override the model's (`--chains`, …).
     pub defence: DefenceSpec,
-    /// Keep each cell's returned inputs: `OUT/adversarials/CELL.safetensors` (`inputs`
-    /// [N, C, H, W] in [0, 1], `clean`, `labels`, `examples` (test-set indices), `adversarial`
-    /// flags) and `CELL.png` (up to 8 broken examples: clean above, adversarial below).
+    /// Keep each cell's returned inputs under `OUT/adversarials/` (`--save-adversarials`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub save_adversarials: bool,
     /// A quick look ([`SweepSpec::quick_look`]): budgets far below the default evaluation's,
