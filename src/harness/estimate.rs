@@ -1,9 +1,10 @@
 //! How long a sweep will take, printed before it starts: one timed gradient of each defended
 //! model the pending cells attack (model, K and gradient mode), times the gradient evaluations
-//! their attacks take at most — every example attacked at every ε to the last iteration, and
-//! the convergence checks of stochastic cells on their whole samples.
-//! Broken examples drop out early, so a sweep takes at most about that; the progress bar
-//! counts in the same units, so its remaining time corrects itself as cells finish.
+//! their attacks are expected to take (from a pilot attack's survivors) and take at most (every
+//! example attacked at every ε to the last iteration, and the convergence checks of stochastic
+//! cells on their whole samples), the cells then handed out to the sweep's workers
+//! ([`makespan`]). The progress bar counts in the same units, so its remaining time corrects
+//! itself as cells finish.
 
 use std::time::Instant;
 
@@ -73,11 +74,9 @@ fn stage_gradients(
                 spec.apgd_iterations as f64 * restarts(kind) * eot * targets,
                 false,
             ),
-            // Once for every ε on its own, per ε inside a cascade.
-            AttackKind::FabT => (
-                spec.fab_iterations as f64 * targets * eot,
-                !attack.is_preset(),
-            ),
+            // Once for every ε, on its own and inside a cascade (there on the examples standing
+            // at any ε, those of the smallest); a forward pass beside each iteration's gradient.
+            AttackKind::FabT => (spec.fab_iterations as f64 * targets * (eot + FORWARD), true),
             AttackKind::Square => (spec.square_queries as f64 * FORWARD, false),
             AttackKind::Boundary => (spec.boundary_steps as f64 * FORWARD, true),
             AttackKind::Pointwise => (POINTWISE_QUERIES * FORWARD, true),
@@ -91,32 +90,42 @@ fn stage_gradients(
 /// Input gradients per example that a built-in `cell` of `spec` is expected to take, where a
 /// weaker run of the same model and K left `standing` (a fraction, per ε > 0 of `grid`,
 /// ascending) of the examples and classified `clean` of them correctly: at each ε the first
-/// stage attacks what the smaller ε left standing (the examples it breaks stop half-way, on
-/// average), later stages and the convergence check only what is left standing at ε. Survivors
-/// of a weaker run are at least those of the cell's, so this errs long. `None` for an own
-/// attack or a minimum-perturbation one (which attacks every example once for every ε).
+/// stage attacks what the smaller ε left standing (an example it breaks costs `broken_share` of
+/// a whole run: what the weaker run's broken examples took), later stages and the convergence
+/// check only what is left standing at ε, and a stage that answers every ε at once (FAB-T in
+/// a cascade) only what stands at the smallest. Survivors of a weaker run are at least those
+/// of the cell's, so this errs long. `None` for an own attack or a minimum-perturbation one on
+/// its own (which attacks every example once for every ε).
 pub fn expected_gradients_per_example(
     spec: &SweepSpec,
     cell: &Cell,
     classes: usize,
     clean: f64,
     standing: &[f64],
+    broken_share: f64,
 ) -> Option<f64> {
     let attack = cell.attack.kind()?;
     let stages = stage_gradients(spec, attack, cell.k, classes);
-    if stages.iter().any(|&(_, once)| once) {
+    let (first, later) = stages.split_first().expect("an attack has a stage");
+    if first.1 {
         return None;
     }
     let whole: f64 = stages.iter().map(|(g, _)| g).sum();
     let check = cell.k > 0 && spec.convergence_sample > 0;
     let n = spec.n_examples as f64;
+    let broken_share = broken_share.clamp(0.0, 1.0);
     let mut before = clean.clamp(0.0, 1.0);
     let mut total = 0.0;
-    for &left in standing {
+    for (j, &left) in standing.iter().enumerate() {
         let left = left.clamp(0.0, before);
-        let (first, later) = stages.split_first().expect("an attack has a stage");
-        total += first.0 * (left + 0.5 * (before - left));
-        total += later.iter().map(|(g, _)| g * left).sum::<f64>();
+        total += first.0 * (left + broken_share * (before - left));
+        total += later
+            .iter()
+            .map(|&(g, once)| match (once, j) {
+                (false, _) | (true, 0) => g * left,
+                (true, _) => 0.0,
+            })
+            .sum::<f64>();
         if check {
             let sampled = (spec.convergence_sample as f64).min(left * n) / n;
             total += (MORE_EOT + MORE_ITERATIONS) as f64 * sampled * whole;
@@ -125,6 +134,16 @@ pub fn expected_gradients_per_example(
     }
     Some(total)
 }
+
+/// Input gradients one example takes at most at one ε in the first stage of `cell`'s attack
+/// (its first attack, for a preset): what a broken example's cost is a share of.
+pub fn first_stage_gradients(spec: &SweepSpec, cell: &Cell, classes: usize) -> Option<f64> {
+    let attack = cell.attack.kind()?;
+    Some(stage_gradients(spec, attack, cell.k, classes)[0].0)
+}
+
+/// What an example broken by a first stage costs where nothing says otherwise: half a run.
+pub const HALF_RUN: f64 = 0.5;
 
 /// The convergence check's cost relative to the cell's attack over `eps` budgets > 0: a
 /// stochastic cell (K > 0) attacks up to its sample of the `n` examples again at each ε, with
@@ -219,11 +238,16 @@ mod tests {
             gradients_per_example(&spec, &cell(AttackKind::Adaptive, 1), 3, 10, no_own),
             2.0 * 100.0 * 4.0 * 3.0
         );
-        // At K = 0: APGD-CE, APGD-T (9 targets), FAB-T (9 targets, per ε in the cascade) and
-        // Square (5 000 queries at half a gradient each), one draw.
+        // At K = 0: APGD-CE, APGD-T (9 targets) and Square (5 000 queries at half a gradient
+        // each) at each ε, FAB-T (9 targets, a gradient and a forward pass per iteration) once
+        // for every ε; one draw.
         assert_eq!(
             gradients_per_example(&spec, &cell(AttackKind::Adaptive, 0), 1, 10, no_own),
-            100.0 + 900.0 + 900.0 + 2_500.0
+            100.0 + 900.0 + 900.0 * 1.5 + 2_500.0
+        );
+        assert_eq!(
+            gradients_per_example(&spec, &cell(AttackKind::Adaptive, 0), 3, 10, no_own),
+            (100.0 + 900.0 + 2_500.0) * 3.0 + 900.0 * 1.5
         );
         // Two classes leave one target.
         assert_eq!(
@@ -242,17 +266,20 @@ mod tests {
             let cell = cell(AttackKind::Adaptive, k);
             let bound = gradients_per_example(&spec, &cell, 3, 10, no_own)
                 * (1.0 + check_factor(&spec, &cell, 3));
-            let all = expected_gradients_per_example(&spec, &cell, 10, 1.0, &[1.0; 3]).unwrap();
+            let all =
+                expected_gradients_per_example(&spec, &cell, 10, 1.0, &[1.0; 3], HALF_RUN).unwrap();
             assert!(
                 (all - bound).abs() <= 1e-9 * bound,
                 "K = {k}: {all} vs {bound}"
             );
-            let none = expected_gradients_per_example(&spec, &cell, 10, 0.9, &[0.0; 3]).unwrap();
+            let none =
+                expected_gradients_per_example(&spec, &cell, 10, 0.9, &[0.0; 3], HALF_RUN).unwrap();
             // APGD-CE's 100 iterations, each with the K's EOT draws, half-run on 90 %.
             let first = 100.0 * spec.eot_at(k) as f64;
             assert!((none - first * 0.5 * 0.9).abs() < 1e-9, "K = {k}: {none}");
             let some =
-                expected_gradients_per_example(&spec, &cell, 10, 1.0, &[0.8, 0.5, 0.2]).unwrap();
+                expected_gradients_per_example(&spec, &cell, 10, 1.0, &[0.8, 0.5, 0.2], HALF_RUN)
+                    .unwrap();
             assert!(
                 none < some && some < all,
                 "K = {k}: {none} < {some} < {all}"
@@ -261,9 +288,28 @@ mod tests {
         // A minimum-perturbation attack attacks every example once for every ε.
         let fab = cell(AttackKind::FabT, 0);
         assert_eq!(
-            expected_gradients_per_example(&spec, &fab, 10, 1.0, &[0.5]),
+            expected_gradients_per_example(&spec, &fab, 10, 1.0, &[0.5], HALF_RUN),
             None
         );
+    }
+
+    /// Broken examples cost the share of a run the pilot's broken examples took; a stage that
+    /// answers every ε at once (FAB-T in the cascade at K = 0) counts once, on what stands at
+    /// the smallest ε.
+    #[test]
+    fn broken_examples_cost_their_share_and_fab_t_counts_once_in_the_cascade() {
+        let spec = SweepSpec::default();
+        let k1 = cell(AttackKind::Adaptive, 1);
+        let first = 100.0 * spec.eot_at(1) as f64;
+        let none = expected_gradients_per_example(&spec, &k1, 10, 1.0, &[0.0; 3], 0.1).unwrap();
+        assert!((none - first * 0.1).abs() < 1e-9, "{none}");
+        let k0 = cell(AttackKind::Adaptive, 0);
+        let standing = [0.5, 0.5, 0.5];
+        let got = expected_gradients_per_example(&spec, &k0, 10, 1.0, &standing, 0.0).unwrap();
+        // APGD-CE a whole run on the half standing at each ε (the half it breaks at the first
+        // costs nothing here); APGD-T and Square on that half at each ε; FAB-T once on it.
+        let want = 100.0 * 0.5 * 3.0 + (900.0 + 2_500.0) * 0.5 * 3.0 + 1_350.0 * 0.5;
+        assert!((got - want).abs() < 1e-9, "{got} vs {want}");
     }
 
     #[test]

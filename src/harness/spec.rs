@@ -138,9 +138,10 @@ pub(super) const MORE_EOT: usize = 4;
 pub(super) const MORE_ITERATIONS: usize = 2;
 
 /// What the cells a sweep is about to run are expected to take here, printed before the first
-/// one. Each cell's gradient is timed on up to 16 of its examples, and a pilot (the cell's
-/// first attack at its budget with one draw, on 16 examples, in sweeps of 64 or more) tells
-/// how many examples stand at each ε, so that the examples an attack breaks early, and the
+/// one. Each cell's gradient is timed as the cell computes it (on a batch of its size, beside
+/// the cells that run at the same time), and a pilot (the cell's first attack at its budget
+/// with one draw, on 16 examples, in sweeps of 64 or more) tells how many examples stand at
+/// each ε and what a broken one cost, so that the examples an attack breaks early, and the
 /// later stages of a cascade that never see them, are not counted at full cost.
 /// Cells run `jobs` at a time, so the sweep takes what its cells take when handed out in
 /// order to that many workers, not their sum (on a GPU, whose cells take turns on one device,

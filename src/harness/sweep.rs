@@ -189,12 +189,10 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     finish(plan, spec, &results, runner.observer, pending.len())
 }
 
-/// How many of `jobs` cells the estimate counts as running side by side: on the CPU each
-/// worker's cell computes beside the others' (a cell's estimate, from a gradient timed alone on
-/// every core, has stood for its time beside another: two estimates of the default sweep's
-/// cells added up to 1.06× and 1.19× the cells' own times, run two at a time); on a GPU, cells
-/// take turns on the one device, so their times add up. The device's lanes are those it shards SGLD chains
-/// over when left to itself.
+/// How many of `jobs` cells the estimate counts as running side by side, each gradient timed
+/// beside as many others: on the CPU every worker's cell computes beside the others' (sharing
+/// the cores); on a GPU, cells take turns on the one device, so their times add up. The
+/// device's lanes are those it shards SGLD chains over when left to itself.
 fn side_by_side<B: BenchBackend>(jobs: usize) -> usize {
     jobs.clamp(1, B::default_sgld_shards().max(1))
 }
@@ -207,10 +205,9 @@ enum Message {
     Finished(anyhow::Result<CellResult>),
 }
 
-/// Examples a gradient is timed on, at most: per example a batch of 16 costs about what one of
-/// 100 does (`bench --op pgd-step`: 0.59 and 0.58 ms at K = 0, 9.6 and 10.7 ms at K = 1 through
-/// 5 chains, WRN-10-1 on two cores), and the timing runs before every sweep.
-const TIMED_BATCH: usize = 16;
+/// Examples a gradient is timed on, at most: the default sweep's batch, so that a larger one
+/// (which costs about as much per example) does not hold up the start of a sweep.
+const TIMED_BATCH: usize = 100;
 
 /// Examples of the pilot attack that tells the estimate how many examples stand; only sweeps of
 /// at least [`PILOT_EXAMPLES`] × [`PILOTED_SWEEPS`] examples run it (for a smaller one the pilot
@@ -219,22 +216,40 @@ const PILOT_EXAMPLES: usize = 16;
 const PILOTED_SWEEPS: usize = 4;
 
 /// Seconds one example's input gradient takes through `cell`'s defended model (its model, K
-/// and gradient mode), timed on the cell's first examples (at most [`TIMED_BATCH`]).
+/// and gradient mode) as the cell computes it: on a batch of the cell's size (its first
+/// examples, at most [`TIMED_BATCH`]), with `lanes` cells computing side by side, each timed on
+/// its own thread beside the others. (A wide network costs more per example on a batch of 100
+/// than of 16, and two cells at once each take 1.4–1.6× what one takes alone: `bench --op
+/// pgd-step`, WRN-10-2 at K = 1 on two cores.)
 fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     cell: &Cell,
+    lanes: usize,
 ) -> anyhow::Result<f64> {
     let len = spec
         .batch_len(spec.n_examples)
         .min(spec.n_examples)
         .min(TIMED_BATCH);
-    let (x, y) = first_examples(plan.subject(cell), len);
-    Ok(estimate::seconds_per_gradient(
-        &defended(plan, spec, cell)?,
-        x,
-        y,
-    ))
+    let timed: Vec<f64> = std::thread::scope(|scope| {
+        let lanes: Vec<_> = (0..lanes.max(1))
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<f64> {
+                    let (x, y) = first_examples(plan.subject(cell), len);
+                    Ok(estimate::seconds_per_gradient(
+                        &defended(plan, spec, cell)?,
+                        x,
+                        y,
+                    ))
+                })
+            })
+            .collect();
+        lanes
+            .into_iter()
+            .map(|lane| lane.join().expect("a timing thread does not panic"))
+            .collect::<anyhow::Result<_>>()
+    })?;
+    Ok(timed.iter().sum::<f64>() / timed.len() as f64)
 }
 
 /// `cell`'s model behind its K SGLD steps, with its gradient mode.
@@ -323,19 +338,29 @@ const TIMED_STEPS: usize = 10;
 const TIMED_CHAINS: usize = 5;
 
 /// What the first attack of `cell` (a preset's first stage), at its own budget but with one
-/// gradient draw and one restart, leaves of `cell`'s model, K and gradient mode: the fraction
-/// of [`PILOT_EXAMPLES`] examples classified correctly, and of those standing at each ε > 0 of
-/// the grid (ascending). At least as many as the whole cell leaves (its later stages, more
-/// draws and restarts break more), so an estimate from it errs long, but not by much: the first
-/// stage breaks most of what a cascade breaks. (A pilot of 10 APGD iterations left standing
-/// far more at large ε than 100 do, and the estimate of the default sweep came out 2–4× long.)
+/// gradient draw and one restart, leaves of `cell`'s model, K and gradient mode on
+/// [`PILOT_EXAMPLES`] examples: at least as many as the whole cell leaves (its later stages,
+/// more draws and restarts break more), so an estimate from it errs long, but not by much: the
+/// first stage breaks most of what a cascade breaks. (A pilot of 10 APGD iterations left
+/// standing far more at large ε than 100 do, and the estimate of the default sweep came out
+/// 2–4× long.)
+struct Pilot {
+    /// The fraction classified correctly.
+    clean: f64,
+    /// Of those, the fraction standing at each ε > 0 of the grid (ascending).
+    standing: Vec<f64>,
+    /// What an example the attack broke cost, as a share of a whole run at one ε (broken
+    /// examples stop early: often after a few of APGD's 100 iterations).
+    broken_share: f64,
+}
+
 fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     cell: &Cell,
     first: AttackKind,
     grid: &[f32],
-) -> anyhow::Result<(f64, Vec<f64>)> {
+) -> anyhow::Result<Pilot> {
     let defended = defended(plan, spec, cell)?;
     let pilot_cell = Cell {
         attack: super::CellAttack::Kind(first),
@@ -351,25 +376,49 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     let stages =
         super::cell::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
     let last = stages.last().expect("an attack has a stage");
-    let share = |flags: Vec<bool>| {
+    let share = |flags: &[bool]| {
         let n = flags.len().max(1) as f64;
-        flags.into_iter().filter(|&f| f).count() as f64 / n
+        flags.iter().filter(|&&f| f).count() as f64 / n
     };
-    let clean = last.outcomes.first().map_or(1.0, |(_, o)| {
-        share(o.examples.iter().map(|e| e.clean_correct).collect())
+    let clean_flags: Vec<bool> = last.outcomes.first().map_or(Vec::new(), |(_, o)| {
+        o.examples.iter().map(|e| e.clean_correct).collect()
     });
-    let standing = grid
-        .iter()
-        .map(|&eps| {
-            let (at, outcome) = last
-                .outcomes
-                .iter()
-                .find(|(at, _)| at.is_none_or(|a| a == eps))
-                .expect("a stage answers every ε of the grid");
-            share(super::cell::standing(outcome, *at, spec.norm, eps))
-        })
-        .collect();
-    Ok((clean, standing))
+    let clean = if clean_flags.is_empty() {
+        1.0
+    } else {
+        share(&clean_flags)
+    };
+    // Per ε, which examples stand, and what each broken one took where it broke.
+    let mut before = clean_flags;
+    let (mut standing, mut broken_evals) = (Vec::new(), Vec::new());
+    for &eps in grid {
+        let (at, outcome) = last
+            .outcomes
+            .iter()
+            .find(|(at, _)| at.is_none_or(|a| a == eps))
+            .expect("a stage answers every ε of the grid");
+        let now = super::cell::standing(outcome, *at, spec.norm, eps);
+        for (i, example) in outcome.examples.iter().enumerate() {
+            if before.get(i).copied().unwrap_or(false) && !now[i] {
+                broken_evals.push(example.gradient_evals as f64);
+            }
+        }
+        standing.push(share(&now));
+        before = now;
+    }
+    let classes = plan.subject(cell).test_set().num_classes();
+    let whole = estimate::first_stage_gradients(&pilot_spec, &pilot_cell, classes);
+    let broken_share = match (broken_evals.is_empty(), whole) {
+        (false, Some(whole)) if whole > 0.0 => {
+            broken_evals.iter().sum::<f64>() / broken_evals.len() as f64 / whole
+        }
+        _ => estimate::HALF_RUN,
+    };
+    Ok(Pilot {
+        clean,
+        standing,
+        broken_share,
+    })
 }
 
 /// What each pending cell (in `pending`'s order) is expected to take, and what they take at
@@ -387,7 +436,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     let eps = grid.len();
     type Key<'a> = (&'a str, usize, Option<GradMode>);
     let mut timed: Vec<(Key, f64)> = Vec::new();
-    let mut piloted: Vec<((Key, AttackKind), (f64, Vec<f64>))> = Vec::new();
+    let mut piloted: Vec<((Key, AttackKind), Pilot)> = Vec::new();
     let (mut cells, mut bounds) = (Vec::new(), Vec::new());
     for &i in pending {
         let cell = mine[i];
@@ -396,7 +445,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         let seconds = match timed.iter().find(|(k, _)| *k == key) {
             Some((_, s)) => *s,
             None => {
-                let s = seconds_per_gradient(plan, spec, cell)?;
+                let s = seconds_per_gradient(plan, spec, cell, jobs)?;
                 timed.push((key, s));
                 s
             }
@@ -415,8 +464,15 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         // without APGD-DLR, against 100 examples (3 % of the attack, before its check).
         let uses_survivors = eps > 0
             && spec.n_examples >= PILOT_EXAMPLES * PILOTED_SWEEPS
-            && estimate::expected_gradients_per_example(spec, cell, classes, 1.0, &vec![1.0; eps])
-                .is_some();
+            && estimate::expected_gradients_per_example(
+                spec,
+                cell,
+                classes,
+                1.0,
+                &vec![1.0; eps],
+                estimate::HALF_RUN,
+            )
+            .is_some();
         let first = cell.attack.kind().map(|kind| kind.stages()[0]);
         let likely = match (uses_survivors, first) {
             (true, Some(first)) => {
@@ -424,10 +480,16 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
                 if !piloted.iter().any(|(k, _)| *k == key) {
                     piloted.push((key, pilot(plan, spec, cell, first, &grid)?));
                 }
-                let (_, (clean, standing)) =
-                    piloted.iter().find(|(k, _)| *k == key).expect("piloted");
-                estimate::expected_gradients_per_example(spec, cell, classes, *clean, standing)
-                    .unwrap_or(most)
+                let (_, pilot) = piloted.iter().find(|(k, _)| *k == key).expect("piloted");
+                estimate::expected_gradients_per_example(
+                    spec,
+                    cell,
+                    classes,
+                    pilot.clean,
+                    &pilot.standing,
+                    pilot.broken_share,
+                )
+                .unwrap_or(most)
             }
             _ => most,
         };
@@ -461,6 +523,8 @@ fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     };
     let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
     grid.sort_by(f32::total_cmp);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = side_by_side::<B>(cores);
     // Per cell, in the order `robust` starts them (longest K first): (K, expected, bound).
     let mut cells: Vec<(usize, f64, f64)> = Vec::new();
     for subject in &plan.subjects {
@@ -471,7 +535,7 @@ fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                 k,
                 grad: (k > 0).then_some(GradMode::Full),
             };
-            let seconds = seconds_per_gradient(plan, &full, &cell)?;
+            let seconds = seconds_per_gradient(plan, &full, &cell, jobs)?;
             let classes = subject.test_set().num_classes();
             let n = full.n_examples as f64;
             let most =
@@ -493,15 +557,19 @@ fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
                         .map_or(1.0, |r| r.robust_accuracy)
                 })
                 .collect();
-            let likely =
-                estimate::expected_gradients_per_example(&full, &cell, classes, clean, &standing)
-                    .unwrap_or(most);
+            let likely = estimate::expected_gradients_per_example(
+                &full,
+                &cell,
+                classes,
+                clean,
+                &standing,
+                estimate::HALF_RUN,
+            )
+            .unwrap_or(most);
             cells.push((k, seconds * n * likely, bound));
         }
     }
     cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let jobs = side_by_side::<B>(cores);
     let expected = estimate::makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
     let bound = estimate::makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
     let norm = quick.norm;
