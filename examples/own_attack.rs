@@ -23,7 +23,9 @@ use jem_attacks::{
 };
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches;
-use jem_bench::harness::{sweep_with_attacks, AttackKind, OwnAttack, Runner, Subject, SweepSpec};
+use jem_bench::harness::{
+    sweep_with_attacks, AttackKind, OwnAttack, RunContext, Runner, Subject, SweepSpec,
+};
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
 use rand::rngs::StdRng;
@@ -230,10 +232,10 @@ fn through_the_sweep(path: &str, eps: &[f32], alone: &[AttackOutcome]) -> anyhow
     };
     // At most 20 forward passes an example at one ε: 10 gradients' worth, for the estimate.
     let corners = OwnAttack::new(
-        |spec: &SweepSpec, _eot| {
+        |run: &RunContext| {
             PerEpsilon(RandomCorners {
-                tries: 20,
-                seed: spec.seed,
+                tries: 20 * run.strength,
+                seed: run.seed,
             })
         },
         10.0,

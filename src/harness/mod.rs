@@ -28,7 +28,7 @@ pub use crate::settings::InvalidSetting;
 pub use cells::{AttackKind, Cell, CellAttack};
 pub use merge::{merge, MergeSpec};
 pub use outputs::read_tidy;
-pub use own_attack::OwnAttack;
+pub use own_attack::{OwnAttack, RunContext};
 pub use progress::TerminalProgress;
 pub use regress::{compare, regress, RegressSpec};
 pub use report::report;

@@ -1,10 +1,10 @@
 //! Attacks of the caller's own in a sweep ([`sweep_with_attacks`](super::sweep_with_attacks)):
-//! any [`Attack`] on the defended model, built from the sweep's settings, runs in cells of its
-//! own beside the spec's attacks — rows, examples, worst case, sanity checks and convergence
-//! checks included — and is recorded in the sweep's settings by its name, settings and what it
-//! needs of the model.
+//! any [`Attack`] on the defended model, built from a small [`RunContext`] (norm, seed, EOT
+//! draws, strength), runs in cells of its own beside the spec's attacks — rows, examples, worst
+//! case, sanity checks and convergence checks included — and is recorded in the sweep's
+//! settings by its name, settings and what it needs of the model.
 
-use jem_attacks::{Access, Attack, Classifier, Describe};
+use jem_attacks::{Access, Attack, Classifier, Describe, Norm};
 
 use super::cells::AttackKind;
 use super::spec::SweepSpec;
@@ -13,8 +13,35 @@ use crate::defended::Defended;
 use crate::settings::InvalidSetting;
 use crate::Choice;
 
-/// Builds an own attack from the sweep's settings and the gradient draws per step (EOT).
-type Builder<B, N> = dyn Fn(&SweepSpec, usize) -> Box<dyn Attack<B, Defended<N>>> + Send + Sync;
+/// What an own attack is built for: all a sweep tells it, rather than the whole [`SweepSpec`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunContext {
+    /// The sweep's threat model.
+    pub norm: Norm,
+    /// The seed of this run (the sweep's; a batch's or a re-attack's mixed from it).
+    pub seed: u64,
+    /// Gradient draws per step (EOT): the sweep's count at the cell's K for an attack that
+    /// follows gradients, 4× that in the convergence check's first re-attack.
+    pub eot: usize,
+    /// The factor on the attack's own budgets (iterations, queries, tries): 1, or 2 in the
+    /// convergence check's second re-attack.
+    pub strength: usize,
+}
+
+impl RunContext {
+    /// The context of a sweep's first run with `spec`'s norm and seed, one draw, strength 1.
+    pub fn of(spec: &SweepSpec) -> Self {
+        RunContext {
+            norm: spec.norm,
+            seed: spec.seed,
+            eot: 1,
+            strength: 1,
+        }
+    }
+}
+
+/// Builds an own attack for a run.
+type Builder<B, N> = dyn Fn(&RunContext) -> Box<dyn Attack<B, Defended<N>>> + Send + Sync;
 
 /// An attack defined outside jem-bench, for [`sweep_with_attacks`](super::sweep_with_attacks).
 pub struct OwnAttack<B: BenchBackend, N: Classifier<B> + 'static> {
@@ -25,24 +52,22 @@ pub struct OwnAttack<B: BenchBackend, N: Classifier<B> + 'static> {
 }
 
 impl<B: BenchBackend, N: Classifier<B> + 'static> OwnAttack<B, N> {
-    /// The attack `build` makes from the sweep's settings (its norm, seed and budgets: the
-    /// convergence check of a stochastic cell builds it again from settings with 4× the EOT
-    /// draws and with every budget doubled) and the gradient draws per step (EOT: the sweep's
-    /// count at the cell's K for an attack that follows gradients). `gradients_per_eps`: input
-    /// gradients one example takes at one ε at most, with one draw (a forward pass counts
-    /// half), for the sweep's time estimate.
+    /// The attack `build` makes for a run (see [`RunContext`]: the convergence check of a
+    /// stochastic cell builds it again with 4× the EOT draws, and with strength 2 for its
+    /// budgets doubled). `gradients_per_eps`: input gradients one example takes at one ε at
+    /// most, with one draw (a forward pass counts half), for the sweep's time estimate.
     pub fn new<A>(
-        build: impl Fn(&SweepSpec, usize) -> A + Send + Sync + 'static,
+        build: impl Fn(&RunContext) -> A + Send + Sync + 'static,
         gradients_per_eps: f64,
     ) -> Self
     where
         A: Attack<B, Defended<N>> + 'static,
     {
-        let example = build(&SweepSpec::default(), 1);
+        let example = build(&RunContext::of(&SweepSpec::default()));
         OwnAttack {
             name: example.name(),
             access: example.access(),
-            build: Box::new(move |spec, eot| Box::new(build(spec, eot))),
+            build: Box::new(move |run| Box::new(build(run))),
             gradients_per_eps,
         }
     }
@@ -64,14 +89,14 @@ impl<B: BenchBackend, N: Classifier<B> + 'static> OwnAttack<B, N> {
         self.gradients_per_eps * draws as f64
     }
 
-    /// The attack configured from `spec` with `eot` gradient draws per step.
-    pub(super) fn attack(&self, spec: &SweepSpec, eot: usize) -> Box<dyn Attack<B, Defended<N>>> {
-        (self.build)(spec, eot)
+    /// The attack built for `run`.
+    pub(super) fn attack(&self, run: &RunContext) -> Box<dyn Attack<B, Defended<N>>> {
+        (self.build)(run)
     }
 
     /// What the sweep's settings record of it: a sweep resumes only with the same own attacks.
     pub(super) fn record(&self, spec: &SweepSpec) -> serde_json::Value {
-        let attack = self.attack(spec, 1);
+        let attack = self.attack(&RunContext::of(spec));
         serde_json::json!({
             "name": self.name,
             "access": format!("{:?}", self.access).to_lowercase(),

@@ -374,7 +374,7 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     let (x, y) = first_examples(plan.subject(cell), PILOT_EXAMPLES);
     let build = super::cell::builder(&pilot_cell, &plan.own);
     let stages =
-        super::cell::attack_batch(&pilot_spec, &pilot_cell, &build, &defended, x, y, grid)?;
+        super::cell::attack_batch(&pilot_spec, 1, &pilot_cell, &build, &defended, x, y, grid)?;
     let last = stages.last().expect("an attack has a stage");
     let share = |flags: &[bool]| {
         let n = flags.len().max(1) as f64;

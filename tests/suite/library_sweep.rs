@@ -149,7 +149,7 @@ where
 
 #[test]
 fn an_own_attack_runs_in_the_sweep_beside_the_built_in_ones() {
-    use jem_bench::harness::{sweep_with_attacks, OwnAttack};
+    use jem_bench::harness::{sweep_with_attacks, OwnAttack, RunContext};
     let dir = tempfile::tempdir().unwrap();
     let spec = SweepSpec {
         attacks: vec![AttackKind::Fgsm],
@@ -163,10 +163,10 @@ fn an_own_attack_runs_in_the_sweep_beside_the_built_in_ones() {
     let subject = || Subject::new("centroids", centroid_classifier(), "mnist").unwrap();
     let named = |name: &'static str| {
         OwnAttack::new(
-            move |spec: &SweepSpec, eot| {
-                let mut fgsm = jem_attacks::PgdConfig::fgsm(spec.norm);
-                fgsm.seed = spec.seed;
-                fgsm.eot = eot;
+            move |run: &RunContext| {
+                let mut fgsm = jem_attacks::PgdConfig::fgsm(run.norm);
+                fgsm.seed = run.seed;
+                fgsm.eot = run.eot;
                 jem_attacks::PerEpsilon(Renamed(name, fgsm))
             },
             1.0,

@@ -10,37 +10,47 @@ use crate::backend::BenchBackend;
 use crate::defended::Defended;
 use crate::harness::attack_config::Configured;
 use crate::harness::cells::{Cell, CellAttack};
-use crate::harness::own_attack::OwnAttack;
+use crate::harness::own_attack::{OwnAttack, RunContext};
 use crate::harness::rows::RowAttack;
 use crate::harness::spec::SweepSpec;
 use crate::settings::InvalidSetting;
 
-/// Builds a cell's attack from the sweep's settings and the gradient draws per step: a
-/// built-in attack or preset ([`AttackKind::build`]), or an own attack's builder.
+/// Builds a cell's attack from the sweep's settings, the gradient draws per step and the
+/// strength factor on its budgets (2 for the convergence check's re-attack with more
+/// iterations, whose settings hold the built-in attacks' budgets doubled already): a built-in
+/// attack or preset ([`AttackKind::build`]), or an own attack's builder ([`RunContext`]).
 pub(in crate::harness) type Build<'a, B, M> =
-    dyn Fn(&SweepSpec, usize) -> Configured<'a, B, M> + 'a;
+    dyn Fn(&SweepSpec, usize, usize) -> Configured<'a, B, M> + 'a;
 
 /// The builder of `cell`'s attack on the defended network.
 pub(in crate::harness) fn builder<'a, B: BenchBackend, N: Classifier<B> + 'static>(
     cell: &'a Cell,
     own: &'a [OwnAttack<B, N>],
-) -> impl Fn(&SweepSpec, usize) -> Configured<'a, B, Defended<N>> + 'a {
-    move |spec, eot| match &cell.attack {
+) -> impl Fn(&SweepSpec, usize, usize) -> Configured<'a, B, Defended<N>> + 'a {
+    move |spec, eot, strength| match &cell.attack {
         CellAttack::Kind(kind) => kind.build(spec, eot),
         CellAttack::Own(name) => {
             let attack = own.iter().find(|o| o.name() == name);
+            let run = RunContext {
+                norm: spec.norm,
+                seed: spec.seed,
+                eot,
+                strength,
+            };
             Configured::PerEps(
                 attack
                     .expect("the plan lists every own attack")
-                    .attack(spec, eot),
+                    .attack(&run),
             )
         }
     }
 }
 
-/// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples.
+/// Runs a cell's attack (each stage of a preset's cascade) on one batch of examples, at
+/// `strength` times its budgets (see [`Build`]).
 pub(in crate::harness) fn attack_batch<B: BenchBackend, M: Model<B>>(
     spec: &SweepSpec,
+    strength: usize,
     cell: &Cell,
     build: &Build<'_, B, M>,
     defended: &M,
@@ -55,7 +65,7 @@ pub(in crate::harness) fn attack_batch<B: BenchBackend, M: Model<B>>(
         CellAttack::Kind(kind) => RowAttack::Attack(*kind),
         CellAttack::Own(name) => RowAttack::Own(name.clone()),
     };
-    Ok(match build(spec, spec.eot_at(cell.k)) {
+    Ok(match build(spec, spec.eot_at(cell.k), strength) {
         Configured::PerEps(attack) => {
             let per_eps = attack.attack(defended, x, y, grid).map_err(failed)?;
             vec![Stage {

@@ -174,7 +174,13 @@ pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
             seed: batch_seed(strengths[part.strength].0.seed, part.chunk),
             ..strengths[part.strength].0.clone()
         };
-        let stages = work.attack(&strength, &part.rows, &[eps])?;
+        // The re-attack with more iterations: an own attack is told to double its budgets.
+        let factor = if part.strength == 1 {
+            MORE_ITERATIONS
+        } else {
+            1
+        };
+        let stages = work.attack(&strength, factor, &part.rows, &[eps])?;
         let last = stages.last().expect("every cell runs an attack");
         let (at, outcome) = &last.outcomes[0];
         let broken = standing(outcome, *at, spec.norm, eps)

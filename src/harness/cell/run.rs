@@ -139,7 +139,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
             seed: batch_seed(spec.seed, j),
             ..spec.clone()
         };
-        let mut stages = work.attack(&batch_args, chunks[j], grid)?;
+        let mut stages = work.attack(&batch_args, 1, chunks[j], grid)?;
         if !spec.save_adversarials {
             // Only saved adversarials need the inputs; batch files stay small without them.
             for (_, outcome) in stages.iter_mut().flat_map(|s| &mut s.outcomes) {

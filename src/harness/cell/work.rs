@@ -68,11 +68,22 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
     pub(in crate::harness) fn attack(
         &self,
         settings: &SweepSpec,
+        strength: usize,
         rows: &[usize],
         grid: &[f32],
     ) -> anyhow::Result<Vec<Stage>> {
         let (x, y) = (self.batch)(rows);
-        attack_batch(settings, self.cell, self.build, self.defended, x, y, grid)
+        let build = self.build;
+        attack_batch(
+            settings,
+            strength,
+            self.cell,
+            build,
+            self.defended,
+            x,
+            y,
+            grid,
+        )
     }
 
     /// The cell's `count` parts of one `kind`, each kept in `dir` as `compute` finishes it and
