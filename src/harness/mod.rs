@@ -10,6 +10,7 @@ mod cell;
 mod cells;
 mod checks;
 mod estimate;
+mod forecast;
 mod kept_parts;
 mod merge;
 mod outputs;

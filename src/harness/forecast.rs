@@ -1,0 +1,405 @@
+//! What a sweep's cells are expected to take here, before they start: each model's gradient
+//! timed as its cells compute it (on a batch of their size, beside the cells that run at the
+//! same time), a pilot attack's survivors and the cost of what it broke, counted by
+//! [`estimate`] and handed out to the sweep's workers; the bound for counts far beyond the
+//! usual; and, under a quick look's table, what the full evaluation would take.
+
+use burn::module::Module;
+use burn::tensor::{Int, Tensor, TensorData};
+use jem_attacks::{Classifier, GradMode};
+
+use super::cells::{AttackKind, Cell};
+use super::estimate;
+use super::plan::Plan;
+use super::robustness::WORST_CASE;
+use super::rows::TidyRow;
+use super::spec::{SweepEstimate, SweepSpec};
+use super::subject::Subject;
+use crate::backend::BenchBackend;
+use crate::batches;
+use crate::defended::Defended;
+
+/// How many of `jobs` cells the estimate counts as running side by side, each gradient timed
+/// beside as many others: on the CPU every worker's cell computes beside the others' (sharing
+/// the cores); on a GPU, cells take turns on the one device, so their times add up. The
+/// device's lanes are those it shards SGLD chains over when left to itself.
+pub(super) fn side_by_side<B: BenchBackend>(jobs: usize) -> usize {
+    jobs.clamp(1, B::default_sgld_shards().max(1))
+}
+
+/// Examples a gradient is timed on, at most: the default sweep's batch, so that a larger one
+/// (which costs about as much per example) does not hold up the start of a sweep.
+const TIMED_BATCH: usize = 100;
+
+/// Examples of the pilot attack that tells the estimate how many examples stand; only sweeps of
+/// at least [`PILOT_EXAMPLES`] × [`PILOTED_SWEEPS`] examples run it (for a smaller one the pilot
+/// would cost a good part of the cell, and the estimate is the bound).
+const PILOT_EXAMPLES: usize = 16;
+const PILOTED_SWEEPS: usize = 4;
+
+/// Seconds one example's input gradient takes through `cell`'s defended model (its model, K
+/// and gradient mode) as the cell computes it: on a batch of the cell's size (its first
+/// examples, at most [`TIMED_BATCH`]), with `lanes` cells computing side by side, each timed on
+/// its own thread beside the others. (A wide network costs more per example on a batch of 100
+/// than of 16, and two cells at once each take 1.4–1.6× what one takes alone: `bench --op
+/// pgd-step`, WRN-10-2 at K = 1 on two cores.)
+fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    cell: &Cell,
+    lanes: usize,
+) -> anyhow::Result<f64> {
+    let len = spec
+        .batch_len(spec.n_examples)
+        .min(spec.n_examples)
+        .min(TIMED_BATCH);
+    let timed: Vec<f64> = std::thread::scope(|scope| {
+        let lanes: Vec<_> = (0..lanes.max(1))
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<f64> {
+                    let (x, y) = first_examples(plan.subject(cell), len);
+                    Ok(estimate::seconds_per_gradient(
+                        &defended(plan, spec, cell)?,
+                        x,
+                        y,
+                    ))
+                })
+            })
+            .collect();
+        lanes
+            .into_iter()
+            .map(|lane| lane.join().expect("a timing thread does not panic"))
+            .collect::<anyhow::Result<_>>()
+    })?;
+    Ok(timed.iter().sum::<f64>() / timed.len() as f64)
+}
+
+/// `cell`'s model behind its K SGLD steps, with its gradient mode.
+fn defended<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    cell: &Cell,
+) -> anyhow::Result<Defended<N>> {
+    let subject = plan.subject(cell);
+    let grad = cell.grad.unwrap_or(GradMode::Bpda);
+    Defended::new(
+        subject.network(),
+        subject.sgld(),
+        cell.k,
+        grad,
+        &spec.defence,
+    )
+}
+
+/// The first `len` test images of `subject` and their labels.
+fn first_examples<B: BenchBackend, N: Module<B>>(
+    subject: &Subject<B, N>,
+    len: usize,
+) -> super::cell::Examples<B> {
+    let data = subject.test_set();
+    let idx: Vec<usize> = (0..len.max(1)).collect();
+    let labels: Vec<i64> = idx.iter().map(|&j| data.labels[j] as i64).collect();
+    let device = subject.device();
+    let x = batches::images::<B::InnerBackend>(data, &idx, device);
+    let y =
+        Tensor::<B::InnerBackend, 1, Int>::from_data(TensorData::new(labels, [idx.len()]), device);
+    (x, y)
+}
+
+/// What `mine` would take at most on `jobs` workers ([`SweepEstimate::bound`]), within
+/// seconds even for counts
+/// far beyond the usual: each gradient is timed on a few examples at no more than
+/// [`TIMED_STEPS`] SGLD steps and [`TIMED_CHAINS`] chains and scaled to the sweep's (an SGLD
+/// step and a chain each cost about one pass of the network).
+pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    mine: &[&Cell],
+    jobs: usize,
+) -> anyhow::Result<f64> {
+    let eps = plan.eps_grid.iter().filter(|&&e| e > 0.0).count();
+    let chains = spec.defence.chains.max(1);
+    let timed_spec = SweepSpec {
+        defence: crate::defended::DefenceSpec {
+            chains: chains.min(TIMED_CHAINS),
+            ..spec.defence.clone()
+        },
+        ..spec.clone()
+    };
+    // In the order the sweep would start them, longest K first.
+    let mut cells = mine.to_vec();
+    cells.sort_by_key(|cell| std::cmp::Reverse(cell.k));
+    let mut bounds = Vec::new();
+    for cell in cells {
+        let timed_cell = Cell {
+            k: cell.k.min(TIMED_STEPS),
+            ..(*cell).clone()
+        };
+        let len = spec.n_examples.clamp(1, 4);
+        let (x, y) = first_examples(plan.subject(cell), len);
+        let defended = defended(plan, &timed_spec, &timed_cell)?;
+        let mut seconds = estimate::seconds_per_gradient(&defended, x, y);
+        seconds *= (cell.k + 1) as f64 / (timed_cell.k + 1) as f64;
+        if cell.k > 0 {
+            seconds *= chains as f64 / chains.min(TIMED_CHAINS) as f64;
+        }
+        let classes = plan.subject(cell).test_set().num_classes();
+        let own = |name: &str, eot| {
+            let attack = plan.own.iter().find(|o| o.name() == name);
+            attack.map_or(0.0, |o| o.gradients_per_eps(eot))
+        };
+        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
+            * (1.0 + estimate::check_factor(spec, cell, eps));
+        bounds.push(seconds * spec.n_examples as f64 * most);
+    }
+    Ok(estimate::makespan(&bounds, jobs))
+}
+
+/// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].
+const TIMED_STEPS: usize = 10;
+const TIMED_CHAINS: usize = 5;
+
+/// What the first attack of `cell` (a preset's first stage), at its own budget but with one
+/// gradient draw and one restart, leaves of `cell`'s model, K and gradient mode on
+/// [`PILOT_EXAMPLES`] examples: at least as many as the whole cell leaves (its later stages,
+/// more draws and restarts break more), so an estimate from it errs long, but not by much: the
+/// first stage breaks most of what a cascade breaks. (A pilot of 10 APGD iterations left
+/// standing far more at large ε than 100 do, and the estimate of the default sweep came out
+/// 2–4× long.)
+struct Pilot {
+    /// The fraction classified correctly.
+    clean: f64,
+    /// Of those, the fraction standing at each ε > 0 of the grid (ascending).
+    standing: Vec<f64>,
+    /// What an example the attack broke cost, as a share of a whole run at one ε (broken
+    /// examples stop early: often after a few of APGD's 100 iterations).
+    broken_share: f64,
+}
+
+fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    cell: &Cell,
+    first: AttackKind,
+    grid: &[f32],
+) -> anyhow::Result<Pilot> {
+    let defended = defended(plan, spec, cell)?;
+    let pilot_cell = Cell {
+        attack: super::CellAttack::Kind(first),
+        ..cell.clone()
+    };
+    let pilot_spec = SweepSpec {
+        eot: Some(1),
+        restarts: 1,
+        ..spec.clone()
+    };
+    let (x, y) = first_examples(plan.subject(cell), PILOT_EXAMPLES);
+    let build = super::cell::builder(&pilot_cell, &plan.own);
+    let stages =
+        super::cell::attack_batch(&pilot_spec, 1, &pilot_cell, &build, &defended, x, y, grid)?;
+    let last = stages.last().expect("an attack has a stage");
+    let share = |flags: &[bool]| {
+        let n = flags.len().max(1) as f64;
+        flags.iter().filter(|&&f| f).count() as f64 / n
+    };
+    let clean_flags: Vec<bool> = last.outcomes.first().map_or(Vec::new(), |(_, o)| {
+        o.examples.iter().map(|e| e.clean_correct).collect()
+    });
+    let clean = if clean_flags.is_empty() {
+        1.0
+    } else {
+        share(&clean_flags)
+    };
+    // Per ε, which examples stand, and what each broken one took where it broke.
+    let mut before = clean_flags;
+    let (mut standing, mut broken_evals) = (Vec::new(), Vec::new());
+    for &eps in grid {
+        let (at, outcome) = last
+            .outcomes
+            .iter()
+            .find(|(at, _)| at.is_none_or(|a| a == eps))
+            .expect("a stage answers every ε of the grid");
+        let now = super::cell::standing(outcome, *at, spec.norm, eps);
+        for (i, example) in outcome.examples.iter().enumerate() {
+            if before.get(i).copied().unwrap_or(false) && !now[i] {
+                broken_evals.push(example.gradient_evals as f64);
+            }
+        }
+        standing.push(share(&now));
+        before = now;
+    }
+    let classes = plan.subject(cell).test_set().num_classes();
+    let whole = estimate::first_stage_gradients(&pilot_spec, &pilot_cell, classes);
+    let broken_share = match (broken_evals.is_empty(), whole) {
+        (false, Some(whole)) if whole > 0.0 => {
+            broken_evals.iter().sum::<f64>() / broken_evals.len() as f64 / whole
+        }
+        _ => estimate::HALF_RUN,
+    };
+    Ok(Pilot {
+        clean,
+        standing,
+        broken_share,
+    })
+}
+
+/// What each pending cell (in `pending`'s order) is expected to take, and what they take at
+/// most: per model, K and gradient mode one timed gradient and, for the built-in attacks that
+/// run at each ε, a pilot attack's survivors (see [`SweepEstimate`]).
+pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    spec: &SweepSpec,
+    mine: &[&Cell],
+    pending: &[usize],
+    jobs: usize,
+) -> anyhow::Result<SweepEstimate> {
+    let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
+    grid.sort_by(f32::total_cmp);
+    let eps = grid.len();
+    type Key<'a> = (&'a str, usize, Option<GradMode>);
+    let mut timed: Vec<(Key, f64)> = Vec::new();
+    let mut piloted: Vec<((Key, AttackKind), Pilot)> = Vec::new();
+    let (mut cells, mut bounds) = (Vec::new(), Vec::new());
+    for &i in pending {
+        let cell = mine[i];
+        let subject = plan.subject(cell);
+        let key = (cell.model.as_str(), cell.k, cell.grad);
+        let seconds = match timed.iter().find(|(k, _)| *k == key) {
+            Some((_, s)) => *s,
+            None => {
+                let s = seconds_per_gradient(plan, spec, cell, jobs)?;
+                timed.push((key, s));
+                s
+            }
+        };
+        let classes = subject.test_set().num_classes();
+        let own = |name: &str, eot| {
+            let attack = plan.own.iter().find(|o| o.name() == name);
+            attack.map_or(0.0, |o| o.gradients_per_eps(eot))
+        };
+        let n = spec.n_examples as f64;
+        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
+            * (1.0 + estimate::check_factor(spec, cell, eps));
+        bounds.push(seconds * n * most);
+        // Only where the count can use survivors, and the pilot costs a small part of the
+        // cell's attack: at the default's K = 1, 16 examples at one draw of APGD-CE's 4 and
+        // without APGD-DLR, against 100 examples (3 % of the attack, before its check).
+        let uses_survivors = eps > 0
+            && spec.n_examples >= PILOT_EXAMPLES * PILOTED_SWEEPS
+            && estimate::expected_gradients_per_example(
+                spec,
+                cell,
+                classes,
+                1.0,
+                &vec![1.0; eps],
+                estimate::HALF_RUN,
+            )
+            .is_some();
+        let first = cell.attack.kind().map(|kind| kind.stages()[0]);
+        let likely = match (uses_survivors, first) {
+            (true, Some(first)) => {
+                let key = (key, first);
+                if !piloted.iter().any(|(k, _)| *k == key) {
+                    piloted.push((key, pilot(plan, spec, cell, first, &grid)?));
+                }
+                let (_, pilot) = piloted.iter().find(|(k, _)| *k == key).expect("piloted");
+                estimate::expected_gradients_per_example(
+                    spec,
+                    cell,
+                    classes,
+                    pilot.clean,
+                    &pilot.standing,
+                    pilot.broken_share,
+                )
+                .unwrap_or(most)
+            }
+            _ => most,
+        };
+        cells.push(seconds * n * likely);
+    }
+    Ok(SweepEstimate {
+        cells,
+        bounds,
+        jobs,
+    })
+}
+
+/// What the default evaluation of a quick look's models, norm, ε and K would take here: the
+/// line printed under a quick look's table. Its cells' gradients are timed now; the expected
+/// time counts, per model and K, the examples the quick look left standing at each ε (at least
+/// as many as the default's stronger attacks leave: it errs long); the bound, every example
+/// attacked at every ε to the last iteration.
+pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+    plan: &Plan<B, N>,
+    quick: &SweepSpec,
+    rows: &[TidyRow],
+) -> anyhow::Result<String> {
+    let full = SweepSpec {
+        norm: quick.norm,
+        eps: quick.eps.clone(),
+        ks: quick.ks.clone(),
+        seed: quick.seed,
+        data: quick.data.clone(),
+        defence: quick.defence.clone(),
+        ..SweepSpec::default()
+    };
+    let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
+    grid.sort_by(f32::total_cmp);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = side_by_side::<B>(cores);
+    // Per cell, in the order `robust` starts them (longest K first): (K, expected, bound).
+    let mut cells: Vec<(usize, f64, f64)> = Vec::new();
+    for subject in &plan.subjects {
+        for &k in &full.ks {
+            let cell = Cell {
+                model: subject.name().to_string(),
+                attack: super::CellAttack::Kind(AttackKind::Adaptive.at(k)),
+                k,
+                grad: (k > 0).then_some(GradMode::Full),
+            };
+            let seconds = seconds_per_gradient(plan, &full, &cell, jobs)?;
+            let classes = subject.test_set().num_classes();
+            let n = full.n_examples as f64;
+            let most =
+                estimate::gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0)
+                    * (1.0 + estimate::check_factor(&full, &cell, grid.len()));
+            let bound = seconds * n * most;
+            // The quick look's worst case at this model and K.
+            let worst: Vec<&TidyRow> = rows
+                .iter()
+                .filter(|r| r.model == cell.model && r.k == k && r.attack == WORST_CASE)
+                .collect();
+            let clean = worst.first().map_or(1.0, |r| r.clean_accuracy);
+            let standing: Vec<f64> = grid
+                .iter()
+                .map(|&e| {
+                    worst
+                        .iter()
+                        .find(|r| r.eps == e)
+                        .map_or(1.0, |r| r.robust_accuracy)
+                })
+                .collect();
+            let likely = estimate::expected_gradients_per_example(
+                &full,
+                &cell,
+                classes,
+                clean,
+                &standing,
+                estimate::HALF_RUN,
+            )
+            .unwrap_or(most);
+            cells.push((k, seconds * n * likely, bound));
+        }
+    }
+    cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
+    let expected = estimate::makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
+    let bound = estimate::makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
+    let norm = quick.norm;
+    Ok(format!(
+        "the full evaluation, `jem-bench robust --norm {norm}` (100 images, the adaptive \
+         attacks, convergence checks): about {} here from what this quick look left standing, \
+         at most {}",
+        estimate::duration(expected),
+        estimate::duration(bound)
+    ))
+}
