@@ -302,9 +302,18 @@ mod tests {
         // The kept batches are told of first, as read back, before anything is computed.
         assert_eq!(read_back, [0, 1, 2]);
         assert_eq!(resumed, whole);
+    }
 
-        // An error from the one told stops the cell after the batch it was told of, which is
-        // kept: here the sweep stopped while batch 0 of a new cell ran.
+    /// An error from the one told stops the cell after the batch it was told of, which is kept;
+    /// another sweep's batches are never read as this one's; a damaged batch file is an error
+    /// that names it, not a silent recomputation.
+    #[test]
+    fn a_stopped_cell_keeps_its_batch_and_foreign_or_damaged_batches_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("cell.batches");
+        every_batch(&kept, owner("sweep"), 5).unwrap();
+
+        // Here the sweep stopped while batch 0 of a new cell ran.
         let other = dir.path().join("other.batches");
         let stopped = resumable_batches(
             &other,
