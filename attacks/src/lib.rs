@@ -66,6 +66,7 @@ mod decision;
 mod defence;
 mod error;
 mod fab;
+mod hyperplane;
 mod linear;
 mod loss;
 mod model;
@@ -93,7 +94,8 @@ pub use classifier::{
 pub use decision::Oracle;
 pub use defence::{GradMode, HessianVector, SgldDefence, SgldDefenceConfig};
 pub use error::{AttackError, UnknownName};
-pub use fab::{hyperplane_step_l2, hyperplane_step_linf, FabConfig};
+pub use fab::FabConfig;
+pub use hyperplane::{hyperplane_step_l2, hyperplane_step_linf};
 pub use linear::LinearClassifier;
 pub use loss::{kl_divergence, targeted_dlr, AttackLoss};
 pub use model::{LossFn, Model, Undefended};
