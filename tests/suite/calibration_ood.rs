@@ -3,9 +3,10 @@
 //! settings are written, the same seed repeats the same numbers, and bad input is refused
 //! before the output folder exists.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
+
+use crate::common::{csv_rows as rows, num};
 
 fn cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_jem-bench"));
@@ -30,20 +31,6 @@ fn assert_fails_with(o: &Output, what: &[&str]) {
     for w in what {
         assert!(err.contains(w), "expected `{w}` in: {err}");
     }
-}
-
-fn rows(path: &Path) -> Vec<HashMap<String, String>> {
-    csv::Reader::from_path(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .deserialize()
-        .map(|r| r.unwrap())
-        .collect()
-}
-
-fn num(row: &HashMap<String, String>, field: &str) -> f64 {
-    row[field]
-        .parse()
-        .unwrap_or_else(|_| panic!("{field} = {:?} is not a number", row[field]))
 }
 
 const TWO_MODELS: &str = "results/models/baseline,results/models/jem";

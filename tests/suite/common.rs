@@ -1,6 +1,7 @@
 //! Shared by the integration tests.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use jem_bench::backend::{self, Inference, Train};
@@ -96,4 +97,20 @@ pub fn write_cell(p: &Path, cell: &serde_json::Value) {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(cell.to_string().as_bytes()).unwrap();
     std::fs::write(p, gz.finish().unwrap()).unwrap();
+}
+
+/// A CSV's rows as maps of column to value.
+pub fn csv_rows(path: &Path) -> Vec<HashMap<String, String>> {
+    csv::Reader::from_path(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .deserialize()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+/// A CSV field read as a number.
+pub fn num(row: &HashMap<String, String>, field: &str) -> f64 {
+    row[field]
+        .parse()
+        .unwrap_or_else(|_| panic!("{field} = {:?} is not a number", row[field]))
 }

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::common::{csv_rows as rows, num};
+
 const NATIVE: &str = "results/models/baseline";
 
 fn cli() -> Command {
@@ -60,21 +62,6 @@ fn onnx_baseline(dir: &Path) -> PathBuf {
         "baseline",
         &["--mean", "0.5", "--std", "0.5"],
     )
-}
-
-/// A CSV's rows as maps of column to value.
-fn rows(path: &Path) -> Vec<HashMap<String, String>> {
-    csv::Reader::from_path(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .deserialize()
-        .map(|r| r.unwrap())
-        .collect()
-}
-
-fn num(row: &HashMap<String, String>, field: &str) -> f64 {
-    row[field]
-        .parse()
-        .unwrap_or_else(|_| panic!("{field} = {:?} is not a number", row[field]))
 }
 
 /// The rows of `all` whose `model` column is `model`, in order.
