@@ -33,6 +33,9 @@ import platform
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "pytorch"))
+import measured  # noqa: E402  (benches/pytorch/measured.py)
+
 root = pathlib.Path(__file__).resolve().parents[1]
 TARGET = 1.15
 p = argparse.ArgumentParser()
@@ -81,25 +84,8 @@ def op_flags(entry):
 
 
 def run(cmd, env):
-    """Runs cmd; its JSON line and its own peak RSS in MiB (wait4's ru_maxrss, in KiB)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(write, 1)
-        os.close(read)
-        os.close(write)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.chdir(root)
-        os.execvpe(cmd[0], cmd, env)
-    os.close(write)
-    with os.fdopen(read) as f:
-        out = f.read()
-    _, status, usage = os.wait4(pid, 0)
-    if status != 0:
-        sys.exit(f"{' '.join(cmd)} failed (status {status}); run it by hand to see why")
-    line = [l for l in out.splitlines() if l.startswith("{")][-1]
-    return json.loads(line), usage.ru_maxrss / 1024.0
+    """Runs cmd from the repository's root; its JSON line and its own peak RSS in MiB."""
+    return measured.run(cmd, env, cwd=root)
 
 
 cpu = next(

@@ -69,6 +69,8 @@ import sys
 import tempfile
 import time
 
+from measured import run
+
 root = pathlib.Path(__file__).resolve().parents[2]
 ALL_OPS = ("forward,train-step,input-gradient,sgld-step,jem-iteration,"
            "pgd-step:k0,pgd-step:k1:bpda,pgd-step:k1:full,pgd-step:k10:bpda,pgd-step:k10:full")
@@ -166,25 +168,6 @@ def parse_op(entry):
     return op, k, grad, a.pgd_batch, flags
 
 
-def run(cmd, env):
-    """Runs cmd; its JSON line and its own peak RSS in MiB (wait4's ru_maxrss, in KiB)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(write, 1)
-        os.close(read)
-        os.close(write)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.execvpe(cmd[0], cmd, env)
-    os.close(write)
-    with os.fdopen(read) as f:
-        out = f.read()
-    _, status, usage = os.wait4(pid, 0)
-    if status != 0:
-        sys.exit(f"{' '.join(cmd)} failed (status {status})")
-    line = [l for l in out.splitlines() if l.startswith("{")][-1]
-    return json.loads(line), usage.ru_maxrss / 1024.0
 
 
 cpu = next(
