@@ -150,7 +150,7 @@ pub fn forward_settings(
 /// loaded onto `device`, and checked by `check` for what the defence needs at every K of
 /// `steps`, before a command does any work: the first step of every command that evaluates a
 /// list of models under the defence. A failure is a refusal of `models` naming the model.
-pub fn checked_models<B: burn::tensor::backend::Backend>(
+pub fn checked_models<B: jem_kernels::Kernels>(
     models: &[std::path::PathBuf],
     steps: &[usize],
     device: &B::Device,

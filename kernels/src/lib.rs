@@ -94,7 +94,7 @@ pub use cube::Wgpu;
 pub use gpu_conv::{gpu_conv, set_gpu_conv, GpuConv, GPU_CONV_VARIABLE, IM2COL_MIN_TERMS};
 pub use isa::{gemm_isa, isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
 pub use linear::{linear, FastLinear};
-pub use module::{conv2d, conv2d_without_bias, leaky_relu_conv2d};
+pub use module::{conv2d, conv2d_tensors, conv2d_without_bias, leaky_relu_conv2d};
 pub use portable::{
     conv2d_from_matmul, conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul,
     conv2d_weight_grad_in_chunks, portable_gradients_apply, weight_grad_chunks,

@@ -1,5 +1,6 @@
 //! [`conv2d`], [`leaky_relu_conv2d`] and [`conv2d_without_bias`]: a burn `Conv2d` module
-//! applied through [`FastConv`].
+//! applied through [`FastConv`]; [`conv2d_tensors`]: the same on bare tensors (a graph
+//! interpreter's convolution).
 
 use burn::nn::conv::Conv2d;
 use burn::nn::PaddingConfig2d;
@@ -56,13 +57,25 @@ fn fused_conv2d<B: FastConv>(
         };
     };
     let options = ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups);
-    let primitive = |t: Tensor<B, 4>| t.into_primitive().tensor();
+    conv2d_tensors(x, conv.weight.val(), bias.map(|b| b.val()), options, slope)
+}
+
+/// burn's `conv2d(x, weight, bias, options)` (padding the same on both sides of each
+/// dimension, as [`ConvOptions`] has it), or given `input_slope` the convolution of
+/// LeakyReLU(x) with that slope, computed by the backend's [`FastConv`] kernels.
+pub fn conv2d_tensors<B: FastConv>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: ConvOptions<2>,
+    input_slope: Option<f64>,
+) -> Tensor<B, 4> {
     let out = B::fast_conv2d(
-        primitive(x),
-        primitive(conv.weight.val()),
-        bias.map(|b| b.val().into_primitive().tensor()),
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        bias.map(|b| b.into_primitive().tensor()),
         options,
-        slope,
+        input_slope,
     );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

@@ -158,6 +158,7 @@ fn build(model: Model) -> Result<OnnxGraph, OnnxError> {
     }
 
     let (output_slot, shape, classes) = logits_output(&model.outputs, &c, &hint)?;
+    crate::fuse::fuse_activations(&mut c.steps, output_slot);
     c.schedule_frees(Some(output_slot));
     let output_shape = crate::compile::canon(&shape).map_err(ErrorKind::Output)?;
     let tangent = TangentPlan::new(&c.steps, input_slot, c.slots);

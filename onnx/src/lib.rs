@@ -47,6 +47,7 @@
 
 mod compile;
 mod error;
+mod fuse;
 mod graph;
 mod host;
 mod load;

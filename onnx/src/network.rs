@@ -9,6 +9,7 @@ use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use jem_attacks::{Classifier, Linearised};
+use jem_kernels::Kernels;
 
 use crate::compile::{Operand, MAX_RANK};
 use crate::error::{ErrorKind, OnnxError};
@@ -44,7 +45,7 @@ pub struct OnnxNetwork<B: Backend> {
     normalisation: Option<Normalisation>,
 }
 
-impl<B: Backend> OnnxNetwork<B> {
+impl<B: Kernels> OnnxNetwork<B> {
     /// The graph's constants uploaded to `device`.
     pub fn new(graph: impl Into<Arc<OnnxGraph>>, device: &B::Device) -> Self {
         let graph = graph.into();
@@ -272,7 +273,7 @@ impl<B: Backend> OnnxNetwork<B> {
     }
 }
 
-impl<B: Backend> Classifier<B> for OnnxNetwork<B> {
+impl<B: Kernels> Classifier<B> for OnnxNetwork<B> {
     fn logits(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         OnnxNetwork::logits(self, x)
     }

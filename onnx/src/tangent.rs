@@ -8,8 +8,8 @@
 //! same pass is the network linearised at a point (v ↦ J v; exact for a piecewise-linear graph,
 //! whose J is constant between kinks).
 
-use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use jem_kernels::Kernels;
 
 use crate::compile::{Operand, Step, MAX_RANK};
 use crate::ops::{self, Primal, Reads};
@@ -59,11 +59,11 @@ impl TangentPlan {
 }
 
 /// The tangent of every live slot during one forward-mode pass (`None`: zero).
-pub(crate) struct Tangents<B: Backend> {
+pub(crate) struct Tangents<B: Kernels> {
     slots: Vec<Option<Tensor<B, MAX_RANK>>>,
 }
 
-impl<B: Backend> Tangents<B> {
+impl<B: Kernels> Tangents<B> {
     /// The input slot's tangent `v`, every other zero.
     pub fn new(slots: usize, input_slot: usize, v: Tensor<B, MAX_RANK>) -> Self {
         let mut s = vec![None; slots];

@@ -157,7 +157,7 @@ fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, y: &[i64]) -> Tensor<B, 1> {
     (log_sum_exp(logits) - picked).sum()
 }
 
-fn network<B: Backend>(name: &str, r: &Refs) -> OnnxNetwork<B> {
+fn network<B: jem_kernels::Kernels>(name: &str, r: &Refs) -> OnnxNetwork<B> {
     let graph = OnnxModel::load(fixture(&format!("{name}.onnx"))).unwrap_or_else(|e| panic!("{e}"));
     OnnxNetwork::<B>::new(graph, &Default::default())
         .with_normalisation(r.normalisation.clone())

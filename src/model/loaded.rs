@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::Backend;
 use jem_attacks::SgldConfig;
 use jem_datasets::ImageSet;
 
@@ -38,7 +37,7 @@ impl ModelInfo {
     /// The model at `path` (`NAME`, or a file of it: `NAME.safetensors`, `NAME.onnx`,
     /// `NAME.json`; or an embedded model's `results/models/NAME`), checked and loaded onto
     /// `device`: an ONNX checkpoint where `NAME.onnx` exists, a Wide-ResNet checkpoint otherwise.
-    pub fn load<B: Backend>(
+    pub fn load<B: jem_kernels::Kernels>(
         path: &Path,
         device: &B::Device,
     ) -> anyhow::Result<(LoadedNetwork<B>, Self)> {
@@ -62,7 +61,7 @@ impl ModelInfo {
 
     /// [`ModelInfo::load`] of the value of the settings field `field` (`models`, `model`, …): a
     /// failure is a refusal of that field, so that the command line names its flag.
-    pub fn load_setting<B: Backend>(
+    pub fn load_setting<B: jem_kernels::Kernels>(
         path: &Path,
         field: &'static str,
         device: &B::Device,

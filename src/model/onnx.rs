@@ -106,7 +106,7 @@ impl OnnxCheckpoint {
     }
 
     /// The network on `device`, with its sidecar's normalisation.
-    pub fn load<B: burn::tensor::backend::Backend>(
+    pub fn load<B: jem_kernels::Kernels>(
         &self,
         device: &B::Device,
     ) -> anyhow::Result<(OnnxNetwork<B>, OnnxSidecar)> {

@@ -1,11 +1,12 @@
 //! Conv (2-D): bias, explicit or automatic padding (asymmetric included), stride, dilation,
-//! groups — burn's `conv2d`, after an explicit zero pad where the padding is asymmetric.
+//! groups — jem-kernels' convolution (the native Wide-ResNet's), after an explicit zero pad
+//! where the padding is asymmetric.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::ops::PadMode;
 use burn::tensor::Tensor;
+use jem_kernels::{conv2d_tensors, leaky_relu_derivative, Kernels};
 
 use super::Op;
 use crate::compile::{Arg, Compiled, Cx, Res};
@@ -19,6 +20,9 @@ pub(crate) struct Conv {
     pub groups: usize,
     /// Top, left, bottom, right.
     pub pads: [usize; 4],
+    /// The convolution of LeakyReLU(x) with this slope (0: ReLU) instead of x's: an activation
+    /// step fused into it at load ([`crate::fuse`]).
+    pub input_slope: Option<f32>,
 }
 
 /// Spatial settings shared by Conv and the pools: kernel, stride, dilation, and the padding
@@ -194,6 +198,7 @@ pub(crate) fn compile(cx: &Cx) -> Res<Compiled> {
         dilation: w.dilation,
         groups,
         pads: w.pads,
+        input_slope: None,
     });
     Ok(Compiled::Run {
         op,
@@ -210,7 +215,7 @@ pub(crate) fn to4<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 4> {
     x.reshape([n, c, h, w])
 }
 
-pub(crate) fn run<B: Backend>(
+pub(crate) fn run<B: Kernels>(
     x: Tensor<B, 5>,
     w: Tensor<B, 5>,
     b: Option<Tensor<B, 5>>,
@@ -222,21 +227,34 @@ pub(crate) fn run<B: Backend>(
         b.reshape([m])
     });
     let [t, l, bo, r] = p.pads;
-    let y = if t == bo && l == r {
-        conv2d(
-            x,
-            w,
-            b,
-            ConvOptions::new(p.stride, [t, l], p.dilation, p.groups),
-        )
+    // jem-kernels' convolution takes the same padding on both sides: an asymmetric one is
+    // made explicit first (zeros, which a fused activation keeps).
+    let (x, padding) = if t == bo && l == r {
+        (x, [t, l])
     } else {
-        let x = x.pad([(t, bo), (l, r)], PadMode::Constant(0.0));
-        conv2d(
-            x,
-            w,
-            b,
-            ConvOptions::new(p.stride, [0, 0], p.dilation, p.groups),
-        )
+        (x.pad([(t, bo), (l, r)], PadMode::Constant(0.0)), [0, 0])
     };
-    y.unsqueeze_dim(0)
+    let options = ConvOptions::new(p.stride, padding, p.dilation, p.groups);
+    let slope = p.input_slope.map(f64::from);
+    conv2d_tensors(x, w, b, options, slope).unsqueeze_dim(0)
+}
+
+/// The tangent of a convolution's output for a tangent `t` of its input `x`: the convolution
+/// of `t`, through a fused activation's slope at `x` as the fused convolution's own gradient
+/// takes it (jem-kernels': 1 where x ≥ 0, the slope elsewhere; see [`crate::fuse`] on x = 0).
+/// The slope is piecewise constant in `x`: not tracked.
+pub(crate) fn run_tangent<B: Kernels>(
+    primal: &super::Primal<B>,
+    t: Tensor<B, 5>,
+    p: &Conv,
+) -> Tensor<B, 5> {
+    let t = match p.input_slope {
+        Some(slope) => t * leaky_relu_derivative(primal.input(0).detach(), f64::from(slope)),
+        None => t,
+    };
+    let linear = Conv {
+        input_slope: None,
+        ..p.clone()
+    };
+    run(t, primal.input(1), None, &linear)
 }

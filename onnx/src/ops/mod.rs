@@ -17,6 +17,7 @@ pub(crate) mod reduce;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use jem_kernels::Kernels;
 
 use crate::compile::{Compiled, Cx, Res, MAX_RANK};
 
@@ -143,7 +144,7 @@ pub(crate) fn compile(cx: &Cx) -> Res<Compiled> {
 }
 
 /// Runs one step on its (canonical) inputs; `shapes` are its outputs' dimensions.
-pub(crate) fn run<B: Backend>(
+pub(crate) fn run<B: Kernels>(
     op: &Op,
     inputs: Vec<Tensor<B, 5>>,
     shapes: &[[usize; MAX_RANK]],
@@ -285,9 +286,11 @@ impl Op {
         match self {
             Op::Unary(u) => (inputs[0], output) = elementwise::unary_reads(*u),
             Op::Binary(b) => inputs = elementwise::binary_reads(*b, varying),
-            // Bilinear: each factor's tangent meets the other factor.
+            // Bilinear: each factor's tangent meets the other factor; a fused activation's
+            // slope is read off the input.
             Op::Conv(_) | Op::Gemm(_) | Op::MatMul | Op::Affine => {
-                inputs[0] = v(1);
+                let fused = matches!(self, Op::Conv(c) if c.input_slope.is_some());
+                inputs[0] = v(1) || (fused && v(0));
                 inputs[1] = v(0);
             }
             Op::LayerNorm(_) => {
@@ -320,7 +323,7 @@ impl Op {
 /// and differentiable in both them and the point: reverse mode over it gives second
 /// derivatives. Where the forward pass has a kink (ReLU at 0, a max-pool tie) the rule takes
 /// the side the forward pass's own gradient takes.
-pub(crate) fn tangent<B: Backend>(
+pub(crate) fn tangent<B: Kernels>(
     op: &Op,
     primal: &Primal<B>,
     tangents: Vec<Option<Tensor<B, MAX_RANK>>>,
@@ -343,7 +346,7 @@ pub(crate) fn tangent<B: Backend>(
             let (tx, tw, tb) = (next(), next(), next());
             sum_terms(
                 [
-                    tx.map(|t| conv::run(t, primal.input(1), None, p)),
+                    tx.map(|t| conv::run_tangent(primal, t, p)),
                     tw.map(|t| conv::run(primal.input(0), t, None, p)),
                     tb.map(|t| {
                         let m = t.dims()[MAX_RANK - 1];

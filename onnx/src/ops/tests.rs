@@ -92,7 +92,7 @@ fn compile_node(
 
 /// Compiles one node and runs it on backend `B`, the activations given (canonical, in input
 /// order); returns the outputs' logical shapes and canonical tensors.
-fn eval_on<B: Backend>(
+fn eval_on<B: jem_kernels::Kernels>(
     op: &str,
     attrs: Vec<(&str, Attr)>,
     inputs: &[In],
