@@ -413,6 +413,10 @@ fn time_op<B: BenchBackend>(
     let [c, h, w] = timed.shape;
     let shape = [args.batch, c, h, w];
     let model = timed.network;
+    // The same images and labels in every run: the time of a step through the defence
+    // depends on its values (the embedded baseline's `pgd-step k1 full` took 120 to 640 ms
+    // with unseeded images from one run to the next).
+    B::seed(device, 0);
     let x = Tensor::<B, 4>::random(shape, Distribution::Uniform(0.0, 1.0), device);
     let xi: Tensor<B::InnerBackend, 4> = x.clone().inner();
     let repeats = Repeats {
