@@ -4,7 +4,8 @@
 //!
 //! - every convolution of WRN-10-1 (MNIST, and 3×32×32), WRN-16-2 and WRN-28-10 (3×32×32):
 //!   the input and weight gradients, with and without the fused LeakyReLU;
-//! - the embedded baseline: logits, the LSE input gradient, one SGLD step with the same noise,
+//! - the embedded baseline, as jem-bench's Wide-ResNet and as its ONNX export run by the
+//!   interpreter: logits, the LSE input gradient, one SGLD step with the same noise,
 //!   the K = 0 loss gradient, the K = 1 defence's logits and its loss gradients (BPDA, full
 //!   gradient with either Hessian-vector product, and K = 3), one PGD step; a failing gradient
 //!   names the digits it differs on (burn 0.21's CUDA adjoint of the chain average was wrong for
@@ -41,13 +42,14 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use jem_attacks::{
-    noise, Classifier, GradMode, HessianVector, LossFn, Model, Norm, PgdConfig, SgldDefence,
-    SgldDefenceConfig, SgldSampler, SgldTarget, Undefended,
+    noise, Classifier, GradMode, HessianVector, LossFn, Model, Norm, PgdConfig, SgldConfig,
+    SgldDefence, SgldDefenceConfig, SgldSampler, SgldTarget, Undefended,
 };
-use jem_bench::model::{Checkpoint, WideResNet};
+use jem_bench::model::{Checkpoint, LoadedNetwork, WideResNet};
 use jem_bench::train::{adam, cross_entropy, descend, JemConfig, JemObjective, Objective, Step};
 use jem_datasets::{embedded, ImageSet, Split};
 use jem_kernels::{set_implementation, Implementation, KernelsAutodiff};
+use jem_onnx::{Normalisation, OnnxNetwork};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -99,6 +101,8 @@ fn differing_per_mille(a: &[f32], b: &[f32], atol: f32) -> f64 {
 #[derive(Default)]
 struct Report {
     failures: Vec<String>,
+    /// The network the comparisons are of, named before each (empty: none named).
+    subject: String,
 }
 
 impl Report {
@@ -128,8 +132,9 @@ impl Report {
             String::new()
         };
         let line = format!(
-            "{what}: relative difference {d:.2e} (tolerance {tolerance:.0e}; {beyond} of {} \
+            "{}{what}: relative difference {d:.2e} (tolerance {tolerance:.0e}; {beyond} of {} \
              elements beyond it{images})",
+            self.prefix(),
             cpu.len()
         );
         eprintln!("{line}");
@@ -140,10 +145,21 @@ impl Report {
 
     fn signs(&mut self, what: &str, cpu: &[f32], gpu: &[f32], atol: f32) {
         let per_mille = differing_per_mille(cpu, gpu, atol);
-        let line = format!("{what}: {per_mille:.3} ‰ of elements differ by more than {atol:e}");
+        let line = format!(
+            "{}{what}: {per_mille:.3} ‰ of elements differ by more than {atol:e}",
+            self.prefix()
+        );
         eprintln!("{line}");
         if per_mille > 1.0 {
             self.failures.push(line);
+        }
+    }
+
+    /// `Onnx: ` before a comparison of the ONNX subject's.
+    fn prefix(&self) -> String {
+        match self.subject.as_str() {
+            "" => String::new(),
+            subject => format!("{subject}: "),
         }
     }
 
@@ -176,6 +192,41 @@ fn baseline<B: KernelsAutodiff>() -> (WideResNet<B>, jem_bench::model::Sidecar) 
     Checkpoint::at(path).load::<B>(&Default::default()).unwrap()
 }
 
+/// The network the whole-network cases run: the embedded baseline, or the same weights
+/// exported by PyTorch to ONNX and run by jem-bench's interpreter.
+#[derive(Clone, Copy, Debug)]
+enum Subject {
+    Native,
+    Onnx,
+}
+
+impl Subject {
+    const ALL: [Subject; 2] = [Subject::Native, Subject::Onnx];
+
+    /// The network, and the SGLD settings of the embedded baseline (the same for both: the
+    /// graph holds the same network on the same normalised scale).
+    fn load<B: KernelsAutodiff>(self) -> (LoadedNetwork<B>, SgldConfig) {
+        let (wrn, sidecar) = baseline::<B>();
+        let sgld = jem_bench::defended::sgld_of(&sidecar).unwrap();
+        let network = match self {
+            Subject::Native => LoadedNetwork::Wrn(wrn),
+            Subject::Onnx => {
+                let path = concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/fixtures/onnx/embedded_baseline.onnx"
+                );
+                let half = Normalisation {
+                    mean: vec![0.5],
+                    std: vec![0.5],
+                };
+                let graph = OnnxNetwork::<B>::load(path, &Default::default()).unwrap();
+                LoadedNetwork::Onnx(graph.with_normalisation(Some(half)).unwrap())
+            }
+        };
+        (network, sgld)
+    }
+}
+
 /// How many test digits the whole-network cases take.
 const DIGITS: usize = 16;
 
@@ -183,21 +234,20 @@ fn digits() -> (ImageSet, Vec<usize>) {
     (embedded::mnist(Split::Test).unwrap(), (0..DIGITS).collect())
 }
 
-fn compute<B: KernelsAutodiff>() -> Computed {
+fn compute<B: KernelsAutodiff>(subject: Subject) -> Computed {
     let device = Default::default();
-    let (model, sidecar) = baseline::<B>();
+    let (model, mut sgld) = subject.load::<B>();
     let model = model.no_grad();
     let (test, idx) = digits();
     let x = jem_bench::batches::images::<B::InnerBackend>(&test, &idx, &device);
     let y = jem_bench::batches::labels::<B::InnerBackend>(&test, &idx, &device);
 
-    let logits = host(model.valid().forward(x.clone()));
+    let logits = host(Classifier::logits(&model.valid(), x.clone()));
     let lse_gradient = host(jem_bench::energy::lse_input_gradient::<B>(
         &model,
         x.clone(),
     ));
 
-    let mut sgld = jem_bench::defended::sgld_of(&sidecar).unwrap();
     sgld.steps = 1;
     let sampler = SgldSampler::new(sgld.clone());
     let eps = noise::gaussian(x.dims(), &mut StdRng::seed_from_u64(1), &device);
@@ -421,13 +471,20 @@ fn compare_training(report: &mut Report, a: &[Vec<f32>; 3], b: &[Vec<f32>; 3]) {
 /// switches the process-wide implementation.
 #[test]
 fn the_portable_gradients_agree_with_the_cpu_kernels_on_every_whole_network_case() {
-    set_implementation(Implementation::Own);
-    let (own, own_training) = (compute::<Cpu>(), training_steps::<Cpu>());
-    set_implementation(Implementation::Portable);
-    let (portable, portable_training) = (compute::<Cpu>(), training_steps::<Cpu>());
+    let computed = |implementation| {
+        set_implementation(implementation);
+        let networks = Subject::ALL.map(compute::<Cpu>);
+        (networks, training_steps::<Cpu>())
+    };
+    let (own, own_training) = computed(Implementation::Own);
+    let (portable, portable_training) = computed(Implementation::Portable);
     set_implementation(Implementation::Own);
     let mut report = Report::default();
-    compare_network(&mut report, &own, &portable, 1e-4);
+    for ((subject, own), portable) in Subject::ALL.iter().zip(&own).zip(&portable) {
+        report.subject = format!("{subject:?}");
+        compare_network(&mut report, own, portable, 1e-4);
+    }
+    report.subject = String::new();
     compare_training(&mut report, &own_training, &portable_training);
     report.finish();
 }
@@ -568,7 +625,12 @@ mod on_gpu {
         require_gpu();
         let tolerance = F32;
         let mut report = Report::default();
-        compare_network(&mut report, &compute::<Cpu>(), &compute::<Gpu>(), tolerance);
+        // The network as jem-bench's own Wide-ResNet and as its ONNX export.
+        for subject in Subject::ALL {
+            report.subject = format!("{subject:?}");
+            let (cpu, gpu) = (compute::<Cpu>(subject), compute::<Gpu>(subject));
+            compare_network(&mut report, &cpu, &gpu, tolerance);
+        }
         report.finish();
     }
 
