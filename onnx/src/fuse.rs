@@ -1,22 +1,23 @@
-//! The load-time fusion of a ReLU or LeakyReLU into the convolutions that read it: `Conv(act(x))`
-//! becomes one convolution with the activation applied as jem-kernels reads its input
-//! (`input_slope`, as the native Wide-ResNet runs its pre-activation blocks), so the activated
-//! map is never stored and the activation runs inside the convolution's threads.
+//! The load-time rewriting of a ReLU or LeakyReLU whose input comes from a linear step (a
+//! convolution, a folded BatchNorm, a matrix product, a sum or difference): where nothing but
+//! convolutions read it (as their input `x`, and it is not the graph's output), it is fused
+//! into them — `Conv(act(x))` becomes one convolution that applies the activation as
+//! jem-kernels reads its input (`input_slope`), as the native Wide-ResNet runs its
+//! pre-activation blocks, so the activated map is never stored; elsewhere it runs on
+//! jem-kernels' activation ([`Op::Activation`]), multi-threaded.
 //!
-//! A step is fused only where nothing but convolutions (as their input `x`) reads its output,
-//! that output is not the graph's, and its input is the output of a linear step (a convolution,
-//! a folded BatchNorm, a matrix product, a sum or difference). The fused kernels take the
-//! derivative 1 at exactly 0 where PyTorch takes the slope; a linear step's output is exactly 0
-//! only by coincidence, whereas a graph input (an image's black pixels) or the output of
-//! another activation, a pad or a pool of activations can be 0 by construction, and those stay
-//! separate steps.
+//! jem-kernels take the derivative at exactly 0 as 1, PyTorch as the slope. A linear step's
+//! output is exactly 0 only by coincidence, whereas a graph input (an image's black pixels)
+//! or the output of another activation, a pad or a pool of activations can be 0 by
+//! construction: those activations stay burn's, with PyTorch's derivative.
 
 use crate::compile::{Operand, Step};
 use crate::ops::elementwise::{Binary, Unary};
 use crate::ops::Op;
 
-/// Fuses every eligible activation of `steps` (in order) into the convolutions that read it;
-/// `output` is the graph output's slot. Runs before [`crate::compile::Compiler::schedule_frees`].
+/// Fuses every eligible activation of `steps` (in order) into the convolutions that read it,
+/// and runs the other eligible ones on jem-kernels; `output` is the graph output's slot. Runs
+/// before [`crate::compile::Compiler::schedule_frees`].
 pub(crate) fn fuse_activations(steps: &mut Vec<Step>, output: usize) {
     let mut s = 0;
     while s < steps.len() {
@@ -55,7 +56,7 @@ fn fuse_at(steps: &mut Vec<Step>, s: usize, output: usize) -> bool {
     let produced_linearly = steps[..s]
         .iter()
         .any(|p| p.outputs.contains(&input_slot) && linear_output(&p.op));
-    if out == output || !produced_linearly {
+    if !produced_linearly {
         return false;
     }
     let reads = |step: &Step| step.inputs.contains(&Operand::Slot(out));
@@ -68,7 +69,8 @@ fn fuse_at(steps: &mut Vec<Step>, s: usize, output: usize) -> bool {
         }
         _ => false,
     };
-    if readers.is_empty() || !readers.iter().all(|&r| fusible(&steps[r])) {
+    if out == output || readers.is_empty() || !readers.iter().all(|&r| fusible(&steps[r])) {
+        steps[s].op = Op::Activation(slope);
         return false;
     }
     for r in readers {
@@ -117,20 +119,26 @@ mod tests {
         })
     }
 
-    /// The slopes fused into each step's convolution (`-1`: not a convolution), after fusing.
-    fn fused(mut steps: Vec<Step>, output: usize) -> Vec<Option<f32>> {
+    /// Each step after fusing: `conv`, `conv(act 0.1)` (a fused slope), `act 0.1` (on the
+    /// kernels), or `burn` (an activation left to burn).
+    fn fused(mut steps: Vec<Step>, output: usize) -> Vec<String> {
         fuse_activations(&mut steps, output);
         steps
             .iter()
             .map(|s| match &s.op {
-                Op::Conv(c) => c.input_slope,
-                _ => Some(-1.0),
+                Op::Conv(Conv {
+                    input_slope: Some(a),
+                    ..
+                }) => format!("conv(act {a})"),
+                Op::Conv(_) => "conv".into(),
+                Op::Activation(a) => format!("act {a}"),
+                _ => "burn".into(),
             })
             .collect()
     }
 
     #[test]
-    fn only_a_linear_steps_activation_read_by_convolutions_alone_fuses() {
+    fn only_a_linear_steps_activation_runs_on_the_kernels_fused_where_convolutions_alone_read_it() {
         let relu = || Op::Unary(Unary::Relu);
         // conv → LeakyReLU → two convolutions: one step less, both convolutions carry it.
         let steps = vec![
@@ -139,25 +147,27 @@ mod tests {
             step(conv(), &[2], 3),
             step(conv(), &[2], 4),
         ];
-        assert_eq!(fused(steps, 4), [None, Some(0.1), Some(0.1)]);
-        // The graph input's ReLU (black pixels are exactly 0) stays.
+        assert_eq!(fused(steps, 4), ["conv", "conv(act 0.1)", "conv(act 0.1)"]);
+        // The graph input's ReLU (black pixels are exactly 0) stays burn's.
         let steps = vec![step(relu(), &[0], 1), step(conv(), &[1], 2)];
-        assert_eq!(fused(steps, 2), [Some(-1.0), None]);
-        // A ReLU of a ReLU: the first is read by an activation, the second reads one.
+        assert_eq!(fused(steps, 2), ["burn", "conv"]);
+        // A ReLU of a ReLU: the first, read by an activation, runs on the kernels; the second
+        // reads an activation and stays burn's.
         let steps = vec![
             step(conv(), &[0], 1),
             step(relu(), &[1], 2),
             step(relu(), &[2], 3),
             step(conv(), &[3], 4),
         ];
-        assert_eq!(fused(steps, 4), [None, Some(-1.0), Some(-1.0), None]);
-        // The graph's output, and an activation a convolution reads as its weights, stay.
+        assert_eq!(fused(steps, 4), ["conv", "act 0", "burn", "conv"]);
+        // The graph's output, and an activation a convolution reads as its weights, are not
+        // fused.
         let steps = vec![step(conv(), &[0], 1), step(relu(), &[1], 2)];
-        assert_eq!(fused(steps, 2), [None, Some(-1.0)]);
+        assert_eq!(fused(steps, 2), ["conv", "act 0"]);
         let mut weights = step(conv(), &[1], 3);
         weights.inputs[1] = Operand::Slot(2);
         let steps = vec![step(conv(), &[0], 1), step(relu(), &[1], 2), weights];
-        assert_eq!(fused(steps, 3), [None, Some(-1.0), None]);
+        assert_eq!(fused(steps, 3), ["conv", "act 0", "conv"]);
     }
 
     /// The forward pass of a committed fixture: its step lines, and how many convolutions carry
@@ -176,10 +186,15 @@ mod tests {
         (lines, fused)
     }
 
+    /// The activations left as steps of their own (on the kernels or burn's).
     fn activations(lines: &[String]) -> usize {
         lines
             .iter()
-            .filter(|l| l.contains("Unary(Relu)") || l.contains("Unary(LeakyRelu"))
+            .filter(|l| {
+                l.contains("Unary(Relu)")
+                    || l.contains("Unary(LeakyRelu")
+                    || l.contains("Activation(")
+            })
             .count()
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use jem_attacks::{Classifier, Linearised};
+use jem_attacks::{scale_channels, shift_channels, Classifier, Linearised};
 use jem_kernels::Kernels;
 
 use crate::compile::{Operand, MAX_RANK};
@@ -29,6 +29,13 @@ pub struct Normalisation {
     pub mean: Vec<f32>,
     /// Per-channel standard deviation (positive).
     pub std: Vec<f32>,
+}
+
+impl Normalisation {
+    /// 1 / std per channel: what the input is multiplied by after the mean is taken off.
+    fn inv_std(&self) -> Vec<f32> {
+        self.std.iter().map(|s| 1.0 / s).collect()
+    }
 }
 
 /// An ONNX classifier on burn tensors of backend `B`: `[N, C, H, W]` pixels in [0, 1] to
@@ -183,10 +190,8 @@ impl<B: Kernels> OnnxNetwork<B> {
     fn tangent_in(&self, v: Tensor<B, 4>) -> Tensor<B, MAX_RANK> {
         let v = match &self.normalisation {
             Some(norm) => {
-                let c = norm.std.len();
-                let std = TensorData::new(norm.std.clone(), [1, c, 1, 1]);
-                let device = v.device();
-                v / Tensor::<B, 4>::from_data(std, &device)
+                let inv_std = per_channel(&norm.inv_std(), &v.device());
+                scale_channels(v, inv_std)
             }
             None => v,
         };
@@ -220,11 +225,11 @@ impl<B: Kernels> OnnxNetwork<B> {
         );
         let x = match &self.normalisation {
             Some(norm) => {
+                // As the native Wide-ResNet standardises: shift, then scale by 1 / std.
                 let device = x.device();
-                let channel = |v: &[f32]| {
-                    Tensor::<B, 4>::from_data(TensorData::new(v.to_vec(), [1, c, 1, 1]), &device)
-                };
-                (x - channel(&norm.mean)) / channel(&norm.std)
+                let minus_mean: Vec<f32> = norm.mean.iter().map(|m| -m).collect();
+                let x = shift_channels(x, per_channel(&minus_mean, &device));
+                scale_channels(x, per_channel(&norm.inv_std(), &device))
             }
             None => x,
         };
@@ -291,6 +296,11 @@ impl<B: Kernels> Classifier<B> for OnnxNetwork<B> {
     ) -> Option<(Tensor<B, 2>, Tensor<B, 2>)> {
         Some(OnnxNetwork::jacobian_vector_product(self, x, v))
     }
+}
+
+/// One value per channel on `device`.
+fn per_channel<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
 }
 
 /// A constant as a canonical (rank-5) float tensor on `device`.

@@ -91,6 +91,9 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
 #[derive(Clone, Debug)]
 pub(crate) enum Op {
     Unary(elementwise::Unary),
+    /// LeakyReLU with this slope (0: ReLU) on jem-kernels, in place of a `Unary` one whose
+    /// input comes from a linear step ([`crate::fuse`]).
+    Activation(f32),
     Binary(elementwise::Binary),
     Conv(conv::Conv),
     Gemm(linear::Gemm),
@@ -152,6 +155,10 @@ pub(crate) fn run<B: Kernels>(
     let mut it = inputs.into_iter();
     let y = match op {
         Op::Unary(u) => elementwise::run_unary(take(&mut it), *u),
+        Op::Activation(slope) => {
+            let x = take(&mut it);
+            jem_kernels::leaky_relu(x, f64::from(*slope))
+        }
         Op::Binary(b) => {
             let a = take(&mut it);
             elementwise::run_binary(a, take(&mut it), *b)
@@ -257,6 +264,7 @@ impl Op {
         let both = varying.len() >= 2 && varying[0] && varying[1];
         match self {
             Op::Unary(u) => elementwise::unary_is_piecewise_linear(*u),
+            Op::Activation(_) => true,
             Op::Binary(b) => elementwise::binary_is_piecewise_linear(*b, varying),
             Op::Conv(_) | Op::Gemm(_) | Op::MatMul | Op::Affine => !both,
             Op::LayerNorm(_) | Op::Softmax(_) => false,
@@ -285,6 +293,7 @@ impl Op {
         let mut output = false;
         match self {
             Op::Unary(u) => (inputs[0], output) = elementwise::unary_reads(*u),
+            Op::Activation(_) => inputs[0] = true,
             Op::Binary(b) => inputs = elementwise::binary_reads(*b, varying),
             // Bilinear: each factor's tangent meets the other factor; a fused activation's
             // slope is read off the input.
@@ -338,6 +347,13 @@ pub(crate) fn tangent<B: Kernels>(
             let t = next().expect("a tangent is given");
             elementwise::tangent_unary(*u, x, primal.output.clone(), t)
         }
+        // The kernels' derivative (1 at exactly 0), as their own gradient takes it; piecewise
+        // constant in x: not tracked.
+        Op::Activation(slope) => {
+            let t = next().expect("a tangent is given");
+            let x = primal.input(0).detach();
+            t * jem_kernels::leaky_relu_derivative(x, f64::from(*slope))
+        }
         Op::Binary(b) => {
             let (ta, tb) = (next(), next());
             elementwise::tangent_binary(*b, primal, ta, tb, out)
@@ -381,7 +397,7 @@ pub(crate) fn tangent<B: Kernels>(
             let (tx, ts, tb) = (next(), next(), next());
             sum_terms(
                 [
-                    tx.map(|t| t * primal.input(1)),
+                    tx.map(|t| norm::scale(t, primal.input(1))),
                     ts.map(|t| primal.input(0) * t),
                     tb,
                 ],

@@ -3,6 +3,9 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use jem_attacks::{scale_channels, shift_channels};
+
+use super::conv::to4;
 
 use super::{sum_terms, Op, Primal};
 use crate::compile::{canon_axis, Arg, Compiled, Cx, Res, MAX_RANK};
@@ -103,7 +106,31 @@ pub(crate) fn run_affine<B: Backend>(
     scale: Tensor<B, 5>,
     shift: Tensor<B, 5>,
 ) -> Tensor<B, 5> {
-    x * scale + shift
+    match per_channel(&x, &scale) {
+        Some(c) => {
+            let x = to4(x);
+            let (scale, shift) = (scale.reshape([c]), shift.reshape([c]));
+            shift_channels(scale_channels(x, scale), shift).unsqueeze_dim(0)
+        }
+        None => x * scale + shift,
+    }
+}
+
+/// `t · scale` (the folded BatchNorm's tangent), per channel where it can be.
+pub(crate) fn scale<B: Backend>(t: Tensor<B, 5>, scale: Tensor<B, 5>) -> Tensor<B, 5> {
+    match per_channel(&t, &scale) {
+        Some(c) => scale_channels(to4(t), scale.reshape([c])).unsqueeze_dim(0),
+        None => t * scale,
+    }
+}
+
+/// The channel count where `x` is an image batch (`[1, N, C, H, W]`) and `values` one value per
+/// channel (`[1, 1, C, 1, 1]`): then jem-attacks' per-channel operations apply, which run as
+/// rows against a column instead of burn's general broadcast (element by element through
+/// strides, on one thread).
+fn per_channel<B: Backend>(x: &Tensor<B, 5>, values: &Tensor<B, 5>) -> Option<usize> {
+    let [a, _, c, _, _] = x.dims();
+    (a == 1 && values.dims() == [1, 1, c, 1, 1]).then_some(c)
 }
 
 fn mean_over<B: Backend>(x: Tensor<B, 5>, axes: &[usize]) -> Tensor<B, 5> {
