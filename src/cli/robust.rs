@@ -229,19 +229,16 @@ impl RobustArgs {
             .iter()
             .flat_map(|a| self.ks.iter().flat_map(move |&k| a.at(k).stages()))
             .collect();
-        let budgets: [(&'static [&'static str], &[AttackKind]); 5] = [
-            (
-                &["pgd_steps", "pgd_rel_stepsize"],
-                &[AttackKind::Pgd, AttackKind::PgdLong],
-            ),
-            (
-                &["apgd_iterations"],
-                &[AttackKind::ApgdCe, AttackKind::ApgdDlr, AttackKind::ApgdT],
-            ),
-            (&["fab_iterations"], &[AttackKind::FabT]),
-            (&["square_queries"], &[AttackKind::Square]),
-            (&["boundary_steps"], &[AttackKind::Boundary]),
-        ];
+        // Each budget with the attacks it sets (`apgd_iterations`: APGD-CE, -DLR and -T).
+        let mut budgets: Vec<(&'static [&'static str], Vec<AttackKind>)> = Vec::new();
+        for &kind in AttackKind::ALL {
+            let ids = kind.budget_settings();
+            match budgets.iter_mut().find(|(b, _)| *b == ids) {
+                _ if ids.is_empty() => {}
+                Some((_, users)) => users.push(kind),
+                None => budgets.push((ids, vec![kind])),
+            }
+        }
         for (ids, users) in budgets {
             if !stages.iter().any(|s| users.contains(s)) {
                 let names: Vec<&str> = users.iter().map(|a| a.name()).collect();

@@ -3,11 +3,9 @@
 //! of the model (gradients, scores, decisions) is what the attack itself declares
 //! ([`Describe::access`]), read from the same configuration.
 
-use jem_attacks::{
-    Access, ApgdConfig, ApgdLoss, Attack, AutoAttack, BoundaryConfig, Cascade, Describe, FabConfig,
-    MinimumPerturbation, Model, PgdConfig, PointwiseConfig, SquareConfig,
-};
+use jem_attacks::{Access, Attack, AutoAttack, Cascade, MinimumPerturbation, Model};
 
+use super::builtin::Single;
 use super::cells::AttackKind;
 use super::spec::SweepSpec;
 use crate::backend::BenchBackend;
@@ -22,42 +20,6 @@ pub(super) enum Configured<'a, B: BenchBackend, M: Model<B>> {
     /// A preset: its attacks one after another, each at each ε on what the ones before left
     /// standing.
     Cascade(Vec<AttackKind>, Cascade<'a, B, M>),
-}
-
-/// One attack (not a preset) with its settings, before it is bound to a backend and model.
-enum Single {
-    Pgd(PgdConfig),
-    Apgd(ApgdConfig),
-    Square(SquareConfig),
-    Fab(FabConfig),
-    Boundary(BoundaryConfig),
-    Pointwise(PointwiseConfig),
-}
-
-impl Single {
-    /// What the attack declares of itself.
-    fn description(&self) -> &dyn Describe {
-        match self {
-            Single::Pgd(a) => a,
-            Single::Apgd(a) => a,
-            Single::Square(a) => a,
-            Single::Fab(a) => a,
-            Single::Boundary(a) => a,
-            Single::Pointwise(a) => a,
-        }
-    }
-
-    /// The attack on backend `B` and model `M`: fixed-ε or minimum-perturbation.
-    fn bind<'a, B: BenchBackend, M: Model<B> + 'a>(self) -> Configured<'a, B, M> {
-        match self {
-            Single::Pgd(a) => Configured::PerEps(Box::new(a)),
-            Single::Apgd(a) => Configured::PerEps(Box::new(a)),
-            Single::Square(a) => Configured::PerEps(Box::new(a)),
-            Single::Fab(a) => Configured::Minimum(Box::new(a)),
-            Single::Boundary(a) => Configured::Minimum(Box::new(a)),
-            Single::Pointwise(a) => Configured::Minimum(Box::new(a)),
-        }
-    }
 }
 
 impl AttackKind {
@@ -78,7 +40,7 @@ impl AttackKind {
         eot: usize,
     ) -> Configured<'a, B, M> {
         let Some(version) = self.autoattack_version() else {
-            return single(spec, self, eot).bind();
+            return bind(single(spec, self, eot));
         };
         let autoattack = AutoAttack {
             version,
@@ -94,66 +56,23 @@ impl AttackKind {
     }
 }
 
-/// The single attack `kind` configured from the sweep's settings.
-fn single(spec: &SweepSpec, kind: AttackKind, eot: usize) -> Single {
-    let norm = spec.norm;
-    match kind {
-        AttackKind::Pgd | AttackKind::PgdLong | AttackKind::Fgsm => {
-            let mut cfg = match kind {
-                AttackKind::Fgsm => PgdConfig::fgsm(norm),
-                pgd => {
-                    let (steps, rel_stepsize) = spec.pgd_schedule(pgd);
-                    PgdConfig {
-                        steps,
-                        restarts: spec.restarts_of(pgd),
-                        rel_stepsize,
-                        ..PgdConfig::pgd(norm)
-                    }
-                }
-            };
-            cfg.eot = eot;
-            cfg.seed = spec.seed;
-            Single::Pgd(cfg)
-        }
-        AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
-            let loss = match kind {
-                AttackKind::ApgdCe => ApgdLoss::CrossEntropy,
-                AttackKind::ApgdDlr => ApgdLoss::Dlr,
-                _ => ApgdLoss::TargetedDlr,
-            };
-            let mut cfg = ApgdConfig::new(norm, loss);
-            cfg.iterations = spec.apgd_iterations;
-            cfg.restarts = spec.restarts_of(kind);
-            cfg.eot = eot;
-            cfg.seed = spec.seed;
-            Single::Apgd(cfg)
-        }
-        AttackKind::Square => {
-            let mut cfg = SquareConfig::new(norm);
-            cfg.queries = spec.square_queries;
-            cfg.seed = spec.seed;
-            Single::Square(cfg)
-        }
-        AttackKind::FabT => {
-            let mut cfg = FabConfig::new(norm);
-            cfg.iterations = spec.fab_iterations;
-            cfg.eot = eot;
-            cfg.seed = spec.seed;
-            Single::Fab(cfg)
-        }
-        AttackKind::Boundary => Single::Boundary(BoundaryConfig {
-            steps: spec.boundary_steps,
-            seed: spec.seed,
-            ..Default::default()
-        }),
-        AttackKind::Pointwise => Single::Pointwise(PointwiseConfig {
-            seed: spec.seed,
-            ..Default::default()
-        }),
-        AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
-            unreachable!("presets are built as cascades of their stages")
-        }
+/// The attack on backend `B` and model `M`: fixed-ε or minimum-perturbation.
+fn bind<'a, B: BenchBackend, M: Model<B> + 'a>(single: Single) -> Configured<'a, B, M> {
+    match single {
+        Single::Pgd(a) => Configured::PerEps(Box::new(a)),
+        Single::Apgd(a) => Configured::PerEps(Box::new(a)),
+        Single::Square(a) => Configured::PerEps(Box::new(a)),
+        Single::Fab(a) => Configured::Minimum(Box::new(a)),
+        Single::Boundary(a) => Configured::Minimum(Box::new(a)),
+        Single::Pointwise(a) => Configured::Minimum(Box::new(a)),
     }
+}
+
+/// The single attack `kind` configured from the sweep's settings (its [`BuiltIn`] entry).
+///
+/// [`BuiltIn`]: super::builtin::BuiltIn
+fn single(spec: &SweepSpec, kind: AttackKind, eot: usize) -> Single {
+    (kind.entry().configure)(spec, eot)
 }
 
 #[cfg(test)]

@@ -12,19 +12,10 @@ use burn::tensor::{Int, Tensor};
 use jem_attacks::{AttackLoss, Model};
 use rand::SeedableRng;
 
+use super::builtin::Draws;
 use super::cells::{AttackKind, Cell, CellAttack};
 use super::spec::{SweepSpec, MORE_EOT, MORE_ITERATIONS};
 use crate::backend::BenchBackend;
-
-/// Targets of the targeted attacks (APGD-T, FAB-T): the 9 most likely other classes.
-const TARGETS: usize = 9;
-
-/// A forward pass costs about half an input gradient (a backward pass costs about as much as
-/// the forward one); score- and decision-based attacks are counted so.
-const FORWARD: f64 = 0.5;
-
-/// Decision-based pointwise attack: about this many model queries per example.
-const POINTWISE_QUERIES: f64 = 2_000.0;
 
 /// Input gradients of the cell's model one example takes at most, over the `eps` budgets > 0
 /// of the grid, each counted with its EOT draws; an own attack (`own_per_eps`: its gradients at
@@ -55,34 +46,16 @@ fn stage_gradients(
     k: usize,
     classes: usize,
 ) -> Vec<(f64, bool)> {
-    let eot = spec.eot_at(k) as f64;
-    let targets = TARGETS.min(classes.saturating_sub(1)) as f64;
-    let restarts = |kind| spec.restarts_of(kind) as f64;
+    let draws = Draws {
+        eot: spec.eot_at(k) as f64,
+        classes,
+    };
     attack
         .stages()
         .into_iter()
-        .map(|kind| match kind {
-            AttackKind::Pgd | AttackKind::PgdLong => (
-                spec.pgd_schedule(kind).0 as f64 * restarts(kind) * eot,
-                false,
-            ),
-            AttackKind::Fgsm => (eot, false),
-            AttackKind::ApgdCe | AttackKind::ApgdDlr => {
-                (spec.apgd_iterations as f64 * restarts(kind) * eot, false)
-            }
-            AttackKind::ApgdT => (
-                spec.apgd_iterations as f64 * restarts(kind) * eot * targets,
-                false,
-            ),
-            // Once for every ε, on its own and inside a cascade (there on the examples standing
-            // at any ε, those of the smallest); a forward pass beside each iteration's gradient.
-            AttackKind::FabT => (spec.fab_iterations as f64 * targets * (eot + FORWARD), true),
-            AttackKind::Square => (spec.square_queries as f64 * FORWARD, false),
-            AttackKind::Boundary => (spec.boundary_steps as f64 * FORWARD, true),
-            AttackKind::Pointwise => (POINTWISE_QUERIES * FORWARD, true),
-            AttackKind::AutoAttack | AttackKind::AutoAttackRand | AttackKind::Adaptive => {
-                unreachable!("a preset's stages are single attacks")
-            }
+        .map(|kind| {
+            let entry = kind.entry();
+            ((entry.gradients)(spec, draws), entry.once_for_every_eps)
         })
         .collect()
 }
@@ -155,10 +128,11 @@ pub fn check_factor(spec: &SweepSpec, cell: &Cell, eps: usize) -> f64 {
     }
     let n = spec.n_examples as f64;
     let strengths = (MORE_EOT + MORE_ITERATIONS) as f64;
-    let once = matches!(
-        cell.attack,
-        CellAttack::Kind(AttackKind::FabT | AttackKind::Boundary | AttackKind::Pointwise)
-    );
+    let once = cell
+        .attack
+        .kind()
+        .and_then(AttackKind::built_in)
+        .is_some_and(|entry| entry.once_for_every_eps);
     let runs = if once { eps as f64 } else { 1.0 };
     strengths * runs * (spec.convergence_sample as f64).min(n) / n
 }
@@ -183,22 +157,6 @@ pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
         seconds = started.elapsed().as_secs_f64();
     }
     seconds / n as f64
-}
-
-/// Seconds that tasks of `seconds` (in the order they start) take on `workers` workers, each
-/// worker taking the next task as soon as it is free, as a sweep hands out its cells. A task is
-/// taken to last as long alone as beside others (a cell left running alone at the end has
-/// every core to itself and finishes sooner than counted).
-pub fn makespan(seconds: &[f64], workers: usize) -> f64 {
-    let mut free = vec![0.0_f64; workers.max(1)];
-    for &task in seconds {
-        let next = free
-            .iter_mut()
-            .min_by(|a, b| a.total_cmp(b))
-            .expect("at least one worker");
-        *next += task;
-    }
-    free.into_iter().fold(0.0, f64::max)
 }
 
 pub use crate::duration::duration;
@@ -310,17 +268,6 @@ mod tests {
         // costs nothing here); APGD-T and Square on that half at each ε; FAB-T once on it.
         let want = 100.0 * 0.5 * 3.0 + (900.0 + 2_500.0) * 0.5 * 3.0 + 1_350.0 * 0.5;
         assert!((got - want).abs() < 1e-9, "{got} vs {want}");
-    }
-
-    #[test]
-    fn cells_side_by_side_take_the_longest_worker_not_their_sum() {
-        assert_eq!(makespan(&[], 2), 0.0);
-        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 1), 6.0);
-        // Worker 1: 3; worker 2: 1, 1, 1 (each taken as it frees).
-        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 2), 3.0);
-        // Worker 1: 2, then 5 (free at 2 before worker 2 at 4); worker 2: 4.
-        assert_eq!(makespan(&[2.0, 4.0, 5.0], 2), 7.0);
-        assert_eq!(makespan(&[2.0, 4.0, 5.0], 8), 5.0);
     }
 
     #[test]

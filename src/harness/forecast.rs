@@ -13,7 +13,7 @@ use super::estimate;
 use super::plan::Plan;
 use super::robustness::WORST_CASE;
 use super::rows::TidyRow;
-use super::spec::{SweepEstimate, SweepSpec};
+use super::spec::{makespan, SweepEstimate, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
@@ -152,7 +152,7 @@ pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             * (1.0 + estimate::check_factor(spec, cell, eps));
         bounds.push(seconds * spec.n_examples as f64 * most);
     }
-    Ok(estimate::makespan(&bounds, jobs))
+    Ok(makespan(&bounds, jobs))
 }
 
 /// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].
@@ -392,8 +392,8 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
         }
     }
     cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
-    let expected = estimate::makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
-    let bound = estimate::makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
+    let expected = makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
+    let bound = makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
     let norm = quick.norm;
     Ok(format!(
         "the full evaluation, `jem-bench robust --norm {norm}` (100 images, the adaptive \

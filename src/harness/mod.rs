@@ -6,6 +6,7 @@
 //! `--shard` with `merge` (which also joins sweeps of other models), and `regress` against a stored reference.
 
 mod attack_config;
+mod builtin;
 mod cell;
 mod cells;
 mod checks;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use burn::module::Module;
 use jem_attacks::{Classifier, Norm};
 
-use super::cells::{self, AttackKind, Cell};
+use super::cells::{self, Cell};
 use super::outputs;
 use super::own_attack::{check_names, gradient_use, OwnAttack};
 use super::rows::CellResult;
@@ -55,8 +55,9 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         }
     }
     let classes = data.num_classes();
-    for (attack, needs) in [(AttackKind::ApgdDlr, 3), (AttackKind::ApgdT, 4)] {
-        if spec.single_attacks().contains(&attack) && classes < needs {
+    for attack in spec.single_attacks() {
+        let needs = attack.entry().min_classes;
+        if classes < needs {
             return Err(InvalidSetting::new(
                 "attacks",
                 attack.name().to_string(),

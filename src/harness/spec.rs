@@ -159,13 +159,29 @@ pub struct SweepEstimate {
 impl SweepEstimate {
     /// Expected seconds of the whole sweep: its cells on [`jobs`](Self::jobs) workers.
     pub fn expected(&self) -> f64 {
-        super::estimate::makespan(&self.cells, self.jobs)
+        makespan(&self.cells, self.jobs)
     }
 
     /// Seconds the whole sweep takes at most: the cells' bounds on the same workers.
     pub fn bound(&self) -> f64 {
-        super::estimate::makespan(&self.bounds, self.jobs)
+        makespan(&self.bounds, self.jobs)
     }
+}
+
+/// Seconds that tasks of `seconds` (in the order they start) take on `workers` workers, each
+/// worker taking the next task as soon as it is free, as a sweep hands out its cells. A task is
+/// taken to last as long alone as beside others (a cell left running alone at the end has
+/// every core to itself and finishes sooner than counted).
+pub(super) fn makespan(seconds: &[f64], workers: usize) -> f64 {
+    let mut free = vec![0.0_f64; workers.max(1)];
+    for &task in seconds {
+        let next = free
+            .iter_mut()
+            .min_by(|a, b| a.total_cmp(b))
+            .expect("at least one worker");
+        *next += task;
+    }
+    free.into_iter().fold(0.0, f64::max)
 }
 
 /// A part of a cell that is kept as it finishes, so that a killed sweep resumes after it: a
@@ -291,17 +307,6 @@ impl SweepSpec {
         }
     }
 
-    /// PGD steps and step size (fraction of ε) of a PGD cell; `pgd-long` takes 4× the steps,
-    /// each 4× shorter, so that it can cross the ball as often but more finely.
-    pub(super) fn pgd_schedule(&self, attack: AttackKind) -> (usize, f32) {
-        let factor = if attack == AttackKind::PgdLong { 4 } else { 1 };
-        let steps = self.pgd_steps * factor;
-        let rel = self
-            .pgd_rel_stepsize
-            .map_or(2.5 / steps.max(1) as f32, |r| r / factor as f32);
-        (steps, rel)
-    }
-
     /// The attacks of the sweep (a preset is one, run as a cascade), each once, in the order
     /// given.
     pub fn attack_list(&self) -> Vec<AttackKind> {
@@ -389,17 +394,6 @@ impl SweepSpec {
         } else {
             EOT_NOISE_SAMPLES.div_ceil(self.defence.chains.max(1))
         })
-    }
-
-    /// Restarts of an attack: `pgd-long` doubles PGD's; single runs elsewhere.
-    pub(super) fn restarts_of(&self, attack: AttackKind) -> usize {
-        match attack {
-            AttackKind::Pgd | AttackKind::ApgdCe | AttackKind::ApgdDlr | AttackKind::ApgdT => {
-                self.restarts
-            }
-            AttackKind::PgdLong => 2 * self.restarts,
-            _ => 1,
-        }
     }
 
     /// Checks the settings on their own (models and data are checked when a sweep is planned
@@ -493,5 +487,21 @@ impl std::str::FromStr for Shard {
         } else {
             Err(bad())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::makespan;
+
+    #[test]
+    fn cells_side_by_side_take_the_longest_worker_not_their_sum() {
+        assert_eq!(makespan(&[], 2), 0.0);
+        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 1), 6.0);
+        // Worker 1: 3; worker 2: 1, 1, 1 (each taken as it frees).
+        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 2), 3.0);
+        // Worker 1: 2, then 5 (free at 2 before worker 2 at 4); worker 2: 4.
+        assert_eq!(makespan(&[2.0, 4.0, 5.0], 2), 7.0);
+        assert_eq!(makespan(&[2.0, 4.0, 5.0], 8), 5.0);
     }
 }

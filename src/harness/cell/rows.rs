@@ -54,7 +54,7 @@ pub(in crate::harness) fn rows_and_examples(
             restarts: stage
                 .name
                 .single()
-                .map_or(spec.restarts, |kind| spec.restarts_of(kind)),
+                .map_or(spec.restarts, |kind| (kind.entry().restarts)(spec)),
             chains: if cell.k > 0 { spec.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
                 spec.defence.recheck_chains
