@@ -51,6 +51,7 @@ p.add_argument("--reps", type=int, default=10)
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--max-seconds", type=float, default=4.0)
 p.add_argument("--bin", help="the jem-bench to time (default: the release build's)")
+p.add_argument("--made-by", help="how the table was made, for its header (default: this command)")
 p.add_argument("--out", default=str(root / "results/perf/onnx-cpu"),
                help="OUT.csv and OUT.md are written")
 a = p.parse_args()
@@ -98,6 +99,9 @@ out = pathlib.Path(a.out)
 out.parent.mkdir(parents=True, exist_ok=True)
 
 
+made_by = f"by `python3 benches/onnx_native.py {' '.join('--pair ' + p for p in a.pair)}`"
+
+
 def write_tables():
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -107,8 +111,8 @@ def write_tables():
         f.write(f"CPU: {cpu}; jem-bench's ONNX interpreter against its native Wide-ResNet on the same "
                 f"weights: lowest median of {a.rounds} interleaved rounds x up to {a.reps} calls (cut "
                 f"after {a.max_seconds:g} s, at least 3); batch {a.batch} (PGD: {a.pgd_batch} images x "
-                f"{a.chains} chains); ratio = ONNX / native, target <= {TARGET}. Made by "
-                f"`python3 benches/onnx_native.py {' '.join('--pair ' + p for p in a.pair)}`.\n\n")
+                f"{a.chains} chains); ratio = ONNX / native, target <= {TARGET}. Made "
+                f"{a.made_by or made_by}.\n\n")
         head = ["pair", "row", "batch", "threads", "native ms", "ONNX ms", "ratio",
                 f"within {TARGET}x", "native peak MiB", "ONNX peak MiB"]
         f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")

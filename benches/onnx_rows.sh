@@ -25,7 +25,11 @@ cargo build --release
 python3 benches/onnx_native.py \
     --pair "baseline=results/models/baseline,$work/baseline" \
     --pair "jem=results/models/jem,$work/jem" \
-    --rounds 3 --reps 10 --max-seconds 4 --out results/perf/onnx-cpu
+    --rounds 3 --reps 10 --max-seconds 4 --out results/perf/onnx-cpu \
+    --made-by "on $(date +%F), nothing else running, by \`PYTHON=… bash benches/onnx_rows.sh\` \
+(\`python3 benches/onnx_native.py --pair baseline=results/models/baseline,BASELINE.onnx --pair \
+jem=results/models/jem,JEM.onnx --rounds 3 --reps 10 --max-seconds 4\`, the graphs exported by \
+PyTorch and imported into a temporary folder)"
 
 "$python" benches/pytorch/compare.py --models preact18:cifar \
     --ops forward,input-gradient,pgd-step:k0,pgd-step:k1:full --sides ours,pytorch \
