@@ -34,7 +34,9 @@ PyTorch and imported into a temporary folder)"
 "$python" benches/pytorch/compare.py --models preact18:cifar \
     --ops forward,input-gradient,pgd-step:k0,pgd-step:k1:full --sides ours,pytorch \
     --rounds 2 --reps 10 --max-seconds 4 --out "$work/preact"
-note="$(head -n 1 results/perf/cpu.md) The PreAct-ResNet-18 rows (3×32×32, full width: 64 \
+# The table's first paragraph, without the sentence an earlier run of this script added.
+first="$(head -n 1 results/perf/cpu.md | sed 's/ The PreAct-ResNet-18 rows .*//')"
+note="$first The PreAct-ResNet-18 rows (3×32×32, full width: 64 \
 channels in the first stage; $(date +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | \
 sed 's/^ *//'), nothing else running) time a network jem-bench imported, not one of its own: ops.py \
 exports its seeded PreAct-ResNet-18 to ONNX and jem-bench runs it through its ONNX interpreter \
