@@ -18,10 +18,13 @@ use std::path::{Path, PathBuf};
 
 use jem_attacks::GradMode;
 use jem_bench::backend::{self, Inference, Train};
-use jem_bench::harness::{sweep, AttackKind, RowAttack, Runner, Subject, SweepSpec, TidyRow};
+use jem_bench::harness::{
+    sweep, AttackKind, Budgets, RowAttack, Runner, Subject, SweepSpec, TidyRow,
+};
 use jem_bench::metrics;
 use jem_bench::model::{import_onnx, LoadedNetwork, ModelInfo};
 use jem_datasets::{DataSource, Split};
+use std::num::NonZeroUsize;
 
 /// The committed export of the embedded baseline (WRN-10-1 on MNIST, mean 0.5, std 0.5 outside
 /// the graph).
@@ -119,7 +122,10 @@ fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let spec = SweepSpec {
         attacks: vec![AttackKind::Pgd],
-        pgd_steps: 10,
+        budgets: Budgets {
+            pgd_steps: NonZeroUsize::new(10).expect("10 is not 0"),
+            ..Budgets::default()
+        },
         eps: vec![0.0, 0.1, 0.2],
         ks: vec![0, 1],
         grad: vec![GradMode::Bpda],

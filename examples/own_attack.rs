@@ -24,13 +24,14 @@ use jem_attacks::{
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches;
 use jem_bench::harness::{
-    sweep_with_attacks, AttackKind, OwnAttack, RunContext, Runner, Subject, SweepSpec,
+    sweep_with_attacks, AttackKind, Budgets, OwnAttack, RunContext, Runner, Subject, SweepSpec,
 };
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use std::num::NonZeroUsize;
 
 type Inner = Inference;
 
@@ -224,7 +225,10 @@ fn through_the_sweep(path: &str, eps: &[f32], alone: &[AttackOutcome]) -> anyhow
     let out = std::env::temp_dir().join(format!("jem-bench-own-attack-{}", std::process::id()));
     let spec = SweepSpec {
         attacks: vec![AttackKind::ApgdCe],
-        apgd_iterations: 20,
+        budgets: Budgets {
+            apgd_iterations: NonZeroUsize::new(20).expect("20 is not 0"),
+            ..Budgets::default()
+        },
         ks: vec![0],
         eps: eps.to_vec(),
         n_examples: 40,

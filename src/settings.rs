@@ -64,6 +64,12 @@ pub fn first_images(
     Ok(set.select(&(0..n).collect::<Vec<_>>()))
 }
 
+/// `value` as a count that is at least 1 (steps, iterations, queries, …).
+pub fn count(field: &'static str, value: usize) -> Result<std::num::NonZeroUsize, InvalidSetting> {
+    at_least_one(field, value)?;
+    Ok(std::num::NonZeroUsize::new(value).expect("checked above"))
+}
+
 /// `value` ≥ 1 (a count: examples, steps, chains, …).
 pub fn at_least_one(field: &'static str, value: usize) -> Result<(), InvalidSetting> {
     refuse_unless(

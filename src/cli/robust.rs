@@ -10,7 +10,8 @@ use super::defence::DefenceFlags;
 use super::unused::Unused;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
-use jem_bench::harness::{AttackKind, Shard, SweepSpec};
+use jem_bench::harness::{AttackKind, Budgets, Shard, SweepSpec};
+use jem_bench::settings::count;
 use jem_bench::Choice;
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
@@ -60,26 +61,26 @@ pub struct RobustArgs {
     #[arg(long)]
     pub eot: Option<usize>,
     /// Restarts of PGD and each APGD run (PGD-long takes twice as many).
-    #[arg(long, default_value_t = SweepSpec::default().restarts)]
+    #[arg(long, default_value_t = SweepSpec::default().budgets.restarts.get())]
     pub restarts: usize,
     /// PGD steps (foolbox's default is 40; lowered so that the default sweep fits a CPU).
-    #[arg(long, default_value_t = SweepSpec::default().pgd_steps)]
+    #[arg(long, default_value_t = SweepSpec::default().budgets.pgd_steps.get())]
     pub pgd_steps: usize,
     /// PGD step size as a fraction of ε (default 2.5 / steps, so that the steps can cross the
     /// ball 1.25 times from a random start, as foolbox's 40 steps of ε/30 do).
     #[arg(long)]
     pub pgd_rel_stepsize: Option<f32>,
     /// APGD iterations per run (AutoAttack: 100).
-    #[arg(long, default_value_t = SweepSpec::default().apgd_iterations)]
+    #[arg(long, default_value_t = SweepSpec::default().budgets.apgd_iterations.get())]
     pub apgd_iterations: usize,
     /// Square-attack queries per example (AutoAttack: 5 000).
-    #[arg(long, default_value_t = SweepSpec::default().square_queries)]
+    #[arg(long, default_value_t = SweepSpec::default().budgets.square_queries.get())]
     pub square_queries: usize,
     /// FAB-T iterations per target class (AutoAttack: 100).
-    #[arg(long, default_value_t = SweepSpec::default().fab_iterations)]
+    #[arg(long, default_value_t = SweepSpec::default().budgets.fab_iterations.get())]
     pub fab_iterations: usize,
     /// Boundary-attack steps (foolbox's default is 25 000).
-    #[arg(long, default_value_t = SweepSpec::default().boundary_steps)]
+    #[arg(long, default_value_t = SweepSpec::default().budgets.boundary_steps.get())]
     pub boundary_steps: usize,
     /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
     #[arg(long, default_value_t = SweepSpec::default().n_examples)]
@@ -276,13 +277,15 @@ impl RobustArgs {
             ks: self.ks,
             grad: self.grad,
             eot: self.eot,
-            restarts: self.restarts,
-            pgd_steps: self.pgd_steps,
-            pgd_rel_stepsize: self.pgd_rel_stepsize,
-            apgd_iterations: self.apgd_iterations,
-            square_queries: self.square_queries,
-            fab_iterations: self.fab_iterations,
-            boundary_steps: self.boundary_steps,
+            budgets: Budgets {
+                restarts: count("restarts", self.restarts)?,
+                pgd_steps: count("pgd_steps", self.pgd_steps)?,
+                pgd_rel_stepsize: self.pgd_rel_stepsize,
+                apgd_iterations: count("apgd_iterations", self.apgd_iterations)?,
+                square_queries: count("square_queries", self.square_queries)?,
+                fab_iterations: count("fab_iterations", self.fab_iterations)?,
+                boundary_steps: count("boundary_steps", self.boundary_steps)?,
+            },
             n_examples: self.n_examples,
             convergence_sample: self.convergence_sample,
             batch_size: self.batch_size,
@@ -296,7 +299,10 @@ impl RobustArgs {
         let spec = if self.quick {
             SweepSpec {
                 attacks: quick.attacks,
-                apgd_iterations: quick.apgd_iterations,
+                budgets: Budgets {
+                    apgd_iterations: quick.budgets.apgd_iterations,
+                    ..spec.budgets
+                },
                 eot: quick.eot,
                 n_examples: quick.n_examples,
                 convergence_sample: quick.convergence_sample,

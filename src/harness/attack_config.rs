@@ -45,10 +45,10 @@ impl AttackKind {
         let autoattack = AutoAttack {
             version,
             norm: spec.norm,
-            apgd_iterations: spec.apgd_iterations,
-            apgd_restarts: spec.restarts,
-            fab_iterations: spec.fab_iterations,
-            square_queries: spec.square_queries,
+            apgd_iterations: spec.budgets.apgd_iterations.get(),
+            apgd_restarts: spec.budgets.restarts.get(),
+            fab_iterations: spec.budgets.fab_iterations.get(),
+            square_queries: spec.budgets.square_queries.get(),
             eot,
             seed: spec.seed,
         };
@@ -78,7 +78,9 @@ fn single(spec: &SweepSpec, kind: AttackKind, eot: usize) -> Single {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::spec::Budgets;
     use crate::Choice;
+    use std::num::NonZeroUsize;
 
     #[test]
     fn each_attack_declares_what_it_needs_of_the_model() {
@@ -100,10 +102,13 @@ mod tests {
         type B = crate::backend::Train;
         type M = jem_attacks::Undefended<jem_attacks::LinearClassifier<B>>;
         let spec = SweepSpec {
-            apgd_iterations: 7,
-            restarts: 2,
-            fab_iterations: 5,
-            square_queries: 40,
+            budgets: Budgets {
+                apgd_iterations: NonZeroUsize::new(7).unwrap(),
+                restarts: NonZeroUsize::new(2).unwrap(),
+                fab_iterations: NonZeroUsize::new(5).unwrap(),
+                square_queries: NonZeroUsize::new(40).unwrap(),
+                ..Budgets::default()
+            },
             seed: 9,
             ..SweepSpec::default()
         };

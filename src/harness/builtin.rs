@@ -121,9 +121,9 @@ const PGD_BUDGET: &[&str] = &["pgd_steps", "pgd_rel_stepsize"];
 const APGD_BUDGET: &[&str] = &["apgd_iterations"];
 
 static PGD: BuiltIn = BuiltIn {
-    configure: |spec, eot| pgd(spec, 1, spec.restarts, eot),
-    restarts: |spec| spec.restarts,
-    gradients: |spec, d| pgd_steps(spec, 1).0 as f64 * spec.restarts as f64 * d.eot,
+    configure: |spec, eot| pgd(spec, 1, spec.budgets.restarts.get(), eot),
+    restarts: |spec| spec.budgets.restarts.get(),
+    gradients: |spec, d| pgd_steps(spec, 1).0 as f64 * spec.budgets.restarts.get() as f64 * d.eot,
     once_for_every_eps: false,
     min_classes: 2,
     budget: PGD_BUDGET,
@@ -132,9 +132,11 @@ static PGD: BuiltIn = BuiltIn {
 /// PGD with 4× the steps, each 4× shorter, and twice the restarts: it can cross the ball as
 /// often, more finely, from more starts.
 static PGD_LONG: BuiltIn = BuiltIn {
-    configure: |spec, eot| pgd(spec, 4, 2 * spec.restarts, eot),
-    restarts: |spec| 2 * spec.restarts,
-    gradients: |spec, d| pgd_steps(spec, 4).0 as f64 * 2.0 * spec.restarts as f64 * d.eot,
+    configure: |spec, eot| pgd(spec, 4, 2 * spec.budgets.restarts.get(), eot),
+    restarts: |spec| 2 * spec.budgets.restarts.get(),
+    gradients: |spec, d| {
+        pgd_steps(spec, 4).0 as f64 * 2.0 * spec.budgets.restarts.get() as f64 * d.eot
+    },
     once_for_every_eps: false,
     min_classes: 2,
     budget: PGD_BUDGET,
@@ -157,7 +159,7 @@ static FGSM: BuiltIn = BuiltIn {
 
 static APGD_CE: BuiltIn = BuiltIn {
     configure: |spec, eot| apgd(spec, ApgdLoss::CrossEntropy, eot),
-    restarts: |spec| spec.restarts,
+    restarts: |spec| spec.budgets.restarts.get(),
     gradients: |spec, d| apgd_gradients(spec, d),
     once_for_every_eps: false,
     min_classes: 2,
@@ -167,7 +169,7 @@ static APGD_CE: BuiltIn = BuiltIn {
 /// The difference-of-logits-ratio loss reads the three largest logits.
 static APGD_DLR: BuiltIn = BuiltIn {
     configure: |spec, eot| apgd(spec, ApgdLoss::Dlr, eot),
-    restarts: |spec| spec.restarts,
+    restarts: |spec| spec.budgets.restarts.get(),
     gradients: |spec, d| apgd_gradients(spec, d),
     once_for_every_eps: false,
     min_classes: 3,
@@ -177,7 +179,7 @@ static APGD_DLR: BuiltIn = BuiltIn {
 /// One run per target class; the targeted DLR loss reads four logits.
 static APGD_T: BuiltIn = BuiltIn {
     configure: |spec, eot| apgd(spec, ApgdLoss::TargetedDlr, eot),
-    restarts: |spec| spec.restarts,
+    restarts: |spec| spec.budgets.restarts.get(),
     gradients: |spec, d| apgd_gradients(spec, d) * d.targets(),
     once_for_every_eps: false,
     min_classes: 4,
@@ -187,12 +189,12 @@ static APGD_T: BuiltIn = BuiltIn {
 static SQUARE: BuiltIn = BuiltIn {
     configure: |spec, _| {
         let mut cfg = SquareConfig::new(spec.norm);
-        cfg.queries = spec.square_queries;
+        cfg.queries = spec.budgets.square_queries.get();
         cfg.seed = spec.seed;
         Single::Square(cfg)
     },
     restarts: |_| 1,
-    gradients: |spec, _| spec.square_queries as f64 * FORWARD,
+    gradients: |spec, _| spec.budgets.square_queries.get() as f64 * FORWARD,
     once_for_every_eps: false,
     min_classes: 2,
     budget: &["square_queries"],
@@ -203,13 +205,13 @@ static SQUARE: BuiltIn = BuiltIn {
 static FAB_T: BuiltIn = BuiltIn {
     configure: |spec, eot| {
         let mut cfg = FabConfig::new(spec.norm);
-        cfg.iterations = spec.fab_iterations;
+        cfg.iterations = spec.budgets.fab_iterations.get();
         cfg.eot = eot;
         cfg.seed = spec.seed;
         Single::Fab(cfg)
     },
     restarts: |_| 1,
-    gradients: |spec, d| spec.fab_iterations as f64 * d.targets() * (d.eot + FORWARD),
+    gradients: |spec, d| spec.budgets.fab_iterations.get() as f64 * d.targets() * (d.eot + FORWARD),
     once_for_every_eps: true,
     min_classes: 2,
     budget: &["fab_iterations"],
@@ -218,13 +220,13 @@ static FAB_T: BuiltIn = BuiltIn {
 static BOUNDARY: BuiltIn = BuiltIn {
     configure: |spec, _| {
         Single::Boundary(BoundaryConfig {
-            steps: spec.boundary_steps,
+            steps: spec.budgets.boundary_steps.get(),
             seed: spec.seed,
             ..Default::default()
         })
     },
     restarts: |_| 1,
-    gradients: |spec, _| spec.boundary_steps as f64 * FORWARD,
+    gradients: |spec, _| spec.budgets.boundary_steps.get() as f64 * FORWARD,
     once_for_every_eps: true,
     min_classes: 2,
     budget: &["boundary_steps"],
@@ -247,8 +249,9 @@ static POINTWISE: BuiltIn = BuiltIn {
 /// PGD steps and step size (a fraction of ε) at `factor` times `--pgd-steps`, each step
 /// `factor` times shorter than the schedule's (2.5 / steps, or `--pgd-rel-stepsize`).
 fn pgd_steps(spec: &SweepSpec, factor: usize) -> (usize, f32) {
-    let steps = spec.pgd_steps * factor;
+    let steps = spec.budgets.pgd_steps.get() * factor;
     let rel = spec
+        .budgets
         .pgd_rel_stepsize
         .map_or(2.5 / steps.max(1) as f32, |r| r / factor as f32);
     (steps, rel)
@@ -268,27 +271,32 @@ fn pgd(spec: &SweepSpec, factor: usize, restarts: usize, eot: usize) -> Single {
 
 fn apgd(spec: &SweepSpec, loss: ApgdLoss, eot: usize) -> Single {
     let mut cfg = ApgdConfig::new(spec.norm, loss);
-    cfg.iterations = spec.apgd_iterations;
-    cfg.restarts = spec.restarts;
+    cfg.iterations = spec.budgets.apgd_iterations.get();
+    cfg.restarts = spec.budgets.restarts.get();
     cfg.eot = eot;
     cfg.seed = spec.seed;
     Single::Apgd(cfg)
 }
 
 fn apgd_gradients(spec: &SweepSpec, d: Draws) -> f64 {
-    spec.apgd_iterations as f64 * spec.restarts as f64 * d.eot
+    spec.budgets.apgd_iterations.get() as f64 * spec.budgets.restarts.get() as f64 * d.eot
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::spec::Budgets;
     use crate::Choice;
+    use std::num::NonZeroUsize;
 
     /// Every single attack has an entry, and its restarts are what its configuration runs.
     #[test]
     fn every_single_attack_has_an_entry_whose_restarts_it_runs() {
         let spec = SweepSpec {
-            restarts: 3,
+            budgets: Budgets {
+                restarts: NonZeroUsize::new(3).unwrap(),
+                ..Budgets::default()
+            },
             ..SweepSpec::default()
         };
         for &kind in AttackKind::ALL {

@@ -181,10 +181,8 @@ mod tests {
 
     #[test]
     fn gradients_are_counted_per_attack_eot_and_eps() {
-        let spec = SweepSpec {
-            pgd_steps: 20,
-            ..SweepSpec::default()
-        };
+        let spec = SweepSpec::default();
+        assert_eq!(spec.budgets.pgd_steps.get(), 20);
         // PGD: 20 steps × 1 restart × 1 draw, at each of 3 ε.
         assert_eq!(
             gradients_per_example(&spec, &cell(AttackKind::Pgd, 0), 3, 10, no_own),

@@ -4,6 +4,8 @@
 //! [`estimate`] and handed out to the sweep's workers; the bound for counts far beyond the
 //! usual; and, under a quick look's table, what the full evaluation would take.
 
+use std::num::NonZeroUsize;
+
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{Classifier, GradMode};
@@ -13,7 +15,7 @@ use super::estimate;
 use super::plan::Plan;
 use super::robustness::WORST_CASE;
 use super::rows::TidyRow;
-use super::spec::{makespan, SweepEstimate, SweepSpec};
+use super::spec::{makespan, Budgets, SweepEstimate, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
@@ -190,7 +192,10 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     };
     let pilot_spec = SweepSpec {
         eot: Some(1),
-        restarts: 1,
+        budgets: Budgets {
+            restarts: NonZeroUsize::MIN,
+            ..spec.budgets.clone()
+        },
         ..spec.clone()
     };
     let (x, y) = first_examples(plan.subject(cell), PILOT_EXAMPLES);

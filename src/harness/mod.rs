@@ -37,7 +37,7 @@ pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use rows::{ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use spec::{
-    CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
+    Budgets, CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
 };
 pub use subject::Subject;
 pub use sweep::{check, run, sweep, sweep_with_attacks};

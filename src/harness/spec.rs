@@ -40,20 +40,9 @@ pub struct SweepSpec {
     pub grad: Vec<GradMode>,
     /// EOT draws per gradient; `None`: [`SweepSpec::eot_at`]'s default per K (`--eot`).
     pub eot: Option<usize>,
-    /// Restarts of the attacks that restart (PGD, APGD; `--restarts`).
-    pub restarts: usize,
-    /// PGD steps (`--pgd-steps`).
-    pub pgd_steps: usize,
-    /// PGD step size as a fraction of ε; `None`: the schedule's (`--pgd-rel-stepsize`).
-    pub pgd_rel_stepsize: Option<f32>,
-    /// Iterations of each APGD run (`--apgd-iterations`).
-    pub apgd_iterations: usize,
-    /// Square-attack queries per example (`--square-queries`).
-    pub square_queries: usize,
-    /// FAB-T iterations per target class (`--fab-iterations`).
-    pub fab_iterations: usize,
-    /// Boundary-attack steps (`--boundary-steps`).
-    pub boundary_steps: usize,
+    /// How long the attacks search: restarts, steps, iterations, queries.
+    #[serde(flatten)]
+    pub budgets: Budgets,
     /// The first `n_examples` images of the test split (`--n-examples`).
     pub n_examples: usize,
     /// Survivors re-attacked per ε by a stochastic cell's convergence check, 0 for none
@@ -77,6 +66,69 @@ pub struct SweepSpec {
     /// reference: `regress` refuses one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub quick: bool,
+}
+
+/// How long the built-in attacks search. Every count is at least 1 by its type;
+/// [`Budgets::scaled`] gives the longer runs of a convergence check. Recorded flat in a sweep's
+/// settings, beside the other fields of [`SweepSpec`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Budgets {
+    /// Restarts of the attacks that restart (PGD, APGD; `--restarts`).
+    pub restarts: NonZeroUsize,
+    /// PGD steps (`--pgd-steps`).
+    pub pgd_steps: NonZeroUsize,
+    /// PGD step size as a fraction of ε; `None`: the schedule's (`--pgd-rel-stepsize`).
+    pub pgd_rel_stepsize: Option<f32>,
+    /// Iterations of each APGD run (`--apgd-iterations`).
+    pub apgd_iterations: NonZeroUsize,
+    /// Square-attack queries per example (`--square-queries`).
+    pub square_queries: NonZeroUsize,
+    /// FAB-T iterations per target class (`--fab-iterations`).
+    pub fab_iterations: NonZeroUsize,
+    /// Boundary-attack steps (`--boundary-steps`).
+    pub boundary_steps: NonZeroUsize,
+}
+
+/// `n` as a count that is at least 1 (for constants).
+pub(super) const fn count(n: usize) -> NonZeroUsize {
+    match NonZeroUsize::new(n) {
+        Some(n) => n,
+        None => panic!("a count of 0"),
+    }
+}
+
+impl Default for Budgets {
+    /// One run; 20 PGD steps, 100 APGD and FAB iterations, 5 000 Square queries, 1 000
+    /// boundary steps.
+    fn default() -> Self {
+        Budgets {
+            restarts: count(1),
+            pgd_steps: count(20),
+            pgd_rel_stepsize: None,
+            apgd_iterations: count(100),
+            square_queries: count(5000),
+            fab_iterations: count(100),
+            boundary_steps: count(1000),
+        }
+    }
+}
+
+impl Budgets {
+    /// `factor` times every attack's steps, iterations and queries; the restarts and a PGD step
+    /// size given as a fraction of ε as they are (the schedule's own shortens with more steps).
+    pub fn scaled(&self, factor: NonZeroUsize) -> Budgets {
+        let times = |n: NonZeroUsize| n.saturating_mul(factor);
+        Budgets {
+            restarts: self.restarts,
+            pgd_steps: times(self.pgd_steps),
+            pgd_rel_stepsize: self.pgd_rel_stepsize,
+            apgd_iterations: times(self.apgd_iterations),
+            square_queries: times(self.square_queries),
+            fab_iterations: times(self.fab_iterations),
+            boundary_steps: times(self.boundary_steps),
+        }
+    }
 }
 
 /// Where and how a sweep runs: none of it changes what the sweep computes, so none of it is
@@ -260,13 +312,7 @@ impl Default for SweepSpec {
             ks: vec![0, 1],
             grad: vec![GradMode::Full],
             eot: None,
-            restarts: 1,
-            pgd_steps: 20,
-            pgd_rel_stepsize: None,
-            apgd_iterations: 100,
-            square_queries: 5000,
-            fab_iterations: 100,
-            boundary_steps: 1000,
+            budgets: Budgets::default(),
             n_examples: 100,
             convergence_sample: 20,
             batch_size: None,
@@ -288,7 +334,10 @@ impl SweepSpec {
         SweepSpec {
             norm,
             attacks: vec![AttackKind::ApgdCe],
-            apgd_iterations: 20,
+            budgets: Budgets {
+                apgd_iterations: count(20),
+                ..Budgets::default()
+            },
             eot: Some(2),
             n_examples: 20,
             convergence_sample: 0,
@@ -340,30 +389,36 @@ impl SweepSpec {
     /// `--steps 1000000` would otherwise compute in silence for days.
     pub fn beyond_usual(&self) -> Option<InvalidSetting> {
         let k = self.ks.iter().copied().max().unwrap_or(0);
+        let b = &self.budgets;
         let counts: [(&'static str, usize, usize, &str); 10] = [
             ("ks", k, 100, "SGLD steps"),
-            ("pgd_steps", self.pgd_steps, 10_000, "PGD steps"),
+            ("pgd_steps", b.pgd_steps.get(), 10_000, "PGD steps"),
             (
                 "apgd_iterations",
-                self.apgd_iterations,
+                b.apgd_iterations.get(),
                 10_000,
                 "APGD iterations",
             ),
             (
                 "fab_iterations",
-                self.fab_iterations,
+                b.fab_iterations.get(),
                 10_000,
                 "FAB iterations",
             ),
-            ("square_queries", self.square_queries, 1_000_000, "queries"),
+            (
+                "square_queries",
+                b.square_queries.get(),
+                1_000_000,
+                "queries",
+            ),
             (
                 "boundary_steps",
-                self.boundary_steps,
+                b.boundary_steps.get(),
                 1_000_000,
                 "boundary steps",
             ),
             ("eot", self.eot.unwrap_or(0), 1_000, "EOT draws"),
-            ("restarts", self.restarts, 100, "restarts"),
+            ("restarts", b.restarts.get(), 100, "restarts"),
             ("chains", self.defence.chains, 1_000, "chains"),
             (
                 "recheck_chains",
@@ -424,18 +479,12 @@ impl SweepSpec {
             ("n_examples", self.n_examples),
             ("batch_size", self.batch_size.unwrap_or(1)),
             ("eot", self.eot.unwrap_or(1)),
-            ("apgd_iterations", self.apgd_iterations),
-            ("square_queries", self.square_queries),
-            ("fab_iterations", self.fab_iterations),
-            ("restarts", self.restarts),
-            ("pgd_steps", self.pgd_steps),
-            ("boundary_steps", self.boundary_steps),
         ] {
             settings::at_least_one(field, value)?;
         }
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
-        if let Some(r) = self.pgd_rel_stepsize {
+        if let Some(r) = self.budgets.pgd_rel_stepsize {
             settings::finite_positive("pgd_rel_stepsize", r)?;
         }
         for &e in &self.eps_grid() {
@@ -492,7 +541,57 @@ impl std::str::FromStr for Shard {
 
 #[cfg(test)]
 mod tests {
-    use super::makespan;
+    use super::*;
+
+    /// Every committed sweep's recorded arguments read back into a spec and written again
+    /// unchanged: the budgets' own type changes nothing in a sweep's settings, so nothing in
+    /// its identity (the folders keep resuming, the references keep comparing).
+    #[test]
+    fn committed_sweeps_settings_read_back_and_write_the_same_arguments() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+        let mut checked = 0;
+        for dir in ["sweeps", "reference"] {
+            for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = entry.unwrap().path().join("settings.json");
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                let settings: serde_json::Value = serde_json::from_str(&text).unwrap();
+                let args = settings["args"].clone();
+                let spec: SweepSpec = serde_json::from_value(args.clone()).unwrap();
+                let mut again = serde_json::to_value(&spec).unwrap();
+                // The two keys a sweep records empty beside the spec's own.
+                again["out"] = serde_json::Value::Null;
+                again["shard"] = serde_json::Value::Null;
+                assert_eq!(again, args, "{}", path.display());
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} committed sweeps found");
+    }
+
+    #[test]
+    fn scaled_budgets_multiply_every_count_but_the_restarts() {
+        let budgets = Budgets {
+            restarts: count(3),
+            pgd_rel_stepsize: Some(0.1),
+            ..Budgets::default()
+        };
+        let twice = budgets.scaled(count(2));
+        assert_eq!(twice.restarts.get(), 3);
+        assert_eq!(twice.pgd_rel_stepsize, Some(0.1));
+        assert_eq!(
+            [
+                twice.pgd_steps,
+                twice.apgd_iterations,
+                twice.square_queries,
+                twice.fab_iterations,
+                twice.boundary_steps
+            ]
+            .map(NonZeroUsize::get),
+            [40, 200, 10_000, 200, 2_000]
+        );
+    }
 
     #[test]
     fn cells_side_by_side_take_the_longest_worker_not_their_sum() {

@@ -4,8 +4,9 @@
 
 use jem_attacks::LinearClassifier;
 use jem_bench::backend::Train;
-use jem_bench::harness::{sweep, AttackKind, Runner, Subject, SweepSpec, WORST_CASE};
+use jem_bench::harness::{sweep, AttackKind, Budgets, Runner, Subject, SweepSpec, WORST_CASE};
 use jem_datasets::{DataSource, Split};
+use std::num::NonZeroUsize;
 
 /// Logit k = ⟨x, m_k⟩ − ½‖m_k‖² (the nearest class mean m_k of 2 000 training digits).
 fn centroid_classifier() -> LinearClassifier<Train> {
@@ -63,7 +64,10 @@ fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
         eps: vec![0.0, 0.05, 0.1],
         ks: vec![0],
         n_examples: 30,
-        pgd_steps: 10,
+        budgets: Budgets {
+            pgd_steps: NonZeroUsize::new(10).unwrap(),
+            ..Budgets::default()
+        },
         ..SweepSpec::default()
     };
     let runner = Runner::new(dir.path().join("sweep"));

@@ -15,7 +15,7 @@ use super::attack::{batch_seed, Stage};
 use super::work::{CellWork, KeptPart};
 use crate::backend::BenchBackend;
 use crate::harness::estimate;
-use crate::harness::spec::{PartKind, SweepSpec, MORE_EOT, MORE_ITERATIONS};
+use crate::harness::spec::{count, PartKind, SweepSpec, MORE_EOT, MORE_ITERATIONS};
 
 /// A kept part of a convergence check: some of one ε's sampled survivors under one re-attack.
 struct CheckPart {
@@ -124,11 +124,7 @@ pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         ..spec.clone()
     };
     let more_iterations = SweepSpec {
-        apgd_iterations: MORE_ITERATIONS * spec.apgd_iterations,
-        pgd_steps: MORE_ITERATIONS * spec.pgd_steps,
-        fab_iterations: MORE_ITERATIONS * spec.fab_iterations,
-        square_queries: MORE_ITERATIONS * spec.square_queries,
-        boundary_steps: MORE_ITERATIONS * spec.boundary_steps,
+        budgets: spec.budgets.scaled(count(MORE_ITERATIONS)),
         seed: crate::seeds::splitmix64(spec.seed ^ 0x17E7),
         ..spec.clone()
     };

@@ -54,7 +54,9 @@ pub(in crate::harness) fn rows_and_examples(
             restarts: stage
                 .name
                 .single()
-                .map_or(spec.restarts, |kind| (kind.entry().restarts)(spec)),
+                .map_or(spec.budgets.restarts.get(), |kind| {
+                    (kind.entry().restarts)(spec)
+                }),
             chains: if cell.k > 0 { spec.defence.chains } else { 0 },
             recheck_chains: if cell.k > 0 {
                 spec.defence.recheck_chains
