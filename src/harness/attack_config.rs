@@ -78,7 +78,7 @@ fn single(spec: &SweepSpec, kind: AttackKind, eot: usize) -> Single {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::spec::Budgets;
+    use crate::harness::budgets::Budgets;
     use crate::Choice;
     use std::num::NonZeroUsize;
 

@@ -285,7 +285,7 @@ fn apgd_gradients(spec: &SweepSpec, d: Draws) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::spec::Budgets;
+    use crate::harness::budgets::Budgets;
     use crate::Choice;
     use std::num::NonZeroUsize;
 

@@ -10,12 +10,13 @@ use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use jem_attacks::{Classifier, GradMode};
 
+use super::budgets::Budgets;
 use super::cells::{AttackKind, Cell};
 use super::estimate;
 use super::plan::Plan;
 use super::robustness::WORST_CASE;
 use super::rows::TidyRow;
-use super::spec::{makespan, Budgets, SweepEstimate, SweepSpec};
+use super::spec::{makespan, SweepEstimate, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;

@@ -6,6 +6,7 @@
 //! `--shard` with `merge` (which also joins sweeps of other models), and `regress` against a stored reference.
 
 mod attack_config;
+mod budgets;
 mod builtin;
 mod cell;
 mod cells;
@@ -27,6 +28,7 @@ mod subject;
 mod sweep;
 
 pub use crate::settings::InvalidSetting;
+pub use budgets::Budgets;
 pub use cells::{AttackKind, Cell, CellAttack};
 pub use merge::{merge, MergeSpec};
 pub use outputs::read_tidy;
@@ -37,7 +39,7 @@ pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use rows::{ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use spec::{
-    Budgets, CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
+    CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
 };
 pub use subject::Subject;
 pub use sweep::{check, run, sweep, sweep_with_attacks};

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::attack::{batch_seed, Stage};
 use super::work::{CellWork, KeptPart};
 use crate::backend::BenchBackend;
+use crate::harness::budgets::count;
 use crate::harness::estimate;
-use crate::harness::spec::{count, PartKind, SweepSpec, MORE_EOT, MORE_ITERATIONS};
+use crate::harness::spec::{PartKind, SweepSpec, MORE_EOT, MORE_ITERATIONS};
 
 /// A kept part of a convergence check: some of one ε's sampled survivors under one re-attack.
 struct CheckPart {
