@@ -1245,8 +1245,12 @@ fn output_folders_belong_to_the_command_that_made_them() {
             .output()
             .unwrap(),
     );
+}
 
-    // import: an existing checkpoint is kept unless --overwrite says otherwise.
+/// import: an existing checkpoint is kept unless --overwrite says otherwise.
+#[test]
+fn import_keeps_an_existing_checkpoint_unless_told_to_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
     let imported = dir.path().join("imported");
     let import = |extra: &[&str]| {
         cli()
@@ -1267,8 +1271,12 @@ fn output_folders_belong_to_the_command_that_made_them() {
         before
     );
     assert_ok(&import(&["--overwrite"]));
+}
 
-    // train: one process per run folder.
+/// train: one process per run folder.
+#[test]
+fn a_run_folder_takes_one_training_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let train = || {
         let mut c = cli();

@@ -1263,19 +1263,6 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
         .find(|p| common::is_cell_file(p))
         .expect("the cell's file");
     let cell = common::read_cell(&file);
-    let checked = |cell: &serde_json::Value| {
-        let row = cell["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| (r["eps"].as_f64().unwrap() - 0.1).abs() < 1e-6)
-            .unwrap()
-            .clone();
-        (
-            row["check_sampled"].as_u64(),
-            row["check_broken_eot"].as_u64(),
-        )
-    };
     let (sampled, broken_eot) = checked(&cell);
     let sampled = sampled.expect("a stochastic cell is checked") as usize;
     assert!(sampled > 0 && broken_eot < Some(sampled as u64), "{cell}");
@@ -1285,19 +1272,6 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     std::fs::remove_file(&file).unwrap();
     let kept = cells.join(format!("{}.batches", common::cell_id(&file)));
     std::fs::create_dir_all(kept.join("convergence")).unwrap();
-    // A kept part as jem-bench writes it: bound to its sweep, cell, kind and index, with a
-    // digest of its content (so a doctored part is written as a genuine one would be).
-    let envelope = |kind: &str, index: usize, part: serde_json::Value| {
-        serde_json::json!({
-            "sweep": cell["identity"],
-            "cell": cell["cell"],
-            "kind": kind,
-            "index": index,
-            "digest": jem_bench::digest::of(part.to_string().as_bytes()),
-            "part": part,
-        })
-        .to_string()
-    };
     // The first re-attack's parts come first: ε 0.1 is the grid's only ε > 0.
     let parts = sampled.div_ceil(part_len);
     let part = |j: usize| kept.join(format!("convergence/{j}.json"));
@@ -1305,6 +1279,7 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     let doctored = |j: usize, len: usize| {
         let broken = vec![true; len];
         envelope(
+            &cell,
             "convergence-check",
             j,
             serde_json::json!({ "broken": broken, "seconds": PART_SECONDS }),
@@ -1323,19 +1298,7 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     }
     // The attack's batches the refused run kept, doctored to have taken far longer too.
     const BATCH_SECONDS: f64 = 200_000.0;
-    let mut batches = 0;
-    for entry in std::fs::read_dir(&kept).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|x| x == "json") {
-            let batch: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            let mut part = batch["part"].clone();
-            part["seconds"] = serde_json::json!(BATCH_SECONDS);
-            let index = batch["index"].as_u64().unwrap() as usize;
-            std::fs::write(&path, envelope("attack-batch", index, part)).unwrap();
-            batches += 1;
-        }
-    }
+    let batches = doctor_batches(&kept, &cell, BATCH_SECONDS);
     assert!(batches >= 1, "the refused run kept the attack's batches");
     let out = sweep().output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1366,6 +1329,53 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
         (timed..timed + 3_600.0).contains(&seconds),
         "{seconds} s, where the kept batches and parts took {timed} s"
     );
+}
+
+/// A checked cell's convergence check at ε 0.1: examples sampled, and broken with more EOT.
+fn checked(cell: &serde_json::Value) -> (Option<u64>, Option<u64>) {
+    let row = cell["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| (r["eps"].as_f64().unwrap() - 0.1).abs() < 1e-6)
+        .unwrap()
+        .clone();
+    (
+        row["check_sampled"].as_u64(),
+        row["check_broken_eot"].as_u64(),
+    )
+}
+
+/// A kept part of `cell` as jem-bench writes it: bound to its sweep, cell, kind and index, with
+/// a digest of its content (so a doctored part is written as a genuine one would be).
+fn envelope(cell: &serde_json::Value, kind: &str, index: usize, part: serde_json::Value) -> String {
+    serde_json::json!({
+        "sweep": cell["identity"],
+        "cell": cell["cell"],
+        "kind": kind,
+        "index": index,
+        "digest": jem_bench::digest::of(part.to_string().as_bytes()),
+        "part": part,
+    })
+    .to_string()
+}
+
+/// Rewrites every attack batch kept in `kept` as having taken `seconds`; how many there were.
+fn doctor_batches(kept: &std::path::Path, cell: &serde_json::Value, seconds: f64) -> usize {
+    let mut batches = 0;
+    for entry in std::fs::read_dir(kept).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "json") {
+            let batch: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let mut part = batch["part"].clone();
+            part["seconds"] = serde_json::json!(seconds);
+            let index = batch["index"].as_u64().unwrap() as usize;
+            std::fs::write(&path, envelope(cell, "attack-batch", index, part)).unwrap();
+            batches += 1;
+        }
+    }
+    batches
 }
 
 /// Models whose paths read alike once made file-safe (`a/b/m`, `a_b/m` and `a b/m`; `α/m` and

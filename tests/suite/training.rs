@@ -102,13 +102,6 @@ fn interrupted_run_resumes_to_the_same_result() {
     assert_eq!(resumed.iterations, 12);
 
     // Same seed, same data order, same noise: identical logs and weights.
-    let log = |d: &Path, name: &str| -> Vec<Vec<String>> {
-        std::fs::read_to_string(d.join(name))
-            .unwrap()
-            .lines()
-            .map(|l| l.split(',').map(String::from).collect())
-            .collect()
-    };
     let (a, b) = (log(whole.path(), "log.csv"), log(parts.path(), "log.csv"));
     assert_eq!(a.len(), 13, "header + one row per iteration");
     let iters: Vec<&str> = b[1..].iter().map(|r| r[0].as_str()).collect();
@@ -126,19 +119,38 @@ fn interrupted_run_resumes_to_the_same_result() {
         common::best_logits(whole.path()),
         common::best_logits(parts.path())
     );
-    assert_eq!(done.best_val_accuracy, resumed.best_val_accuracy);
 
+    assert_eq!(done.best_val_accuracy, resumed.best_val_accuracy);
+    let moved = tempfile::tempdir().unwrap();
+    let target = extended_moved_and_refused(parts.path(), moved.path());
+    let base = schedule_changes_apply_from_where_the_run_stands(&target);
+    backends_recorded_and_a_cut_state_refused(&target, base);
+}
+
+/// A run's CSV log `name` in `d`, as rows of cells.
+fn log(d: &Path, name: &str) -> Vec<Vec<String>> {
+    std::fs::read_to_string(d.join(name))
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect()
+}
+
+/// The finished run in `parts` grows by an epoch, is moved into `moved` (and resumes there, to
+/// 24 iterations), and is refused other settings or a rewritten past schedule. Returns where it
+/// is.
+fn extended_moved_and_refused(parts: &Path, moved: &Path) -> std::path::PathBuf {
+    let device = backend::device();
     // A finished run can be extended by more epochs: it continues from where it stopped.
-    let mut longer = small_run(parts.path());
+    let mut longer = small_run(parts);
     longer.epochs = 3;
     let extended = train::<Train, _>(&longer, &mut ClassifierObjective, &device).unwrap();
     assert_eq!(extended.iterations, 18);
-    assert_eq!(log(parts.path(), "epochs.csv").len(), 4);
+    assert_eq!(log(parts, "epochs.csv").len(), 4);
 
     // A run folder can be moved and still resumes.
-    let moved = tempfile::tempdir().unwrap();
-    let target = moved.path().join("run");
-    std::fs::rename(parts.path(), &target).unwrap();
+    let target = moved.join("run");
+    std::fs::rename(parts, &target).unwrap();
     let mut again = small_run(&target);
     again.epochs = 4;
     assert_eq!(
@@ -164,16 +176,23 @@ fn interrupted_run_resumes_to_the_same_result() {
     rewritten.decay_epochs = vec![2];
     refused(&rewritten);
 
+    target
+}
+
+/// Decays added ahead and a new base rate or σ_data apply from where the run stands, and are
+/// recorded in changes.csv. Returns the base learning rate.
+fn schedule_changes_apply_from_where_the_run_stands(target: &Path) -> f64 {
+    let device = backend::device();
     // A decay added at an epoch not reached yet only changes the future, and is applied.
-    let mut decayed = small_run(&target);
+    let mut decayed = small_run(target);
     decayed.epochs = 5;
     decayed.decay_epochs = vec![1, 4];
     let o = train::<Train, _>(&decayed, &mut ClassifierObjective, &device).unwrap();
     assert_eq!(o.iterations, 30);
-    let rows = log(&target, "log.csv");
+    let rows = log(target, "log.csv");
     let lr_col = rows[0].iter().position(|c| c == "lr").unwrap();
     let lr_at = |iter: usize| rows[iter][lr_col].parse::<f64>().unwrap();
-    let base = small_run(&target).lr;
+    let base = small_run(target).lr;
     assert!(
         (lr_at(24) / base - 0.5).abs() < 1e-6,
         "epoch 3 keeps one decay"
@@ -186,14 +205,14 @@ fn interrupted_run_resumes_to_the_same_result() {
     // A new base learning rate applies from where the run stands, with the decays it has
     // reached, and the change is recorded in changes.csv with the epochs that grew; so is a
     // new σ_data.
-    let mut faster = small_run(&target);
+    let mut faster = small_run(target);
     faster.epochs = 6;
     faster.decay_epochs = vec![1, 4];
     faster.lr = 4.0 * base;
     faster.sigma_data = 0.05;
     let o = train::<Train, _>(&faster, &mut ClassifierObjective, &device).unwrap();
     assert_eq!(o.iterations, 36);
-    let rows = log(&target, "log.csv");
+    let rows = log(target, "log.csv");
     assert!((lr_at(30) / base - 0.25).abs() < 1e-6, "before the change");
     assert!(
         (rows[31][lr_col].parse::<f64>().unwrap() / (4.0 * base) - 0.25).abs() < 1e-6,
@@ -215,6 +234,13 @@ fn interrupted_run_resumes_to_the_same_result() {
         "{changes}"
     );
 
+    base
+}
+
+/// backends.csv names the backend of every start and resume; a cut model record is refused
+/// naming the file.
+fn backends_recorded_and_a_cut_state_refused(target: &Path, base: f64) {
+    let device = backend::device();
     // Each start and resume names the backend it computed on, from the iteration it began at.
     let backends = std::fs::read_to_string(target.join("backends.csv")).unwrap();
     let lines: Vec<&str> = backends.lines().collect();
@@ -233,7 +259,7 @@ fn interrupted_run_resumes_to_the_same_result() {
     let record = target.join(format!("state/model-{}.bin", progress["generation"]));
     let bytes = std::fs::read(&record).unwrap();
     std::fs::write(&record, &bytes[..bytes.len() / 2]).unwrap();
-    let mut more = small_run(&target);
+    let mut more = small_run(target);
     more.epochs = 7;
     more.decay_epochs = vec![1, 4];
     more.lr = 4.0 * base;

@@ -239,15 +239,32 @@ pub(crate) fn run<B: Kernels>(
     conv2d_tensors(x, w, b, options, slope).unsqueeze_dim(0)
 }
 
+/// The tangent of a convolution's output for the tangents of its input, weights and bias
+/// (`None`: constant), at the point `primal`.
+pub(crate) fn tangent<B: Kernels>(
+    primal: &super::Primal<B>,
+    [tx, tw, tb]: [Option<Tensor<B, 5>>; 3],
+    p: &Conv,
+    out: [usize; 5],
+) -> Tensor<B, 5> {
+    super::sum_terms(
+        [
+            tx.map(|t| run_tangent(primal, t, p)),
+            tw.map(|t| run(primal.input(0), t, None, p)),
+            tb.map(|t| {
+                let m = t.dims()[4];
+                t.reshape([1, 1, m, 1, 1])
+            }),
+        ],
+        out,
+    )
+}
+
 /// The tangent of a convolution's output for a tangent `t` of its input `x`: the convolution
 /// of `t`, through a fused activation's slope at `x` as the fused convolution's own gradient
 /// takes it (jem-kernels': 1 where x ≥ 0, the slope elsewhere; see [`crate::fuse`] on x = 0).
 /// The slope is piecewise constant in `x`: not tracked.
-pub(crate) fn run_tangent<B: Kernels>(
-    primal: &super::Primal<B>,
-    t: Tensor<B, 5>,
-    p: &Conv,
-) -> Tensor<B, 5> {
+fn run_tangent<B: Kernels>(primal: &super::Primal<B>, t: Tensor<B, 5>, p: &Conv) -> Tensor<B, 5> {
     let t = match p.input_slope {
         Some(slope) => t * leaky_relu_derivative(primal.input(0).detach(), f64::from(slope)),
         None => t,

@@ -358,20 +358,7 @@ pub(crate) fn tangent<B: Kernels>(
             let (ta, tb) = (next(), next());
             elementwise::tangent_binary(*b, primal, ta, tb, out)
         }
-        Op::Conv(p) => {
-            let (tx, tw, tb) = (next(), next(), next());
-            sum_terms(
-                [
-                    tx.map(|t| conv::run_tangent(primal, t, p)),
-                    tw.map(|t| conv::run(primal.input(0), t, None, p)),
-                    tb.map(|t| {
-                        let m = t.dims()[MAX_RANK - 1];
-                        t.reshape([1, 1, m, 1, 1])
-                    }),
-                ],
-                out,
-            )
-        }
+        Op::Conv(p) => conv::tangent(primal, [next(), next(), next()], p, out),
         Op::Gemm(g) => {
             let (ta, tb, tc) = (next(), next(), next());
             sum_terms(
