@@ -718,7 +718,14 @@ fn every_list_flag_refuses_a_repeated_value() {
         assert_fails_with(&output, &[flag, "twice"]);
         assert!(!out.exists(), "{args:?} wrote {o}: {said}");
     }
-    // Per-channel values repeat legitimately: the refusal, if any, is not about repeats.
+}
+
+/// Per-channel values repeat legitimately: the refusal, if any, is not about repeats.
+#[test]
+fn per_channel_values_may_repeat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.to_str().unwrap();
     let output = cli()
         .args([
             "import",
