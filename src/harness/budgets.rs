@@ -4,13 +4,10 @@
 
 use std::num::NonZeroUsize;
 
-use serde::{Deserialize, Serialize};
-
 /// How long the built-in attacks search. Every count is at least 1 by its type;
-/// [`Budgets::scaled`] gives the longer runs of a convergence check. Recorded flat in a sweep's
-/// settings, beside the other fields of [`SweepSpec`](super::SweepSpec).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// [`Budgets::scaled`] gives the longer runs of a convergence check. A sweep's settings record
+/// each under its flag's id, beside the other settings (`harness/record.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Budgets {
     /// Restarts of the attacks that restart (PGD, APGD; `--restarts`).
     pub restarts: NonZeroUsize,

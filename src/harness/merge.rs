@@ -164,13 +164,12 @@ impl Folder {
             .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
         let saved: Value = serde_json::from_str(&text)
             .with_context(|| format!("{}: unreadable", path.display()))?;
-        let mut spec: SweepSpec =
-            serde_json::from_value(saved["args"].clone()).with_context(|| {
-                format!(
-                    "{}: `args` is not a robust sweep's arguments",
-                    path.display()
-                )
-            })?;
+        let mut spec: SweepSpec = super::record::spec(&saved["args"]).with_context(|| {
+            format!(
+                "{}: `args` is not a robust sweep's arguments",
+                path.display()
+            )
+        })?;
         let recorded: Vec<String> = serde_json::from_value(saved["models"].clone())
             .with_context(|| format!("{}: `models` is not a list of names", path.display()))?;
         let rename = |m: &String| {

@@ -19,6 +19,7 @@ mod outputs;
 mod own_attack;
 mod plan;
 mod progress;
+mod record;
 mod regress;
 mod report;
 mod robustness;

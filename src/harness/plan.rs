@@ -185,11 +185,8 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
     /// `settings.json`: a resume or a merge must find the same, the models' weights included
     /// (a checkpoint retrained under the same path must not resume an old sweep).
     pub(super) fn settings(&self, spec: &SweepSpec) -> serde_json::Value {
-        // Stored as the command's arguments always were, with the output folder and the shard
-        // (not part of what the sweep computes) empty, so that older folders keep resuming.
-        let mut args = serde_json::to_value(spec).expect("a spec serialises");
-        args["out"] = serde_json::Value::Null;
-        args["shard"] = serde_json::Value::Null;
+        // Recorded by version (super::record), not as the spec's own shape.
+        let args = super::record::args(spec);
         let mut settings = serde_json::json!({
             "software": SOFTWARE,
             "backend": B::recorded_name(self.subjects[0].device()),

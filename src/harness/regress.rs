@@ -149,7 +149,7 @@ fn rerun<B: BenchBackend>(
         &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
     )
     .with_context(|| format!("{}: unreadable", p.display()))?;
-    let spec: SweepSpec = serde_json::from_value(settings["args"].clone())
+    let spec: SweepSpec = super::record::spec(&settings["args"])
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
     // Models, data and settings are checked before the folder is touched.
     check::<B>(&spec, device).with_context(|| format!("the sweep of {}", p.display()))?;

@@ -1,0 +1,168 @@
+//! A sweep's arguments as its folder records them — `settings.json`'s `args`, and through them
+//! the sweep's identity — written and read here, by version, so that [`SweepSpec`] can change
+//! shape in memory without changing what a folder holds or which folder a sweep resumes.
+
+use std::path::PathBuf;
+
+use jem_attacks::{GradMode, Norm};
+use serde::{Deserialize, Serialize};
+
+use super::budgets::Budgets;
+use super::cells::AttackKind;
+use super::spec::{Shard, SweepSpec};
+use crate::defended::DefenceSpec;
+use crate::settings::count;
+
+/// Version 1, the layout of every sweep so far: each setting of `jem-bench robust` under its
+/// flag's id, flat, with the output folder and the shard (which do not change what a sweep
+/// computes) recorded as `null`; `batch_size`, `save_adversarials` and `quick` only where set.
+/// A setting missing from a file takes its default.
+#[derive(Serialize, Deserialize)]
+#[serde(default)]
+struct ArgsV1 {
+    norm: Norm,
+    models: Vec<PathBuf>,
+    attacks: Vec<AttackKind>,
+    eps: Vec<f32>,
+    ks: Vec<usize>,
+    grad: Vec<GradMode>,
+    eot: Option<usize>,
+    restarts: usize,
+    pgd_steps: usize,
+    pgd_rel_stepsize: Option<f32>,
+    apgd_iterations: usize,
+    square_queries: usize,
+    fab_iterations: usize,
+    boundary_steps: usize,
+    n_examples: usize,
+    convergence_sample: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_size: Option<usize>,
+    data: Option<String>,
+    seed: u64,
+    defence: DefenceSpec,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    save_adversarials: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    quick: bool,
+    out: Option<PathBuf>,
+    shard: Option<Shard>,
+}
+
+impl Default for ArgsV1 {
+    fn default() -> Self {
+        ArgsV1::from(&SweepSpec::default())
+    }
+}
+
+impl From<&SweepSpec> for ArgsV1 {
+    fn from(spec: &SweepSpec) -> Self {
+        let b = &spec.budgets;
+        ArgsV1 {
+            norm: spec.norm,
+            models: spec.models.clone(),
+            attacks: spec.attacks.clone(),
+            eps: spec.eps.clone(),
+            ks: spec.ks.clone(),
+            grad: spec.grad.clone(),
+            eot: spec.eot,
+            restarts: b.restarts.get(),
+            pgd_steps: b.pgd_steps.get(),
+            pgd_rel_stepsize: b.pgd_rel_stepsize,
+            apgd_iterations: b.apgd_iterations.get(),
+            square_queries: b.square_queries.get(),
+            fab_iterations: b.fab_iterations.get(),
+            boundary_steps: b.boundary_steps.get(),
+            n_examples: spec.n_examples,
+            convergence_sample: spec.convergence_sample,
+            batch_size: spec.batch_size,
+            data: spec.data.clone(),
+            seed: spec.seed,
+            defence: spec.defence.clone(),
+            save_adversarials: spec.save_adversarials,
+            quick: spec.quick,
+            out: None,
+            shard: None,
+        }
+    }
+}
+
+impl ArgsV1 {
+    /// The spec the arguments describe; a count of 0 is refused, naming it.
+    fn spec(self) -> anyhow::Result<SweepSpec> {
+        Ok(SweepSpec {
+            norm: self.norm,
+            models: self.models,
+            attacks: self.attacks,
+            eps: self.eps,
+            ks: self.ks,
+            grad: self.grad,
+            eot: self.eot,
+            budgets: Budgets {
+                restarts: count("restarts", self.restarts)?,
+                pgd_steps: count("pgd_steps", self.pgd_steps)?,
+                pgd_rel_stepsize: self.pgd_rel_stepsize,
+                apgd_iterations: count("apgd_iterations", self.apgd_iterations)?,
+                square_queries: count("square_queries", self.square_queries)?,
+                fab_iterations: count("fab_iterations", self.fab_iterations)?,
+                boundary_steps: count("boundary_steps", self.boundary_steps)?,
+            },
+            n_examples: self.n_examples,
+            convergence_sample: self.convergence_sample,
+            batch_size: self.batch_size,
+            data: self.data,
+            seed: self.seed,
+            defence: self.defence,
+            save_adversarials: self.save_adversarials,
+            quick: self.quick,
+        })
+    }
+}
+
+/// The arguments a sweep of `spec` records (the current version's layout).
+pub(super) fn args(spec: &SweepSpec) -> serde_json::Value {
+    serde_json::to_value(ArgsV1::from(spec)).expect("the arguments serialise")
+}
+
+/// The spec recorded as `args` (a sweep folder's `settings.json`).
+pub(super) fn spec(args: &serde_json::Value) -> anyhow::Result<SweepSpec> {
+    let recorded: ArgsV1 = serde_json::from_value(args.clone())?;
+    recorded.spec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every committed sweep's recorded arguments read back into a spec and written again
+    /// unchanged: the record, not the spec's own shape, decides a sweep's settings, so nothing
+    /// in a committed folder's identity moves (the folders keep resuming, the references keep
+    /// comparing).
+    #[test]
+    fn committed_sweeps_arguments_read_back_and_write_the_same() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+        let mut checked = 0;
+        for dir in ["sweeps", "reference"] {
+            for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = entry.unwrap().path().join("settings.json");
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                let settings: serde_json::Value = serde_json::from_str(&text).unwrap();
+                let recorded = &settings["args"];
+                let again = args(&spec(recorded).unwrap());
+                assert_eq!(&again, recorded, "{}", path.display());
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} committed sweeps found");
+    }
+
+    #[test]
+    fn a_recorded_count_of_zero_is_refused_by_name() {
+        let mut recorded = args(&SweepSpec::default());
+        recorded["fab_iterations"] = serde_json::json!(0);
+        let err = spec(&recorded).unwrap_err().to_string();
+        assert!(err.contains("fab_iterations"), "{err}");
+    }
+}
