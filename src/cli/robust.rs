@@ -10,8 +10,7 @@ use super::defence::DefenceFlags;
 use super::unused::Unused;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
-use jem_bench::harness::{AttackKind, Budgets, Shard, SweepSpec};
-use jem_bench::settings::count;
+use jem_bench::harness::{AttackKind, BudgetCounts, Budgets, Shard, SweepSpec};
 use jem_bench::Choice;
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
@@ -277,15 +276,16 @@ impl RobustArgs {
             ks: self.ks,
             grad: self.grad,
             eot: self.eot,
-            budgets: Budgets {
-                restarts: count("restarts", self.restarts)?,
-                pgd_steps: count("pgd_steps", self.pgd_steps)?,
+            budgets: BudgetCounts {
+                restarts: self.restarts,
+                pgd_steps: self.pgd_steps,
                 pgd_rel_stepsize: self.pgd_rel_stepsize,
-                apgd_iterations: count("apgd_iterations", self.apgd_iterations)?,
-                square_queries: count("square_queries", self.square_queries)?,
-                fab_iterations: count("fab_iterations", self.fab_iterations)?,
-                boundary_steps: count("boundary_steps", self.boundary_steps)?,
-            },
+                apgd_iterations: self.apgd_iterations,
+                square_queries: self.square_queries,
+                fab_iterations: self.fab_iterations,
+                boundary_steps: self.boundary_steps,
+            }
+            .checked()?,
             n_examples: self.n_examples,
             convergence_sample: self.convergence_sample,
             batch_size: self.batch_size,

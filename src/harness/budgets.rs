@@ -4,6 +4,10 @@
 
 use std::num::NonZeroUsize;
 
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{self, InvalidSetting};
+
 /// How long the built-in attacks search. Every count is at least 1 by its type;
 /// [`Budgets::scaled`] gives the longer runs of a convergence check. A sweep's settings record
 /// each under its flag's id, beside the other settings (`harness/record.rs`).
@@ -46,6 +50,55 @@ impl Default for Budgets {
             fab_iterations: count(100),
             boundary_steps: count(1000),
         }
+    }
+}
+
+/// The budgets as plain numbers, as flags give them and a sweep's settings record them (each
+/// under its flag's id); [`BudgetCounts::checked`] makes them [`Budgets`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetCounts {
+    pub restarts: usize,
+    pub pgd_steps: usize,
+    pub pgd_rel_stepsize: Option<f32>,
+    pub apgd_iterations: usize,
+    pub square_queries: usize,
+    pub fab_iterations: usize,
+    pub boundary_steps: usize,
+}
+
+impl Default for BudgetCounts {
+    fn default() -> Self {
+        BudgetCounts::from(&Budgets::default())
+    }
+}
+
+impl From<&Budgets> for BudgetCounts {
+    fn from(b: &Budgets) -> Self {
+        BudgetCounts {
+            restarts: b.restarts.get(),
+            pgd_steps: b.pgd_steps.get(),
+            pgd_rel_stepsize: b.pgd_rel_stepsize,
+            apgd_iterations: b.apgd_iterations.get(),
+            square_queries: b.square_queries.get(),
+            fab_iterations: b.fab_iterations.get(),
+            boundary_steps: b.boundary_steps.get(),
+        }
+    }
+}
+
+impl BudgetCounts {
+    /// The budgets, every count at least 1: a 0 is an [`InvalidSetting`] naming its field.
+    pub fn checked(&self) -> Result<Budgets, InvalidSetting> {
+        Ok(Budgets {
+            restarts: settings::count("restarts", self.restarts)?,
+            pgd_steps: settings::count("pgd_steps", self.pgd_steps)?,
+            pgd_rel_stepsize: self.pgd_rel_stepsize,
+            apgd_iterations: settings::count("apgd_iterations", self.apgd_iterations)?,
+            square_queries: settings::count("square_queries", self.square_queries)?,
+            fab_iterations: settings::count("fab_iterations", self.fab_iterations)?,
+            boundary_steps: settings::count("boundary_steps", self.boundary_steps)?,
+        })
     }
 }
 

@@ -29,7 +29,7 @@ mod subject;
 mod sweep;
 
 pub use crate::settings::InvalidSetting;
-pub use budgets::Budgets;
+pub use budgets::{BudgetCounts, Budgets};
 pub use cells::{AttackKind, Cell, CellAttack};
 pub use merge::{merge, MergeSpec};
 pub use outputs::read_tidy;

@@ -7,11 +7,10 @@ use std::path::PathBuf;
 use jem_attacks::{GradMode, Norm};
 use serde::{Deserialize, Serialize};
 
-use super::budgets::Budgets;
+use super::budgets::BudgetCounts;
 use super::cells::AttackKind;
 use super::spec::{Shard, SweepSpec};
 use crate::defended::DefenceSpec;
-use crate::settings::count;
 
 /// Version 1, the layout of every sweep so far: each setting of `jem-bench robust` under its
 /// flag's id, flat, with the output folder and the shard (which do not change what a sweep
@@ -27,13 +26,8 @@ struct ArgsV1 {
     ks: Vec<usize>,
     grad: Vec<GradMode>,
     eot: Option<usize>,
-    restarts: usize,
-    pgd_steps: usize,
-    pgd_rel_stepsize: Option<f32>,
-    apgd_iterations: usize,
-    square_queries: usize,
-    fab_iterations: usize,
-    boundary_steps: usize,
+    #[serde(flatten)]
+    budgets: BudgetCounts,
     n_examples: usize,
     convergence_sample: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -57,7 +51,6 @@ impl Default for ArgsV1 {
 
 impl From<&SweepSpec> for ArgsV1 {
     fn from(spec: &SweepSpec) -> Self {
-        let b = &spec.budgets;
         ArgsV1 {
             norm: spec.norm,
             models: spec.models.clone(),
@@ -66,13 +59,7 @@ impl From<&SweepSpec> for ArgsV1 {
             ks: spec.ks.clone(),
             grad: spec.grad.clone(),
             eot: spec.eot,
-            restarts: b.restarts.get(),
-            pgd_steps: b.pgd_steps.get(),
-            pgd_rel_stepsize: b.pgd_rel_stepsize,
-            apgd_iterations: b.apgd_iterations.get(),
-            square_queries: b.square_queries.get(),
-            fab_iterations: b.fab_iterations.get(),
-            boundary_steps: b.boundary_steps.get(),
+            budgets: BudgetCounts::from(&spec.budgets),
             n_examples: spec.n_examples,
             convergence_sample: spec.convergence_sample,
             batch_size: spec.batch_size,
@@ -98,15 +85,7 @@ impl ArgsV1 {
             ks: self.ks,
             grad: self.grad,
             eot: self.eot,
-            budgets: Budgets {
-                restarts: count("restarts", self.restarts)?,
-                pgd_steps: count("pgd_steps", self.pgd_steps)?,
-                pgd_rel_stepsize: self.pgd_rel_stepsize,
-                apgd_iterations: count("apgd_iterations", self.apgd_iterations)?,
-                square_queries: count("square_queries", self.square_queries)?,
-                fab_iterations: count("fab_iterations", self.fab_iterations)?,
-                boundary_steps: count("boundary_steps", self.boundary_steps)?,
-            },
+            budgets: self.budgets.checked()?,
             n_examples: self.n_examples,
             convergence_sample: self.convergence_sample,
             batch_size: self.batch_size,
