@@ -16,10 +16,11 @@
 
 use std::path::{Path, PathBuf};
 
-use jem_attacks::GradMode;
+use anyhow::Context;
+use jem_attacks::{GradMode, Norm};
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::harness::{
-    sweep, AttackKind, Budgets, RowAttack, Runner, Subject, SweepSpec, TidyRow,
+    sweep, AttackKind, Budgets, Examples, RowAttack, Runner, Subject, SweepSpec, Threat, TidyRow,
 };
 use jem_bench::metrics;
 use jem_bench::model::{import_onnx, LoadedNetwork, ModelInfo};
@@ -144,11 +145,16 @@ fn compare_sweeps(out: &Path, imported: &Path, n_examples: usize) -> anyhow::Res
             pgd_steps: NonZeroUsize::new(10).expect("10 is not 0"),
             ..Budgets::default()
         },
-        eps: vec![0.0, 0.1, 0.2],
+        threat: Threat {
+            norm: Norm::Linf,
+            eps: vec![0.0, 0.1, 0.2],
+        },
         ks: vec![0, 1],
         grad: vec![GradMode::Bpda],
         eot: Some(1),
-        n_examples,
+        examples: Examples::first(
+            NonZeroUsize::new(n_examples).context("--n-examples: expected at least 1")?,
+        ),
         convergence_sample: 0,
         defence: jem_bench::defended::DefenceSpec {
             chains: 2,

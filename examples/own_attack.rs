@@ -24,7 +24,8 @@ use jem_attacks::{
 use jem_bench::backend::{self, Inference, Train};
 use jem_bench::batches;
 use jem_bench::harness::{
-    sweep_with_attacks, AttackKind, Budgets, OwnAttack, RunContext, Runner, Subject, SweepSpec,
+    sweep_with_attacks, AttackKind, Budgets, Examples, OwnAttack, RunContext, Runner, Subject,
+    SweepSpec, Threat,
 };
 use jem_bench::model::Checkpoint;
 use jem_datasets::{embedded, Split};
@@ -230,8 +231,11 @@ fn through_the_sweep(path: &str, eps: &[f32], alone: &[AttackOutcome]) -> anyhow
             ..Budgets::default()
         },
         ks: vec![0],
-        eps: eps.to_vec(),
-        n_examples: 40,
+        threat: Threat {
+            norm: Norm::Linf,
+            eps: eps.to_vec(),
+        },
+        examples: Examples::first(NonZeroUsize::new(40).expect("40 is not 0")),
         ..SweepSpec::default()
     };
     // At most 20 forward passes an example at one ε: 10 gradients' worth, for the estimate.

@@ -12,6 +12,7 @@
 //! Rerunning the same command resumes (finished cells are kept): training is seeded, so the
 //! weights, and hence the sweep's settings, are the same every time.
 
+use anyhow::Context;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -20,12 +21,15 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
-use jem_attacks::{Classifier, GradMode};
+use jem_attacks::{Classifier, GradMode, Norm};
 use jem_bench::backend::{self, Train};
-use jem_bench::harness::{sweep, AttackKind, Runner, Subject, SweepSpec, TerminalProgress};
+use jem_bench::harness::{
+    sweep, AttackKind, Examples, Runner, Subject, SweepSpec, TerminalProgress, Threat,
+};
 use jem_datasets::{DataSource, ImageSet, Split};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use std::num::NonZeroUsize;
 
 /// Two strided 3×3 convolutions and a linear layer: 28×28 → 14×14×8 → 7×7×16 → 10 logits.
 #[derive(Module, Debug)]
@@ -128,10 +132,15 @@ fn main() -> anyhow::Result<()> {
     let subject = Subject::new("small-cnn", model, "mnist")?;
     let spec = SweepSpec {
         attacks: vec![AttackKind::Pgd],
-        eps: vec![0.0, 0.05, 0.1, 0.2],
+        threat: Threat {
+            norm: Norm::Linf,
+            eps: vec![0.0, 0.05, 0.1, 0.2],
+        },
         ks: vec![0, 1],
         grad: vec![GradMode::Bpda, GradMode::Full],
-        n_examples,
+        examples: Examples::first(
+            NonZeroUsize::new(n_examples).context("--n-examples: expected at least 1")?,
+        ),
         ..SweepSpec::default()
     };
     // The command line's progress bar and table; `Runner::new(out)` alone runs silently.

@@ -257,7 +257,13 @@ fn main() -> ExitCode {
 
 fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow::Result<()> {
     let (slurm, allow_long) = (args.slurm.spec(), args.allow_long);
-    let (spec, out, shard, jobs) = args.into_parts()?;
+    let cli::robust::RobustSettings {
+        spec,
+        checkpoints,
+        out,
+        shard,
+        jobs,
+    } = args.into_parts()?;
     if let Some(slurm) = slurm {
         // Each shard runs `robust` with these flags, --allow-long included: refused here at
         // once rather than by every shard in its log.
@@ -265,7 +271,7 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
             beyond.problem += "; pass --allow-long to submit a sweep this long";
             return Err(beyond.into());
         }
-        return submit_to_slurm(&slurm, &spec, &out, device);
+        return submit_to_slurm(&slurm, &spec, &checkpoints, &out, device);
     }
     let progress = jem_bench::harness::TerminalProgress::default();
     let runner = jem_bench::harness::Runner {
@@ -275,7 +281,7 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
         observer: &progress,
         allow_long,
     };
-    jem_bench::harness::run::<Train>(&spec, &runner, device).map(|_| ())
+    jem_bench::harness::run::<Train>(&spec, &checkpoints, &runner, device).map(|_| ())
 }
 
 /// `robust --slurm N`: the sweep checked here (settings, models, data), its scripts written to
@@ -283,10 +289,11 @@ fn run_robust(args: cli::robust::RobustArgs, device: &backend::Device) -> anyhow
 fn submit_to_slurm(
     slurm: &jem_bench::slurm::SlurmSpec,
     spec: &jem_bench::harness::SweepSpec,
+    checkpoints: &jem_bench::harness::Checkpoints,
     out: &std::path::Path,
     device: &backend::Device,
 ) -> anyhow::Result<()> {
-    jem_bench::harness::check::<Train>(spec, device)?;
+    jem_bench::harness::check::<Train>(spec, checkpoints, device)?;
     let absolute = |p: &std::path::Path| std::path::absolute(p);
     let program = std::env::current_exe().context("cannot locate the jem-bench binary")?;
     let workdir = std::env::current_dir().context("cannot read the working folder")?;

@@ -10,7 +10,10 @@ use super::defence::DefenceFlags;
 use super::unused::Unused;
 use clap::Args;
 use jem_attacks::{GradMode, Norm};
-use jem_bench::harness::{AttackKind, BudgetCounts, Budgets, Shard, SweepSpec};
+use jem_bench::harness::{
+    AttackKind, BudgetCounts, Budgets, Checkpoints, Examples, Shard, SweepSpec, Threat,
+};
+use jem_bench::settings;
 use jem_bench::Choice;
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
@@ -82,7 +85,7 @@ pub struct RobustArgs {
     #[arg(long, default_value_t = SweepSpec::default().budgets.boundary_steps.get())]
     pub boundary_steps: usize,
     /// The first N images of the test split (100: intervals of about ±10 points at 50 %).
-    #[arg(long, default_value_t = SweepSpec::default().n_examples)]
+    #[arg(long, default_value_t = SweepSpec::default().examples.count())]
     pub n_examples: usize,
     /// Convergence check of every stochastic cell (K > 0): at each ε, up to this many of the
     /// examples the attack left standing (a seeded sample) are attacked again, once with 4×
@@ -254,10 +257,10 @@ impl RobustArgs {
         unused
     }
 
-    /// The spec and the runner's settings the flags describe; `--jobs 0` is refused here, every
-    /// other setting by [`SweepSpec::validate`] (its errors name fields; [`with_flags`](super::with_flags)
-    /// shows them as flags).
-    pub fn into_parts(self) -> anyhow::Result<(SweepSpec, PathBuf, Option<Shard>, NonZeroUsize)> {
+    /// The spec, the checkpoints and the runner's settings the flags describe; a count of 0 is
+    /// refused here, every other setting by [`SweepSpec::validate`] (its errors name fields;
+    /// [`with_flags`](super::with_flags) shows them as flags).
+    pub fn into_parts(self) -> anyhow::Result<RobustSettings> {
         let jobs = match self.jobs {
             None => std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
             Some(n) => NonZeroUsize::new(n)
@@ -269,10 +272,11 @@ impl RobustArgs {
             .unwrap_or_else(|| PathBuf::from(format!("runs/{folder}-{}", self.norm)));
         let quick = SweepSpec::quick_look(self.norm);
         let spec = SweepSpec {
-            norm: self.norm,
-            models: self.models,
+            threat: Threat {
+                norm: self.norm,
+                eps: self.eps,
+            },
             attacks: self.attacks,
-            eps: self.eps,
             ks: self.ks,
             grad: self.grad,
             eot: self.eot,
@@ -286,10 +290,14 @@ impl RobustArgs {
                 boundary_steps: self.boundary_steps,
             }
             .checked()?,
-            n_examples: self.n_examples,
+            examples: Examples {
+                n: settings::count("n_examples", self.n_examples)?,
+                batch_size: self
+                    .batch_size
+                    .map(|b| settings::count("batch_size", b))
+                    .transpose()?,
+            },
             convergence_sample: self.convergence_sample,
-            batch_size: self.batch_size,
-            data: self.data,
             seed: self.seed,
             defence: self.defence.spec(),
             save_adversarials: self.save_adversarials,
@@ -304,7 +312,7 @@ impl RobustArgs {
                     ..spec.budgets
                 },
                 eot: quick.eot,
-                n_examples: quick.n_examples,
+                examples: quick.examples,
                 convergence_sample: quick.convergence_sample,
                 quick: true,
                 ..spec
@@ -312,8 +320,31 @@ impl RobustArgs {
         } else {
             spec
         };
-        Ok((spec, out, self.shard, jobs))
+        let checkpoints = Checkpoints {
+            models: self.models,
+            data: self.data,
+        };
+        Ok(RobustSettings {
+            spec,
+            checkpoints,
+            out,
+            shard: self.shard,
+            jobs,
+        })
     }
+}
+
+/// `jem-bench robust`'s flags resolved: what the sweep computes, on which checkpoints, and
+/// where and how it runs.
+#[derive(Debug)]
+pub struct RobustSettings {
+    pub spec: SweepSpec,
+    pub checkpoints: Checkpoints,
+    /// The sweep's folder (`--out`, else `runs/robust-NORM` or `runs/quick-NORM`).
+    pub out: PathBuf,
+    pub shard: Option<Shard>,
+    /// Cells run at once.
+    pub jobs: NonZeroUsize,
 }
 
 #[cfg(test)]
@@ -336,15 +367,17 @@ mod tests {
 
     #[test]
     fn the_flags_default_to_the_default_spec() {
-        let (spec, out, shard, _) = parse(&[]).into_parts().unwrap();
-        assert_eq!(spec, SweepSpec::default());
-        assert_eq!(out, PathBuf::from("runs/robust-linf"));
-        assert_eq!(shard, None);
-        let (spec, out, ..) = parse(&["--norm", "l2", "--steps", "0,10", "--n-examples", "7"])
-            .into_parts()
-            .unwrap();
+        let settings = parse(&[]).into_parts().unwrap();
+        assert_eq!(settings.spec, SweepSpec::default());
+        assert_eq!(settings.checkpoints, Checkpoints::default());
+        assert_eq!(settings.out, PathBuf::from("runs/robust-linf"));
+        assert_eq!(settings.shard, None);
+        let RobustSettings { spec, out, .. } =
+            parse(&["--norm", "l2", "--steps", "0,10", "--n-examples", "7"])
+                .into_parts()
+                .unwrap();
         assert_eq!(
-            (spec.norm, spec.ks, spec.n_examples),
+            (spec.threat.norm, spec.ks, spec.examples.count()),
             (Norm::L2, vec![0, 10], 7)
         );
         assert_eq!(out, PathBuf::from("runs/robust-l2"));
@@ -380,14 +413,15 @@ mod tests {
 
     #[test]
     fn quick_is_the_quick_look_and_refuses_the_budgets_it_sets() {
-        let (spec, out, ..) = parse(&["--quick"]).into_parts().unwrap();
+        let RobustSettings { spec, out, .. } = parse(&["--quick"]).into_parts().unwrap();
         assert_eq!(spec, SweepSpec::quick_look(Norm::Linf));
         assert_eq!(out, PathBuf::from("runs/quick-linf"));
-        let (spec, ..) = parse(&["--quick", "--norm", "l2", "--steps", "0", "--seed", "3"])
+        let spec = parse(&["--quick", "--norm", "l2", "--steps", "0", "--seed", "3"])
             .into_parts()
-            .unwrap();
+            .unwrap()
+            .spec;
         assert_eq!(
-            (spec.norm, spec.ks, spec.seed, spec.quick),
+            (spec.threat.norm, spec.ks, spec.seed, spec.quick),
             (Norm::L2, vec![0], 3, true)
         );
         for flag in ["--attacks", "--n-examples", "--apgd-iterations", "--eot"] {
@@ -409,8 +443,10 @@ mod tests {
                 "--eps: expected numbers >= 0, found -0.1",
             ),
         ] {
-            let (spec, ..) = parse(flags).into_parts().unwrap();
-            let e = spec.validate().unwrap_err();
+            let e = match parse(flags).into_parts() {
+                Ok(settings) => settings.spec.validate().unwrap_err(),
+                Err(e) => e,
+            };
             assert!(
                 format!("{e}")
                     .starts_with(flags[0].trim_start_matches('-').replace('-', "_").as_str()),

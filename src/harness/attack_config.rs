@@ -44,7 +44,7 @@ impl AttackKind {
         };
         let autoattack = AutoAttack {
             version,
-            norm: spec.norm,
+            norm: spec.threat.norm,
             apgd_iterations: spec.budgets.apgd_iterations.get(),
             apgd_restarts: spec.budgets.restarts.get(),
             fab_iterations: spec.budgets.fab_iterations.get(),

@@ -147,7 +147,7 @@ static FGSM: BuiltIn = BuiltIn {
         Single::Pgd(PgdConfig {
             eot,
             seed: spec.seed,
-            ..PgdConfig::fgsm(spec.norm)
+            ..PgdConfig::fgsm(spec.threat.norm)
         })
     },
     restarts: |_| 1,
@@ -188,7 +188,7 @@ static APGD_T: BuiltIn = BuiltIn {
 
 static SQUARE: BuiltIn = BuiltIn {
     configure: |spec, _| {
-        let mut cfg = SquareConfig::new(spec.norm);
+        let mut cfg = SquareConfig::new(spec.threat.norm);
         cfg.queries = spec.budgets.square_queries.get();
         cfg.seed = spec.seed;
         Single::Square(cfg)
@@ -204,7 +204,7 @@ static SQUARE: BuiltIn = BuiltIn {
 /// ε); a forward pass beside each iteration's gradient, per target class.
 static FAB_T: BuiltIn = BuiltIn {
     configure: |spec, eot| {
-        let mut cfg = FabConfig::new(spec.norm);
+        let mut cfg = FabConfig::new(spec.threat.norm);
         cfg.iterations = spec.budgets.fab_iterations.get();
         cfg.eot = eot;
         cfg.seed = spec.seed;
@@ -265,12 +265,12 @@ fn pgd(spec: &SweepSpec, factor: usize, restarts: usize, eot: usize) -> Single {
         rel_stepsize,
         eot,
         seed: spec.seed,
-        ..PgdConfig::pgd(spec.norm)
+        ..PgdConfig::pgd(spec.threat.norm)
     })
 }
 
 fn apgd(spec: &SweepSpec, loss: ApgdLoss, eot: usize) -> Single {
-    let mut cfg = ApgdConfig::new(spec.norm, loss);
+    let mut cfg = ApgdConfig::new(spec.threat.norm, loss);
     cfg.iterations = spec.budgets.apgd_iterations.get();
     cfg.restarts = spec.budgets.restarts.get();
     cfg.eot = eot;

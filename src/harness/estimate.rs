@@ -85,7 +85,7 @@ pub fn expected_gradients_per_example(
     }
     let whole: f64 = stages.iter().map(|(g, _)| g).sum();
     let check = cell.k > 0 && spec.convergence_sample > 0;
-    let n = spec.n_examples as f64;
+    let n = spec.examples.count() as f64;
     let broken_share = broken_share.clamp(0.0, 1.0);
     let mut before = clean.clamp(0.0, 1.0);
     let mut total = 0.0;
@@ -123,10 +123,10 @@ pub const HALF_RUN: f64 = 0.5;
 /// more EOT draws and with more iterations; 0 where no check runs. A minimum-perturbation
 /// attack answers every ε in one run, but its check runs it again at each.
 pub fn check_factor(spec: &SweepSpec, cell: &Cell, eps: usize) -> f64 {
-    if cell.k == 0 || spec.convergence_sample == 0 || spec.n_examples == 0 {
+    if cell.k == 0 || spec.convergence_sample == 0 {
         return 0.0;
     }
-    let n = spec.n_examples as f64;
+    let n = spec.examples.count() as f64;
     let strengths = (MORE_EOT + MORE_ITERATIONS) as f64;
     let once = cell
         .attack
@@ -272,13 +272,13 @@ mod tests {
     fn a_convergence_check_costs_its_sample_at_six_times_the_attack() {
         // 20 of 100 examples again with 4× the draws, and again with 2× the iterations.
         let spec = SweepSpec::default();
-        assert_eq!((spec.n_examples, spec.convergence_sample), (100, 20));
+        assert_eq!((spec.examples.count(), spec.convergence_sample), (100, 20));
         let f = check_factor(&spec, &cell(AttackKind::Adaptive, 1), 3);
         assert!((f - 1.2).abs() < 1e-12, "{f}");
         // No check at K = 0 (deterministic); a sample larger than the examples is all of them.
         assert_eq!(check_factor(&spec, &cell(AttackKind::Adaptive, 0), 3), 0.0);
         let few = SweepSpec {
-            n_examples: 10,
+            examples: super::super::Examples::first(super::super::budgets::count(10)),
             ..spec.clone()
         };
         assert_eq!(check_factor(&few, &cell(AttackKind::Pgd, 1), 3), 6.0);

@@ -53,8 +53,9 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
     lanes: usize,
 ) -> anyhow::Result<f64> {
     let len = spec
-        .batch_len(spec.n_examples)
-        .min(spec.n_examples)
+        .examples
+        .batch_len(spec.examples.count())
+        .min(spec.examples.count())
         .min(TIMED_BATCH);
     let timed: Vec<f64> = std::thread::scope(|scope| {
         let lanes: Vec<_> = (0..lanes.max(1))
@@ -138,7 +139,7 @@ pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             k: cell.k.min(TIMED_STEPS),
             ..(*cell).clone()
         };
-        let len = spec.n_examples.clamp(1, 4);
+        let len = spec.examples.count().clamp(1, 4);
         let (x, y) = first_examples(plan.subject(cell), len);
         let defended = defended(plan, &timed_spec, &timed_cell)?;
         let mut seconds = estimate::seconds_per_gradient(&defended, x, y);
@@ -153,7 +154,7 @@ pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         };
         let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
             * (1.0 + estimate::check_factor(spec, cell, eps));
-        bounds.push(seconds * spec.n_examples as f64 * most);
+        bounds.push(seconds * spec.examples.count() as f64 * most);
     }
     Ok(makespan(&bounds, jobs))
 }
@@ -225,7 +226,7 @@ fn pilot<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             .iter()
             .find(|(at, _)| at.is_none_or(|a| a == eps))
             .expect("a stage answers every ε of the grid");
-        let now = super::cell::standing(outcome, *at, spec.norm, eps);
+        let now = super::cell::standing(outcome, *at, spec.threat.norm, eps);
         for (i, example) in outcome.examples.iter().enumerate() {
             if before.get(i).copied().unwrap_or(false) && !now[i] {
                 broken_evals.push(example.gradient_evals as f64);
@@ -283,7 +284,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             let attack = plan.own.iter().find(|o| o.name() == name);
             attack.map_or(0.0, |o| o.gradients_per_eps(eot))
         };
-        let n = spec.n_examples as f64;
+        let n = spec.examples.count() as f64;
         let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
             * (1.0 + estimate::check_factor(spec, cell, eps));
         bounds.push(seconds * n * most);
@@ -291,7 +292,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         // cell's attack: at the default's K = 1, 16 examples at one draw of APGD-CE's 4 and
         // without APGD-DLR, against 100 examples (3 % of the attack, before its check).
         let uses_survivors = eps > 0
-            && spec.n_examples >= PILOT_EXAMPLES * PILOTED_SWEEPS
+            && spec.examples.count() >= PILOT_EXAMPLES * PILOTED_SWEEPS
             && estimate::expected_gradients_per_example(
                 spec,
                 cell,
@@ -341,11 +342,9 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
     rows: &[TidyRow],
 ) -> anyhow::Result<String> {
     let full = SweepSpec {
-        norm: quick.norm,
-        eps: quick.eps.clone(),
+        threat: quick.threat.clone(),
         ks: quick.ks.clone(),
         seed: quick.seed,
-        data: quick.data.clone(),
         defence: quick.defence.clone(),
         ..SweepSpec::default()
     };
@@ -365,7 +364,7 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
             };
             let seconds = seconds_per_gradient(plan, &full, &cell, jobs)?;
             let classes = subject.test_set().num_classes();
-            let n = full.n_examples as f64;
+            let n = full.examples.count() as f64;
             let most =
                 estimate::gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0)
                     * (1.0 + estimate::check_factor(&full, &cell, grid.len()));
@@ -400,7 +399,7 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
     cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
     let expected = makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
     let bound = makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
-    let norm = quick.norm;
+    let norm = quick.threat.norm;
     Ok(format!(
         "the full evaluation, `jem-bench robust --norm {norm}` (100 images, the adaptive \
          attacks, convergence checks): about {} here from what this quick look left standing, \

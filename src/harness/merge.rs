@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::outputs;
 use super::plan::{claim_folder, settings_differences, Plan};
 use super::rows::CellResult;
-use super::spec::{SweepObserver, SweepSpec};
+use super::spec::{Checkpoints, SweepObserver, SweepSpec};
 use super::sweep::finish;
 use crate::backend::BenchBackend;
 
@@ -48,6 +48,8 @@ struct Folder {
     /// The sweep ran without --models (the default models).
     defaults: bool,
     spec: SweepSpec,
+    /// The checkpoints it swept, under their new names, and its data.
+    checkpoints: Checkpoints,
 }
 
 /// Joins the finished sweep folders `folders` into `out`, as `spec` says; every model is
@@ -101,13 +103,16 @@ pub fn merge<B: BenchBackend>(
         }
         None => available.iter().map(|s| s.to_string()).collect(),
     };
-    let mut joined = folders[0].spec.clone();
-    joined.models = models.iter().map(PathBuf::from).collect();
+    let joined = &folders[0].spec;
+    let mut checkpoints = Checkpoints {
+        models: models.iter().map(PathBuf::from).collect(),
+        ..folders[0].checkpoints.clone()
+    };
     // A sweep of the default models recorded them as no --models at all: so does its merge.
-    if folders[0].defaults && joined.models == crate::model::embedded_models() {
-        joined.models.clear();
+    if folders[0].defaults && checkpoints.models == crate::model::embedded_models() {
+        checkpoints.models.clear();
     }
-    let plan = Plan::<B, _>::from_args(&joined, out, device)?;
+    let plan = Plan::<B, _>::from_args(joined, &checkpoints, out, device)?;
     // Every cell is found before anything is written: a missing one leaves no folder.
     let mut found_cells = Vec::with_capacity(plan.cells.len());
     for cell in &plan.cells {
@@ -133,7 +138,7 @@ pub fn merge<B: BenchBackend>(
         })?;
         found_cells.push((found, cell));
     }
-    let mut settings = plan.settings(&joined);
+    let mut settings = plan.settings(joined);
     record_backends(&mut settings, &found_cells);
     let identity = crate::digest::of(settings.to_string().as_bytes());
     let results: Vec<CellResult> = found_cells
@@ -147,7 +152,7 @@ pub fn merge<B: BenchBackend>(
         outputs::save_cell(out, result)?;
     }
     outputs::write_csvs(out, &results)?;
-    finish(&plan, &joined, &results, observer, 0).map(|_| ())
+    finish(&plan, joined, &results, observer, 0).map(|_| ())
 }
 
 impl Folder {
@@ -164,7 +169,7 @@ impl Folder {
             .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
         let saved: Value = serde_json::from_str(&text)
             .with_context(|| format!("{}: unreadable", path.display()))?;
-        let mut spec: SweepSpec = super::record::spec(&saved["args"]).with_context(|| {
+        let (spec, mut checkpoints) = super::record::parts(&saved["args"]).with_context(|| {
             format!(
                 "{}: `args` is not a robust sweep's arguments",
                 path.display()
@@ -180,14 +185,14 @@ impl Folder {
         };
         let models: Vec<(String, String)> =
             recorded.iter().map(|m| (m.clone(), rename(m))).collect();
-        let defaults = spec.models.is_empty();
-        spec.models = models.iter().map(|(_, new)| PathBuf::from(new)).collect();
-        let plan = Plan::<B, _>::from_args(&spec, dir, device)
+        let defaults = checkpoints.models.is_empty();
+        checkpoints.models = models.iter().map(|(_, new)| PathBuf::from(new)).collect();
+        let plan = Plan::<B, _>::from_args(&spec, &checkpoints, dir, device)
             .with_context(|| format!("{}: its models cannot be loaded", dir.display()))?;
         let now = plan.settings(&spec);
         let mut expected = saved.clone();
-        expected["models"] = serde_json::to_value(&spec.models)?;
-        expected["args"]["models"] = serde_json::to_value(&spec.models)?;
+        expected["models"] = serde_json::to_value(&checkpoints.models)?;
+        expected["args"]["models"] = serde_json::to_value(&checkpoints.models)?;
         // Whatever backend computed the folder: its rows say which.
         expected["backend"] = now["backend"].clone();
         if let Some(settings) = expected.as_object_mut() {
@@ -213,6 +218,7 @@ impl Folder {
             shared,
             defaults,
             spec,
+            checkpoints,
         })
     }
 }

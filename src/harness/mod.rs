@@ -40,7 +40,8 @@ pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use rows::{ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use spec::{
-    CellPart, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver, SweepSpec,
+    CellPart, Checkpoints, Examples, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver,
+    SweepSpec, Threat,
 };
 pub use subject::Subject;
 pub use sweep::{check, run, sweep, sweep_with_attacks};

@@ -32,7 +32,7 @@ impl RunContext {
     /// The context of a sweep's first run with `spec`'s norm and seed, one draw, strength 1.
     pub fn of(spec: &SweepSpec) -> Self {
         RunContext {
-            norm: spec.norm,
+            norm: spec.threat.norm,
             seed: spec.seed,
             eot: 1,
             strength: 1,

@@ -13,7 +13,7 @@ use super::cells::{self, Cell};
 use super::outputs;
 use super::own_attack::{check_names, gradient_use, OwnAttack};
 use super::rows::CellResult;
-use super::spec::SweepSpec;
+use super::spec::{Checkpoints, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::model::{write_atomic, LoadedNetwork, SOFTWARE};
@@ -28,10 +28,10 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
     subject: &Subject<B, N>,
 ) -> anyhow::Result<()> {
     let (data, data_name, name) = (subject.test_set(), subject.data_name(), subject.name());
-    if spec.n_examples > data.len() {
+    if spec.examples.count() > data.len() {
         return Err(InvalidSetting::new(
             "n_examples",
-            spec.n_examples.to_string(),
+            spec.examples.count().to_string(),
             &format!(
                 "the test split of {data_name} has only {} images",
                 data.len()
@@ -39,9 +39,9 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         )
         .into());
     }
-    if spec.norm == Norm::L2 {
+    if spec.threat.norm == Norm::L2 {
         let largest = (data.image_len() as f32).sqrt();
-        for &e in &spec.eps_grid() {
+        for &e in &spec.threat.eps_grid() {
             if e > largest {
                 return Err(InvalidSetting::bare(
                     "eps",
@@ -71,7 +71,10 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         // activations of each come on top): what cannot hold even the images is refused here,
         // not by an aborted allocation.
         let chains = spec.defence.chains.max(spec.defence.recheck_chains) as u128;
-        let batch = spec.batch_len(spec.n_examples).min(spec.n_examples) as u128;
+        let batch = spec
+            .examples
+            .batch_len(spec.examples.count())
+            .min(spec.examples.count()) as u128;
         let bytes = chains * batch * data.image_len() as u128 * 4;
         crate::settings::fits_in_memory(
             "chains",
@@ -100,6 +103,9 @@ pub(super) struct Plan<B: BenchBackend, N: Classifier<B> + 'static> {
     pub(super) cells: Vec<Cell>,
     /// Attacks of the caller's own, run after the spec's.
     pub(super) own: Vec<OwnAttack<B, N>>,
+    /// The checkpoints the subjects were loaded from (none for a library sweep of its own
+    /// subjects), as the folder records them.
+    pub(super) checkpoints: Checkpoints,
 }
 
 impl<B: BenchBackend> Plan<B, LoadedNetwork<B>> {
@@ -108,11 +114,12 @@ impl<B: BenchBackend> Plan<B, LoadedNetwork<B>> {
     /// disk.
     pub(super) fn from_args(
         spec: &SweepSpec,
+        checkpoints: &Checkpoints,
         out: &std::path::Path,
         device: &B::Device,
     ) -> anyhow::Result<Self> {
         spec.validate()?;
-        let paths = spec.model_paths();
+        let paths = checkpoints.paths();
         if paths.is_empty() {
             return Err(InvalidSetting::bare("models", "name at least one checkpoint").into());
         }
@@ -122,7 +129,7 @@ impl<B: BenchBackend> Plan<B, LoadedNetwork<B>> {
                 let m = p.display().to_string();
                 // A field of the spec names what failed (the command line shows its flag).
                 // (A refused data set names `data` itself.)
-                Subject::from_checkpoint(&m, spec.data.as_deref(), device).map_err(|e| {
+                Subject::from_checkpoint(&m, checkpoints.data.as_deref(), device).map_err(|e| {
                     match e.downcast::<InvalidSetting>() {
                         Ok(refused) => refused.into(),
                         Err(e) => refusal("models", &m, e).into(),
@@ -130,7 +137,11 @@ impl<B: BenchBackend> Plan<B, LoadedNetwork<B>> {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Plan::new(spec, subjects, Vec::new(), out)
+        let plan = Plan::new(spec, subjects, Vec::new(), out)?;
+        Ok(Plan {
+            checkpoints: checkpoints.clone(),
+            ..plan
+        })
     }
 }
 
@@ -156,7 +167,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
             check_subject(spec, subject)?;
         }
         let models: Vec<String> = subjects.iter().map(|s| s.name().to_string()).collect();
-        let eps_grid = spec.eps_grid();
+        let eps_grid = spec.threat.eps_grid();
         let cells = cells::list(
             &models,
             &spec.attack_list(),
@@ -170,6 +181,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
             eps_grid,
             cells,
             own,
+            checkpoints: Checkpoints::default(),
         })
     }
 
@@ -186,7 +198,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
     /// (a checkpoint retrained under the same path must not resume an old sweep).
     pub(super) fn settings(&self, spec: &SweepSpec) -> serde_json::Value {
         // Recorded by version (super::record), not as the spec's own shape.
-        let args = super::record::args(spec);
+        let args = super::record::args(spec, &self.checkpoints);
         let mut settings = serde_json::json!({
             "software": SOFTWARE,
             "backend": B::recorded_name(self.subjects[0].device()),

@@ -2,6 +2,7 @@
 //! the sweep's identity — written and read here, by version, so that [`SweepSpec`] can change
 //! shape in memory without changing what a folder holds or which folder a sweep resumes.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use jem_attacks::{GradMode, Norm};
@@ -9,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::budgets::BudgetCounts;
 use super::cells::AttackKind;
-use super::spec::{Shard, SweepSpec};
+use super::spec::{Checkpoints, Examples, Shard, SweepSpec, Threat};
 use crate::defended::DefenceSpec;
+use crate::settings;
 
 /// Version 1, the layout of every sweep so far: each setting of `jem-bench robust` under its
 /// flag's id, flat, with the output folder and the shard (which do not change what a sweep
@@ -45,25 +47,25 @@ struct ArgsV1 {
 
 impl Default for ArgsV1 {
     fn default() -> Self {
-        ArgsV1::from(&SweepSpec::default())
+        ArgsV1::new(&SweepSpec::default(), &Checkpoints::default())
     }
 }
 
-impl From<&SweepSpec> for ArgsV1 {
-    fn from(spec: &SweepSpec) -> Self {
+impl ArgsV1 {
+    fn new(spec: &SweepSpec, checkpoints: &Checkpoints) -> Self {
         ArgsV1 {
-            norm: spec.norm,
-            models: spec.models.clone(),
+            norm: spec.threat.norm,
+            models: checkpoints.models.clone(),
             attacks: spec.attacks.clone(),
-            eps: spec.eps.clone(),
+            eps: spec.threat.eps.clone(),
             ks: spec.ks.clone(),
             grad: spec.grad.clone(),
             eot: spec.eot,
             budgets: BudgetCounts::from(&spec.budgets),
-            n_examples: spec.n_examples,
+            n_examples: spec.examples.n.get(),
             convergence_sample: spec.convergence_sample,
-            batch_size: spec.batch_size,
-            data: spec.data.clone(),
+            batch_size: spec.examples.batch_size.map(NonZeroUsize::get),
+            data: checkpoints.data.clone(),
             seed: spec.seed,
             defence: spec.defence.clone(),
             save_adversarials: spec.save_adversarials,
@@ -72,41 +74,51 @@ impl From<&SweepSpec> for ArgsV1 {
             shard: None,
         }
     }
-}
 
-impl ArgsV1 {
-    /// The spec the arguments describe; a count of 0 is refused, naming it.
-    fn spec(self) -> anyhow::Result<SweepSpec> {
-        Ok(SweepSpec {
-            norm: self.norm,
-            models: self.models,
+    /// The spec and the checkpoints the arguments describe; a count of 0 is refused, naming
+    /// it.
+    fn parts(self) -> anyhow::Result<(SweepSpec, Checkpoints)> {
+        let spec = SweepSpec {
+            threat: Threat {
+                norm: self.norm,
+                eps: self.eps,
+            },
             attacks: self.attacks,
-            eps: self.eps,
+            budgets: self.budgets.checked()?,
             ks: self.ks,
             grad: self.grad,
             eot: self.eot,
-            budgets: self.budgets.checked()?,
-            n_examples: self.n_examples,
-            convergence_sample: self.convergence_sample,
-            batch_size: self.batch_size,
-            data: self.data,
-            seed: self.seed,
             defence: self.defence,
+            examples: Examples {
+                n: settings::count("n_examples", self.n_examples)?,
+                batch_size: self
+                    .batch_size
+                    .map(|b| settings::count("batch_size", b))
+                    .transpose()?,
+            },
+            convergence_sample: self.convergence_sample,
+            seed: self.seed,
             save_adversarials: self.save_adversarials,
             quick: self.quick,
-        })
+        };
+        let checkpoints = Checkpoints {
+            models: self.models,
+            data: self.data,
+        };
+        Ok((spec, checkpoints))
     }
 }
 
-/// The arguments a sweep of `spec` records (the current version's layout).
-pub(super) fn args(spec: &SweepSpec) -> serde_json::Value {
-    serde_json::to_value(ArgsV1::from(spec)).expect("the arguments serialise")
+/// The arguments a sweep of `spec` on `checkpoints` records (the current version's layout; a
+/// library sweep of its own subjects records no checkpoints).
+pub(super) fn args(spec: &SweepSpec, checkpoints: &Checkpoints) -> serde_json::Value {
+    serde_json::to_value(ArgsV1::new(spec, checkpoints)).expect("the arguments serialise")
 }
 
-/// The spec recorded as `args` (a sweep folder's `settings.json`).
-pub(super) fn spec(args: &serde_json::Value) -> anyhow::Result<SweepSpec> {
+/// The spec and checkpoints recorded as `args` (a sweep folder's `settings.json`).
+pub(super) fn parts(args: &serde_json::Value) -> anyhow::Result<(SweepSpec, Checkpoints)> {
     let recorded: ArgsV1 = serde_json::from_value(args.clone())?;
-    recorded.spec()
+    recorded.parts()
 }
 
 #[cfg(test)]
@@ -129,7 +141,8 @@ mod tests {
                 };
                 let settings: serde_json::Value = serde_json::from_str(&text).unwrap();
                 let recorded = &settings["args"];
-                let again = args(&spec(recorded).unwrap());
+                let (spec, checkpoints) = parts(recorded).unwrap();
+                let again = args(&spec, &checkpoints);
                 assert_eq!(&again, recorded, "{}", path.display());
                 checked += 1;
             }
@@ -139,9 +152,11 @@ mod tests {
 
     #[test]
     fn a_recorded_count_of_zero_is_refused_by_name() {
-        let mut recorded = args(&SweepSpec::default());
-        recorded["fab_iterations"] = serde_json::json!(0);
-        let err = spec(&recorded).unwrap_err().to_string();
-        assert!(err.contains("fab_iterations"), "{err}");
+        for field in ["fab_iterations", "n_examples", "batch_size"] {
+            let mut recorded = args(&SweepSpec::default(), &Checkpoints::default());
+            recorded[field] = serde_json::json!(0);
+            let err = parts(&recorded).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use anyhow::Context;
 
 use super::outputs::read_tidy;
 use super::rows::{row_key, RowKey, TidyRow};
-use super::spec::{Runner, SweepObserver, SweepSpec};
+use super::spec::{Runner, SweepObserver};
 use super::sweep::{check, run};
 use crate::settings::InvalidSetting;
 
@@ -149,10 +149,11 @@ fn rerun<B: BenchBackend>(
         &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
     )
     .with_context(|| format!("{}: unreadable", p.display()))?;
-    let spec: SweepSpec = super::record::spec(&settings["args"])
+    let (spec, checkpoints) = super::record::parts(&settings["args"])
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
     // Models, data and settings are checked before the folder is touched.
-    check::<B>(&spec, device).with_context(|| format!("the sweep of {}", p.display()))?;
+    check::<B>(&spec, &checkpoints, device)
+        .with_context(|| format!("the sweep of {}", p.display()))?;
     // Start afresh, but only over a folder that an earlier rerun made (it carries the
     // marker): anything else, a finished sweep above all, is never deleted.
     let marker = out.join(RERUN_MARKER);
@@ -182,7 +183,7 @@ fn rerun<B: BenchBackend>(
         observer,
         ..Runner::new(out)
     };
-    run::<B>(&spec, &runner, device).map(|_| ())
+    run::<B>(&spec, &checkpoints, &runner, device).map(|_| ())
 }
 
 /// A sweep folder's settings.json; `Null` for a folder without one (a bare robust.csv).

@@ -466,7 +466,7 @@ fn unfinished_cells(dir: &Path) -> anyhow::Result<Option<(Vec<super::Cell>, usiz
     };
     let settings: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a sweep's settings", path.display()))?;
-    let spec: super::SweepSpec = super::record::spec(&settings["args"])
+    let (spec, _) = super::record::parts(&settings["args"])
         .with_context(|| format!("{}: `args` is not a sweep's settings", path.display()))?;
     let models: Vec<String> = serde_json::from_value(settings["models"].clone())
         .with_context(|| format!("{}: `models` is not a list of models", path.display()))?;

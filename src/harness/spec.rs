@@ -1,9 +1,10 @@
-//! What a sweep computes ([`SweepSpec`]: models, data, attacks with their budgets, ε, K,
-//! gradient modes, examples, seed), with the defaults it resolves to (ε grid, EOT per K, PGD
-//! schedule, restarts) and its validation; and where and how it runs ([`Runner`]: output
-//! folder, [`Shard`], worker threads, a [`SweepObserver`] told of its progress). The command
-//! line's flags convert into the two in the binary; errors here name fields
-//! ([`InvalidSetting`]), which the command line names as flags.
+//! What a sweep computes ([`SweepSpec`], from its typed parts: [`Threat`], the attacks with
+//! their [`Budgets`], K and gradient modes, the defence, [`Examples`], seed), with the defaults
+//! it resolves to (ε grid, EOT per K) and its validation; the command line's models
+//! ([`Checkpoints`]); and where and how a sweep runs ([`Runner`]: output folder, [`Shard`],
+//! worker threads, a [`SweepObserver`] told of its progress). The command line's flags convert
+//! into these in the binary; errors here name fields ([`InvalidSetting`]), which the command
+//! line names as flags.
 
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -18,51 +19,125 @@ use super::rows::CellResult;
 use crate::defended::DefenceSpec;
 use crate::settings::{self, InvalidSetting};
 
-/// What a sweep computes: models, data, attacks with their budgets, ε, K, gradient modes,
-/// examples and seed. Each field says what it is and which flag of `jem-bench robust` sets it;
-/// the flag's help says what it is for and why its default is what it is. Every sweep's
-/// `settings.json` records it in a versioned layout of its own (`harness/record.rs`), so the
-/// type can change without changing a folder's identity; where the sweep is written and how it
-/// is run are the [`Runner`](super::Runner)'s.
+/// What a sweep computes: the threat model, the attacks with their budgets, the defence's K
+/// and gradient modes, the examples and the seed, each part documented where it is defined;
+/// the flags of `jem-bench robust` that set them say what they are for and why their defaults
+/// are what they are. The models are not part of it: a library caller passes its networks as
+/// [`Subject`](super::Subject)s, the command line names checkpoints ([`Checkpoints`]). Every
+/// sweep's `settings.json` records the spec in a versioned layout of its own
+/// (`harness/record.rs`), so the type can change without changing a folder's identity; where
+/// the sweep is written and how it is run are the [`Runner`](super::Runner)'s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepSpec {
-    /// The threat model (`--norm`).
-    pub norm: Norm,
-    /// Checkpoints to sweep; empty: the embedded models (`--models`). A library caller passes
-    /// its networks as [`Subject`](super::Subject)s instead.
-    pub models: Vec<PathBuf>,
-    /// Attacks and presets, each a cell per model, K and gradient mode (`--attacks`).
+    /// The norm and the budgets ε the attacks are held to.
+    pub threat: Threat,
+    /// Attacks and presets, each a cell per model, K and gradient mode.
     pub attacks: Vec<AttackKind>,
-    /// The ε grid in [0, 1] pixel units; empty: the norm's default grid (`--eps`).
-    pub eps: Vec<f32>,
-    /// SGLD steps K of the defence, 0 the plain classifier (`--steps`).
-    pub ks: Vec<usize>,
-    /// Gradient modes through the SGLD steps at K > 0 (`--grad`).
-    pub grad: Vec<GradMode>,
-    /// EOT draws per gradient; `None`: [`SweepSpec::eot_at`]'s default per K (`--eot`).
-    pub eot: Option<usize>,
     /// How long the attacks search: restarts, steps, iterations, queries.
     pub budgets: Budgets,
-    /// The first `n_examples` images of the test split (`--n-examples`).
-    pub n_examples: usize,
-    /// Survivors re-attacked per ε by a stochastic cell's convergence check, 0 for none
-    /// (`--convergence-sample`).
-    pub convergence_sample: usize,
-    /// Examples attacked at once; `None`: all of a cell's ([`SweepSpec::batch_len`];
-    /// `--batch-size`).
-    pub batch_size: Option<usize>,
-    /// The data set; `None`: each model's own (`--data`).
-    pub data: Option<String>,
-    /// Seed of every attack's random starts and draws (`--seed`).
-    pub seed: u64,
-    /// The SGLD defence's settings where they override the model's (`--chains`, …).
+    /// SGLD steps K of the defence, 0 the plain classifier.
+    pub ks: Vec<usize>,
+    /// Gradient modes through the SGLD steps at K > 0.
+    pub grad: Vec<GradMode>,
+    /// EOT draws per gradient; `None`: [`SweepSpec::eot_at`]'s default per K.
+    pub eot: Option<usize>,
+    /// The SGLD defence's settings where they override the model's (chains, step size, …).
     pub defence: DefenceSpec,
-    /// Keep each cell's returned inputs under `OUT/adversarials/` (`--save-adversarials`).
+    /// Which test images are attacked, and how many at once.
+    pub examples: Examples,
+    /// Survivors re-attacked per ε by a stochastic cell's convergence check, 0 for none.
+    pub convergence_sample: usize,
+    /// Seed of every attack's random starts and draws.
+    pub seed: u64,
+    /// Keep each cell's returned inputs under `OUT/adversarials/`.
     pub save_adversarials: bool,
     /// A quick look ([`SweepSpec::quick_look`]): budgets far below the default evaluation's,
     /// so every row it writes is marked as an upper bound on robust accuracy. Never a
     /// reference: `regress` refuses one.
     pub quick: bool,
+}
+
+/// The threat model: the norm that measures a perturbation and the budgets ε of the sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Threat {
+    pub norm: Norm,
+    /// The ε grid in [0, 1] pixel units (L2: the Euclidean norm of the whole image); empty:
+    /// the norm's default grid ([`Threat::eps_grid`]).
+    pub eps: Vec<f32>,
+}
+
+impl Threat {
+    /// The norm with its default ε grid.
+    pub fn new(norm: Norm) -> Self {
+        Threat {
+            norm,
+            eps: Vec::new(),
+        }
+    }
+
+    /// The ε of the sweep: those given, else the norm's default grid (L∞ 0, 0.1, 0.2, 0.3;
+    /// L2 0, 1, 2, 3: MNIST's usual budgets).
+    pub fn eps_grid(&self) -> Vec<f32> {
+        if !self.eps.is_empty() {
+            return self.eps.clone();
+        }
+        match self.norm {
+            Norm::Linf => vec![0.0, 0.1, 0.2, 0.3],
+            Norm::L2 => vec![0.0, 1.0, 2.0, 3.0],
+        }
+    }
+}
+
+/// The examples a sweep attacks: the first `n` images of each model's test set, `batch_size`
+/// at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Examples {
+    pub n: NonZeroUsize,
+    /// Examples attacked at once, each batch kept as it finishes (a killed sweep resumes after
+    /// it); `None`: all of a cell's at once.
+    pub batch_size: Option<NonZeroUsize>,
+}
+
+impl Examples {
+    /// The first `n` test images, all at once.
+    pub const fn first(n: NonZeroUsize) -> Self {
+        Examples {
+            n,
+            batch_size: None,
+        }
+    }
+
+    /// How many there are.
+    pub const fn count(&self) -> usize {
+        self.n.get()
+    }
+
+    /// Examples per batch of a cell of `n` examples (`batch_size`, else all of them).
+    pub fn batch_len(&self, n: usize) -> usize {
+        self.batch_size.map_or(n, NonZeroUsize::get).max(1)
+    }
+}
+
+/// The models of a sweep run from the command line: checkpoint files, loaded and checked as
+/// the sweep is planned, and the data set they are tested on. Not part of [`SweepSpec`]: a
+/// library caller builds its [`Subject`](super::Subject)s itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoints {
+    /// Checkpoints to sweep (a Wide-ResNet's `NAME.safetensors` + `NAME.json`, or an ONNX
+    /// graph's `NAME.onnx` + `NAME.json`); empty: the embedded models.
+    pub models: Vec<PathBuf>,
+    /// The data set (`mnist`, `cifar10:DIR`, …); `None`: each model's own.
+    pub data: Option<String>,
+}
+
+impl Checkpoints {
+    /// The paths to load: `models`, else the embedded ones.
+    pub(super) fn paths(&self) -> Vec<PathBuf> {
+        if !self.models.is_empty() {
+            return self.models.clone();
+        }
+        crate::model::embedded_models()
+    }
 }
 
 /// Where and how a sweep runs: none of it changes what the sweep computes, so none of it is
@@ -239,20 +314,16 @@ impl Default for SweepSpec {
     /// the first 100 test images of the embedded models.
     fn default() -> Self {
         SweepSpec {
-            norm: Norm::Linf,
-            models: Vec::new(),
+            threat: Threat::new(Norm::Linf),
             attacks: vec![AttackKind::Adaptive],
-            eps: Vec::new(),
+            budgets: Budgets::default(),
             ks: vec![0, 1],
             grad: vec![GradMode::Full],
             eot: None,
-            budgets: Budgets::default(),
-            n_examples: 100,
-            convergence_sample: 20,
-            batch_size: None,
-            data: None,
-            seed: 0,
             defence: DefenceSpec::default(),
+            examples: Examples::first(count(100)),
+            convergence_sample: 20,
+            seed: 0,
             save_adversarials: false,
             quick: false,
         }
@@ -266,27 +337,17 @@ impl SweepSpec {
     /// default in every respect, so every row is an upper bound ([`SweepSpec::quick`]).
     pub fn quick_look(norm: Norm) -> Self {
         SweepSpec {
-            norm,
+            threat: Threat::new(norm),
             attacks: vec![AttackKind::ApgdCe],
             budgets: Budgets {
                 apgd_iterations: count(20),
                 ..Budgets::default()
             },
             eot: Some(2),
-            n_examples: 20,
+            examples: Examples::first(count(20)),
             convergence_sample: 0,
             quick: true,
             ..SweepSpec::default()
-        }
-    }
-
-    pub(super) fn eps_grid(&self) -> Vec<f32> {
-        if !self.eps.is_empty() {
-            return self.eps.clone();
-        }
-        match self.norm {
-            Norm::Linf => vec![0.0, 0.1, 0.2, 0.3],
-            Norm::L2 => vec![0.0, 1.0, 2.0, 3.0],
         }
     }
 
@@ -369,11 +430,6 @@ impl SweepSpec {
         ))
     }
 
-    /// Examples per batch of a cell of `n` examples (`batch_size`, else all of them).
-    pub fn batch_len(&self, n: usize) -> usize {
-        self.batch_size.unwrap_or(n).max(1)
-    }
-
     /// EOT draws of the gradient attacks at K: `--eot`, else 1 at K = 0 and, at K > 0, enough
     /// draws of `--chains` chains each for 20 noise samples per gradient (AutoAttack's count
     /// for randomised defences).
@@ -385,8 +441,7 @@ impl SweepSpec {
         })
     }
 
-    /// Checks the settings on their own (models and data are checked when a sweep is planned
-    /// from them); an [`InvalidSetting`] names the field.
+    /// Checks the settings on their own (against each model's data when a sweep is planned); an [`InvalidSetting`] names the field.
     pub fn validate(&self) -> anyhow::Result<()> {
         for (field, empty, what) in [
             (
@@ -409,19 +464,13 @@ impl SweepSpec {
                 return Err(InvalidSetting::bare(field, what).into());
             }
         }
-        for (field, value) in [
-            ("n_examples", self.n_examples),
-            ("batch_size", self.batch_size.unwrap_or(1)),
-            ("eot", self.eot.unwrap_or(1)),
-        ] {
-            settings::at_least_one(field, value)?;
-        }
+        settings::at_least_one("eot", self.eot.unwrap_or(1))?;
         // Checked at K = 0 too: a flag given is a flag meant, and a NaN is never a setting.
         self.defence.validate()?;
         if let Some(r) = self.budgets.pgd_rel_stepsize {
             settings::finite_positive("pgd_rel_stepsize", r)?;
         }
-        for &e in &self.eps_grid() {
+        for &e in &self.threat.eps_grid() {
             if !(e.is_finite() && e >= 0.0) {
                 return Err(InvalidSetting::bare(
                     "eps",
@@ -429,7 +478,7 @@ impl SweepSpec {
                 )
                 .into());
             }
-            if self.norm == Norm::Linf && e > 1.0 {
+            if self.threat.norm == Norm::Linf && e > 1.0 {
                 return Err(InvalidSetting::bare(
                     "eps",
                     &format!(
@@ -441,14 +490,6 @@ impl SweepSpec {
             }
         }
         Ok(())
-    }
-
-    /// The models of a command-line sweep: `models`, else the embedded ones.
-    pub(super) fn model_paths(&self) -> Vec<PathBuf> {
-        if !self.models.is_empty() {
-            return self.models.clone();
-        }
-        crate::model::embedded_models()
     }
 }
 

@@ -21,10 +21,12 @@ use crate::train::JemConfig;
 ///
 /// ```no_run
 /// # fn wrap(network: jem_bench::model::WideResNet<jem_bench::backend::Train>) -> anyhow::Result<()> {
-/// use jem_bench::harness::{sweep, Runner, Subject, SweepSpec};
+/// use std::num::NonZeroUsize;
+/// use jem_bench::harness::{sweep, Examples, Runner, Subject, SweepSpec};
 ///
 /// let subject = Subject::new("my-net", network, "mnist")?;
-/// let spec = SweepSpec { n_examples: 50, ..SweepSpec::default() };
+/// let n = NonZeroUsize::new(50).expect("50 is not 0");
+/// let spec = SweepSpec { examples: Examples::first(n), ..SweepSpec::default() };
 /// // robust.csv, curves and summary in runs/my-net
 /// let rows = sweep(vec![subject], &spec, &Runner::new("runs/my-net"))?;
 /// # Ok(()) }

@@ -18,25 +18,25 @@ use super::own_attack::OwnAttack;
 use super::plan::{claim_folder, Plan};
 use super::report;
 use super::rows::{CellResult, TidyRow};
-use super::spec::{CellPart, Runner, SweepObserver, SweepSpec};
+use super::spec::{CellPart, Checkpoints, Runner, SweepObserver, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
-use crate::settings::InvalidSetting;
 
-/// `jem-bench robust`: the sweep of `spec.models` (default: the embedded models), loaded onto
+/// `jem-bench robust`: the sweep of `checkpoints` (default: the embedded models), loaded onto
 /// `device`, run by `runner`.
 pub fn run<B: BenchBackend>(
     spec: &SweepSpec,
+    checkpoints: &Checkpoints,
     runner: &Runner,
     device: &B::Device,
 ) -> anyhow::Result<Vec<TidyRow>> {
-    let plan = Plan::<B, _>::from_args(spec, &runner.out, device)?;
+    let plan = Plan::<B, _>::from_args(spec, checkpoints, &runner.out, device)?;
     execute(&plan, spec, runner)
 }
 
 /// Sweeps `subjects` — networks of any architecture that implement
-/// [`Classifier`](jem_attacks::Classifier), each on its own device — under `spec` (everything
-/// but `models` and `data`, which name checkpoints and data sets for the command line): runs
+/// [`Classifier`](jem_attacks::Classifier), each on its own device, with its test set — under
+/// `spec`: runs
 /// the cells not finished yet in `runner.out`, writes `robust.csv`, `examples.csv`,
 /// `summary.json` with the sanity checks, the curves and the table, as `jem-bench robust` does,
 /// and returns the rows of `robust.csv`.
@@ -58,14 +58,6 @@ pub fn sweep_with_attacks<B: BenchBackend, N: Classifier<B> + Module<B> + 'stati
     spec: &SweepSpec,
     runner: &Runner,
 ) -> anyhow::Result<Vec<TidyRow>> {
-    if !spec.models.is_empty() || spec.data.is_some() {
-        return Err(InvalidSetting::bare(
-            "models",
-            "SweepSpec::models and ::data name checkpoints and data sets for the command \
-             line; here the subjects are the models, each with its test set",
-        )
-        .into());
-    }
     let plan = Plan::new(spec, subjects, own, &runner.out)?;
     execute(&plan, spec, runner)
 }
@@ -196,8 +188,12 @@ enum Message {
 
 /// Checks a sweep's settings, models and data without touching the disk (what `robust` does
 /// first), so that a caller can refuse bad settings before it prepares a folder.
-pub fn check<B: BenchBackend>(spec: &SweepSpec, device: &B::Device) -> anyhow::Result<()> {
-    Plan::<B, _>::from_args(spec, std::path::Path::new(""), device).map(|_| ())
+pub fn check<B: BenchBackend>(
+    spec: &SweepSpec,
+    checkpoints: &Checkpoints,
+    device: &B::Device,
+) -> anyhow::Result<()> {
+    Plan::<B, _>::from_args(spec, checkpoints, std::path::Path::new(""), device).map(|_| ())
 }
 
 /// Summary, sanity checks, plots and table of the finished cells, `ran` of them run now; under

@@ -3,8 +3,11 @@
 //! data are errors, not panics; a finished sweep writes the command's outputs and resumes.
 
 use jem_attacks::LinearClassifier;
+use jem_attacks::Norm;
 use jem_bench::backend::Train;
-use jem_bench::harness::{sweep, AttackKind, Budgets, Runner, Subject, SweepSpec, WORST_CASE};
+use jem_bench::harness::{
+    sweep, AttackKind, Budgets, Examples, Runner, Subject, SweepSpec, Threat, WORST_CASE,
+};
 use jem_datasets::{DataSource, Split};
 use std::num::NonZeroUsize;
 
@@ -61,9 +64,12 @@ fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let spec = SweepSpec {
         attacks: vec![AttackKind::Fgsm, AttackKind::Pgd],
-        eps: vec![0.0, 0.05, 0.1],
+        threat: Threat {
+            norm: Norm::Linf,
+            eps: vec![0.0, 0.05, 0.1],
+        },
         ks: vec![0],
-        n_examples: 30,
+        examples: Examples::first(NonZeroUsize::new(30).unwrap()),
         budgets: Budgets {
             pgd_steps: NonZeroUsize::new(10).unwrap(),
             ..Budgets::default()
@@ -72,18 +78,13 @@ fn a_sweep_of_an_own_network_writes_the_outputs_and_resumes() {
     };
     let runner = Runner::new(dir.path().join("sweep"));
     let subject = || Subject::new("centroids", centroid_classifier(), "mnist").unwrap();
-    // `models` names checkpoints for the command line: refused beside subjects.
-    let mut named = spec.clone();
-    named.models = vec!["results/models/baseline".into()];
-    let e = sweep(vec![subject()], &named, &runner).unwrap_err();
-    assert!(format!("{e}").starts_with("models: "), "{e}");
     // Settings are refused by the name of their field.
     let none = SweepSpec {
-        n_examples: 0,
+        eot: Some(0),
         ..spec.clone()
     };
     let e = sweep(vec![subject()], &none, &runner).unwrap_err();
-    assert_eq!(format!("{e}"), "n_examples: expected at least 1, found 0");
+    assert_eq!(format!("{e}"), "eot: expected at least 1, found 0");
     assert!(
         !dir.path().join("sweep").exists(),
         "refused before anything is written"
@@ -157,10 +158,13 @@ fn an_own_attack_runs_in_the_sweep_beside_the_built_in_ones() {
     let dir = tempfile::tempdir().unwrap();
     let spec = SweepSpec {
         attacks: vec![AttackKind::Fgsm],
-        eps: vec![0.0, 0.05, 0.1],
+        threat: Threat {
+            norm: Norm::Linf,
+            eps: vec![0.0, 0.05, 0.1],
+        },
         // K = 1: gradient modes, EOT draws and convergence checks for the own attack too.
         ks: vec![0, 1],
-        n_examples: 30,
+        examples: Examples::first(NonZeroUsize::new(30).unwrap()),
         ..SweepSpec::default()
     };
     let runner = Runner::new(dir.path().join("sweep"));
@@ -190,7 +194,7 @@ fn an_own_attack_runs_in_the_sweep_beside_the_built_in_ones() {
     // draws and convergence checks at K = 1.
     for (k, &eps) in [0, 1]
         .into_iter()
-        .flat_map(|k| spec.eps.iter().map(move |e| (k, e)))
+        .flat_map(|k| spec.threat.eps.iter().map(move |e| (k, e)))
     {
         let at = |attack: &str| {
             let row = rows

@@ -32,7 +32,7 @@ pub(in crate::harness) fn builder<'a, B: BenchBackend, N: Classifier<B> + 'stati
         CellAttack::Own(name) => {
             let attack = own.iter().find(|o| o.name() == name);
             let run = RunContext {
-                norm: spec.norm,
+                norm: spec.threat.norm,
                 seed: spec.seed,
                 eot,
                 strength,

@@ -92,7 +92,7 @@ fn sampled_survivors(spec: &SweepSpec, grid: &[f32], last: &Stage) -> Vec<(f32, 
             .iter()
             .find(|(at, _)| at.is_none_or(|a| a == eps))
             .expect("a stage answers every ε of the grid");
-        let mut survivors: Vec<usize> = standing(outcome, *at, spec.norm, eps)
+        let mut survivors: Vec<usize> = standing(outcome, *at, spec.threat.norm, eps)
             .into_iter()
             .enumerate()
             .filter_map(|(row, ok)| ok.then_some(row))
@@ -138,7 +138,7 @@ pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
     // part's seed is its re-attack's mixed with the part's number, as the attack's batches'
     // are (part 0 keeps the re-attack's own).
     let strengths = [(&more_eot, MORE_EOT), (&more_iterations, MORE_ITERATIONS)];
-    let batch_len = spec.batch_len(last_len(last));
+    let batch_len = spec.examples.batch_len(last_len(last));
     let mut parts: Vec<CheckPart> = Vec::new();
     for (sample, (_, survivors)) in samples.iter().enumerate() {
         for (strength, &(_, times)) in strengths.iter().enumerate() {
@@ -180,7 +180,7 @@ pub(in crate::harness) fn convergence_checks<B: BenchBackend, M: Model<B>>(
         let stages = work.attack(&strength, factor, &part.rows, &[eps])?;
         let last = stages.last().expect("every cell runs an attack");
         let (at, outcome) = &last.outcomes[0];
-        let broken = standing(outcome, *at, spec.norm, eps)
+        let broken = standing(outcome, *at, spec.threat.norm, eps)
             .into_iter()
             .map(|ok| !ok)
             .collect();

@@ -32,7 +32,7 @@ pub(in crate::harness) fn rows_and_examples(
     facts: &CellFacts,
 ) -> (Vec<TidyRow>, Vec<ExampleRow>) {
     let (probe, defence_settings) = (&facts.probe, &facts.defence);
-    let (n, norm) = (loaded.indices.len(), spec.norm);
+    let (n, norm) = (loaded.indices.len(), spec.threat.norm);
     let grad = GradColumn::of(cell.grad);
     let row = |stage: &Stage, eps: f32| {
         let gradients = stage.name.follows_gradients(&facts.own) == Some(true);

@@ -127,7 +127,7 @@ fn attack_in_batches<B: BenchBackend, M: Model<B>>(
     // Per attack (several for a preset's cascade), per ε (or once, for a minimum-perturbation
     // attack): every example's outcome, batch after batch.
     let all: Vec<usize> = (0..n).collect();
-    let chunks: Vec<&[usize]> = all.chunks(spec.batch_len(n)).collect();
+    let chunks: Vec<&[usize]> = all.chunks(spec.examples.batch_len(n)).collect();
     // Each batch is kept as it finishes, a single one too: a killed sweep resumes mid-cell (an
     // AutoAttack cascade on 1 000 images runs for hours on two cores, and so does one adaptive
     // cell through K > 0 SGLD steps on 100, its attack and then its convergence check).

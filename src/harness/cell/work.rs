@@ -37,7 +37,7 @@ impl<'a> Loaded<'a> {
         Loaded {
             data: subject.test_set(),
             spec: subject.data_name(),
-            indices: (0..spec.n_examples).collect(),
+            indices: (0..spec.examples.count()).collect(),
         }
     }
 }
