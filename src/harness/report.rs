@@ -94,8 +94,8 @@ pub fn curves(rows: &[TidyRow]) -> anyhow::Result<Vec<Curve>> {
     let summary: Vec<&TidyRow> = rows.iter().filter(|r| is_summary(r, rows)).collect();
     anyhow::ensure!(
         !summary.is_empty(),
-        "the rows hold no `{WORST_CASE}` rows (a robust.csv of an older jem-bench); rerun the \
-         sweep's command to recompute them from its cells"
+        "the rows hold no `{WORST_CASE}` rows (robust.csv lost them, or was not written by \
+         `jem-bench robust`); rerun the sweep's command to recompute them from its cells"
     );
     let grid = eps_grid(&summary);
     let mut curves = Vec::new();

@@ -183,19 +183,15 @@ pub struct TidyRow {
     pub grad: GradColumn,
     pub n: usize,
     pub clean_accuracy: f64,
-    /// 95 % Wilson interval of the clean accuracy (absent from CSVs of older versions).
-    #[serde(default)]
+    /// 95 % Wilson interval of the clean accuracy.
     pub clean_lo: f64,
-    #[serde(default)]
     pub clean_hi: f64,
     /// Fraction of the examples no attack of the row broke within ε; an example broken at a
     /// smaller ε counts as broken here too. `attack` = `worst-case`: over every attack of the
     /// model, K and gradient mode, per example.
     pub robust_accuracy: f64,
     /// 95 % Wilson interval of the robust accuracy.
-    #[serde(default)]
     pub robust_lo: f64,
-    #[serde(default)]
     pub robust_hi: f64,
     pub eot: usize,
     pub restarts: usize,
@@ -206,34 +202,26 @@ pub struct TidyRow {
     pub attack_settings: String,
     /// Every setting of the SGLD defence in force (steps, α, σ, clamping, chains, re-check
     /// chains, input noise, gradient mode), as JSON; `{}` for K = 0.
-    #[serde(default)]
     pub defence: String,
     /// Two clean passes on the same inputs gave different logits (attack such a model with EOT).
-    #[serde(default)]
     pub stochastic: bool,
     /// Correctly classified probed inputs whose loss gradient was exactly zero (masked
     /// gradients).
-    #[serde(default)]
     pub zero_gradients: usize,
     /// The robust accuracy is an upper bound, which a stronger attack may lower: the gradients
     /// through the K > 0 SGLD steps were approximated by BPDA (an adaptive attack, `--grad full`
     /// with EOT, may find more), or the row is a quick look's (`--quick`: weaker budgets).
-    #[serde(default)]
     pub upper_bound: bool,
     /// The convergence check of a stochastic cell, on the rows of its attack's last stage (a
     /// cascade's joint outcome): how many of the examples still standing at this ε were
     /// sampled and attacked again, once with 4× the EOT draws and once with 2× the
     /// iterations. Empty where no check ran (deterministic models, nothing left standing).
-    #[serde(default)]
     pub check_sampled: Option<usize>,
     /// Of the sampled examples, those the 4× EOT re-attack broke.
-    #[serde(default)]
     pub check_broken_eot: Option<usize>,
     /// Of the sampled examples, those the 2× iterations re-attack broke.
-    #[serde(default)]
     pub check_broken_iterations: Option<usize>,
     /// Of the sampled examples, those either re-attack broke.
-    #[serde(default)]
     pub check_broken: Option<usize>,
     pub data: String,
     pub software: String,
@@ -389,8 +377,7 @@ pub struct CellResult {
     pub cell: Cell,
     /// The identity of the sweep that computed it (a hash of everything that decides its
     /// numbers: models, their weights and configuration, data, attack and defence settings,
-    /// seed); empty in cell files of older versions, which are then never reused.
-    #[serde(default)]
+    /// seed).
     pub identity: String,
     pub seconds: f64,
     pub rows: Vec<TidyRow>,

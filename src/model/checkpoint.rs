@@ -26,7 +26,6 @@ pub struct TrainingRecord {
     /// The data set spec (`mnist`, `cifar10:DIR`, …), as `--data` takes it.
     pub data: String,
     /// Which images of it were trained on and which validated.
-    #[serde(default)]
     pub data_split: String,
     pub seed: u64,
     /// Every setting of the trainer, as it serialises its own config.
@@ -66,10 +65,16 @@ impl Sidecar {
     pub fn validate(&self, path: &Path) -> anyhow::Result<()> {
         let at = |field: &str| format!("{}: field `{field}`", path.display());
         anyhow::ensure!(
-            (1..=FORMAT_VERSION).contains(&self.format_version),
-            "{}: expected 1 to {FORMAT_VERSION}, found {} (written by a newer jem-bench?)",
+            self.format_version == FORMAT_VERSION,
+            "{}: expected {FORMAT_VERSION}, found {} ({}); export the network again with this \
+             jem-bench (`jem-bench import`) or use the jem-bench that wrote it",
             at("format_version"),
-            self.format_version
+            self.format_version,
+            if self.format_version > FORMAT_VERSION {
+                "written by a newer jem-bench"
+            } else {
+                "an earlier jem-bench's layout, no longer read"
+            }
         );
         let a = &self.architecture;
         a.blocks_per_stage().with_context(|| at("architecture"))?;
@@ -228,8 +233,9 @@ static EMBEDDED: [EmbeddedModel; 4] = [
 /// How many of [`EMBEDDED`] are the defaults.
 const DEFAULTS: usize = 3;
 
-/// Sidecar format: 1 stored the linear head in burn's `[in, out]` layout, 2 (written now) stores
-/// every tensor as PyTorch's `state_dict` does (`linear.weight` is `[out, in]`).
+/// Sidecar format: 2 stores every tensor as PyTorch's `state_dict` does (`linear.weight` is
+/// `[out, in]`). Format 1 (burn's `[in, out]` head) is no longer read: such a checkpoint was
+/// written before the models were retrained in format 2 and is not in any release.
 pub const FORMAT_VERSION: u32 = 2;
 
 impl Checkpoint {
@@ -376,21 +382,9 @@ impl Checkpoint {
             .init::<B>(device)
             .with_context(|| format!("{}: field `architecture`", self.sidecar.display()))?;
         let bytes = self.weight_bytes()?;
-        let layout = if sidecar.format_version >= 2 {
-            Layout::PyTorch
-        } else {
-            Layout::Burn
-        };
-        let model = load_weights(model, bytes, layout, &self.weights, &self.sidecar)?;
+        let model = load_weights(model, bytes, &self.weights, &self.sidecar)?;
         Ok((model, sidecar))
     }
-}
-
-/// How a weights file lays out the linear head (see [`FORMAT_VERSION`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Layout {
-    Burn,
-    PyTorch,
 }
 
 /// `sha256:<hex>` of a model's tensors — names in sorted order, each with its dtype, shape and
@@ -421,7 +415,6 @@ pub fn weights_digest<B: Backend, M: ModuleSnapshot<B>>(model: &M) -> anyhow::Re
 pub(crate) fn load_weights<B: Backend>(
     mut model: WideResNet<B>,
     bytes: Vec<u8>,
-    layout: Layout,
     weights: &Path,
     sidecar: &Path,
 ) -> anyhow::Result<WideResNet<B>> {
@@ -439,12 +432,8 @@ pub(crate) fn load_weights<B: Backend>(
             .map(|(name, view)| (name, view.shape().to_vec()))
             .collect()
     };
-    let adapter: Option<Box<dyn burn_store::ModuleAdapter>> = match layout {
-        Layout::PyTorch => Some(Box::new(BurnToPyTorchAdapter)),
-        Layout::Burn => None,
-    };
     let expected: BTreeMap<String, Vec<usize>> = model
-        .collect(None, adapter, false)
+        .collect(None, Some(Box::new(BurnToPyTorchAdapter)), false)
         .iter()
         .map(|t| (t.full_path(), t.shape.to_vec()))
         .collect();
@@ -482,10 +471,8 @@ pub(crate) fn load_weights<B: Backend>(
             }
         );
     }
-    let mut store = SafetensorsStore::from_bytes(Some(bytes));
-    if layout == Layout::PyTorch {
-        store = store.with_from_adapter(PyTorchToBurnAdapter);
-    }
+    let mut store =
+        SafetensorsStore::from_bytes(Some(bytes)).with_from_adapter(PyTorchToBurnAdapter);
     let result = model
         .load_from(&mut store)
         .map_err(|e| anyhow::anyhow!("{}: cannot load the weights: {e}", weights.display()))?;

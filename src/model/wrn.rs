@@ -92,8 +92,7 @@ pub struct WideResNetConfig {
     /// Slope of LeakyReLU for negative inputs (0.2 in JEM).
     pub leak: f64,
     pub input_normalization: InputNormalization,
-    /// Absent from sidecars written before RobustBench import existed: those are JEM networks.
-    #[serde(default)]
+    /// The block layout: JEM's own, or RobustBench's (an imported network).
     pub variant: WrnVariant,
 }
 

@@ -18,9 +18,8 @@ pub struct CsvLog {
 
 impl CsvLog {
     /// Opens `path` for appending with `header`; keeps existing rows whose first column (the
-    /// step counter) is below `keep_below`. A log whose header lacks some of `header`'s columns
-    /// but keeps the others in order (written before those columns existed) gains them, empty in
-    /// its old rows; a log with any other header is refused.
+    /// step counter) is below `keep_below`. A log with another header (another objective's, or
+    /// another version's) is refused, and left as it was.
     pub fn open(path: &Path, header: &[&str], keep_below: u64) -> anyhow::Result<Self> {
         let header_line = header.join(",");
         let mut kept = vec![header_line.clone()];
@@ -29,14 +28,12 @@ impl CsvLog {
                 .with_context(|| format!("cannot read log {}", path.display()))?;
             let mut lines = BufReader::new(f).lines();
             let first = lines.next().transpose()?.unwrap_or_default();
-            let old: Vec<&str> = first.split(',').collect();
-            let positions = column_positions(&old, header).with_context(|| {
-                format!(
-                    "{}: the log's header `{first}` differs from this run's `{header_line}`; \
-                     use another --out folder",
-                    path.display()
-                )
-            })?;
+            anyhow::ensure!(
+                first == header_line,
+                "{}: the log's header `{first}` differs from this run's `{header_line}`; use \
+                 another --out folder",
+                path.display()
+            );
             for line in lines {
                 let line = line?;
                 let fields: Vec<&str> = line.split(',').collect();
@@ -45,16 +42,14 @@ impl CsvLog {
                     .and_then(|s| s.parse().ok())
                     .with_context(|| format!("{}: bad row `{line}`", path.display()))?;
                 anyhow::ensure!(
-                    fields.len() == old.len(),
+                    fields.len() == header.len(),
                     "{}: row `{line}` has {} fields, its header {}",
                     path.display(),
                     fields.len(),
-                    old.len()
+                    header.len()
                 );
                 if step < keep_below {
-                    let mut row = vec![""; header.len()];
-                    positions.iter().zip(&fields).for_each(|(&p, f)| row[p] = f);
-                    kept.push(row.join(","));
+                    kept.push(line);
                 }
             }
         }
@@ -76,22 +71,6 @@ impl CsvLog {
             .and_then(|_| self.file.flush())
             .with_context(|| format!("cannot write to {}", self.path.display()))
     }
-}
-
-/// Where each of `old`'s columns stands in `new`, when `old` is `new` with some columns left out
-/// (order kept, the first column present); `None` otherwise.
-fn column_positions(old: &[&str], new: &[&str]) -> Option<Vec<usize>> {
-    if old.first() != new.first() {
-        return None;
-    }
-    let mut positions = Vec::with_capacity(old.len());
-    let mut next = 0;
-    for name in old {
-        let p = next + new[next..].iter().position(|n| n == name)?;
-        positions.push(p);
-        next = p + 1;
-    }
-    Some(positions)
 }
 
 /// Sums of the per-iteration statistics since the last row of `log.csv`: each row is their mean
@@ -158,12 +137,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_older_log_gains_the_new_columns_empty_and_an_alien_one_is_refused() {
+    fn a_resumed_log_drops_its_tail_and_another_header_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("epochs.csv");
         std::fs::write(
             &path,
-            "epoch,acc,best\n0,0.5,true\n1,0.6,false\n2,0.7,true\n",
+            "epoch,acc,robust,best\n0,0.5,0.1,true\n1,0.6,0.2,false\n2,0.7,0.3,true\n",
         )
         .unwrap();
         let mut log = CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 2).unwrap();
@@ -172,16 +151,17 @@ mod tests {
         drop(log);
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
-            "epoch,acc,robust,best\n0,0.5,,true\n1,0.6,,false\n2,0.8,0.4,true\n"
+            "epoch,acc,robust,best\n0,0.5,0.1,true\n1,0.6,0.2,false\n2,0.8,0.4,true\n"
         );
         // Reopened with the same header: nothing changes but the dropped tail.
         CsvLog::open(&path, &["epoch", "acc", "robust", "best"], 3).unwrap();
         assert!(std::fs::read_to_string(&path)
             .unwrap()
             .ends_with("2,0.8,0.4,true\n"));
-        // Columns reordered, renamed or dropped: refused, and the file is left as it was.
+        // Columns reordered, renamed, dropped or added: refused, and the file is left as it was.
         for header in [
             &["epoch", "best", "acc"][..],
+            &["epoch", "acc", "robust", "best", "seconds"],
             &["epoch", "accuracy", "best"],
             &["epoch", "best"],
             &["iteration", "epoch", "acc", "best"],

@@ -218,6 +218,28 @@ fn a_model_on_data_of_another_shape_is_refused_by_every_command() {
     assert!(!dir.path().join("never").exists());
 }
 
+// 4a. A sidecar of another format (an earlier layout of the weights, or a newer jem-bench's) is
+// refused by its field, never read as this one.
+#[test]
+fn a_sidecar_of_another_format_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for (version, why) in [(1, "no longer read"), (3, "newer jem-bench")] {
+        let name = format!("v{version}");
+        let other = doctored_model(dir.path(), &name, |s| {
+            s["format_version"] = version.into();
+        });
+        let o = cli()
+            .args(["eval", "--model"])
+            .arg(&other)
+            .output()
+            .unwrap();
+        assert_fails_with(
+            &o,
+            &[&format!("{name}.json"), "format_version", "expected 2", why],
+        );
+    }
+}
+
 // 4. A zero std would divide every pixel by zero: refused on reading and on import.
 #[test]
 fn a_zero_std_is_refused_where_it_is_read_and_where_it_is_written() {
