@@ -69,6 +69,13 @@ pub(super) fn iteration_bar(total: usize, done: usize) -> ProgressBar {
     bar
 }
 
+/// Says `line` above the run's progress bar, or on standard error where the bar is hidden (a
+/// log file, a Slurm job's output), where indicatif's own `println` would drop it: the one way
+/// a training run reports besides the bar.
+pub(super) fn say(bar: &ProgressBar, line: &str) {
+    bar.suspend(|| eprintln!("{line}"));
+}
+
 /// The model initialised from another checkpoint's weights (`init_from`): the same
 /// architecture, or a narrower one of the same depth, widened to this run's width without
 /// changing what it computes (Net2WiderNet, `crate::model::widen`; `seed` splits its weights),

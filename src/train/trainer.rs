@@ -18,7 +18,7 @@ use rand_distr::{Distribution, Normal};
 use super::augment::Augmentation;
 use super::log::{CsvLog, LogWindow};
 use super::objective::{Objective, Step};
-use super::opening::{iteration_bar, open_logs, warm_start};
+use super::opening::{iteration_bar, open_logs, say, warm_start};
 use super::resume::{check_resumable, record_backend, record_changes, roll_back};
 use super::schedule::LrSchedule;
 use super::state::{Progress, StateDir};
@@ -182,6 +182,8 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         // One process per run folder: a second would "resume" the same state and redo its work.
         let lock = crate::output_folder::claim(&cfg.out, "train")?;
         let settings = cfg.settings();
+        // Said through the progress bar once it exists (the run's one reporter).
+        let mut opening = None;
         let state = StateDir::new(&cfg.out);
         let mut model: WideResNet<B> = arch.init_seeded(cfg.seed, device)?;
         let mut optim = adam().init::<B, WideResNet<B>>();
@@ -195,20 +197,18 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
                 }
                 record_changes(&cfg.out, p.global_iter, &p.settings, &settings)?;
                 p.settings = settings.clone();
-                eprintln!(
+                opening = Some(format!(
                     "resuming {} at iteration {} (epoch {}, batch {})",
                     cfg.out.display(),
                     p.global_iter,
                     p.epoch,
                     p.batch_in_epoch
-                );
+                ));
                 p
             }
             None => {
                 if let Some((init, widened)) = warm.take() {
-                    if let Some(note) = widened {
-                        eprintln!("{note}");
-                    }
+                    opening = widened;
                     model = init;
                 }
                 // Generation 0: the divergence guard can always roll back to a saved state.
@@ -230,6 +230,9 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         let total_iters = batches_per_epoch * cfg.epochs;
         let stop_at = cfg.max_iters.unwrap_or(usize::MAX).min(total_iters);
         let bar = iteration_bar(total_iters, progress.global_iter);
+        if let Some(line) = opening {
+            say(&bar, &line);
+        }
         Ok(Trainer {
             cfg,
             objective,
@@ -365,16 +368,19 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
     fn roll_back(&mut self, symptom: &str) -> anyhow::Result<()> {
         let back = roll_back(self.cfg, &self.state, &self.progress, symptom)?;
         self.restore(&back)?;
-        self.bar.println(format!(
-            "iteration {}: {symptom}; rolled back to iteration {}, learning rate × {} (now × \
+        say(
+            &self.bar,
+            &format!(
+                "iteration {}: {symptom}; rolled back to iteration {}, learning rate × {} (now × \
              {:.3e} of the schedule), rollback {} of at most {}",
-            self.progress.global_iter + 1,
-            back.global_iter,
-            self.cfg.guard.guard_lr_factor,
-            back.lr_scale,
-            back.rollbacks,
-            self.cfg.guard.guard_max_rollbacks
-        ));
+                self.progress.global_iter + 1,
+                back.global_iter,
+                self.cfg.guard.guard_lr_factor,
+                back.lr_scale,
+                back.rollbacks,
+                self.cfg.guard.guard_max_rollbacks
+            ),
+        );
         self.progress = back;
         self.iter_log = CsvLog::open(
             &self.cfg.out.join("log.csv"),
@@ -462,14 +468,17 @@ impl<'a, B: KernelsAutodiff, O: Objective<B>> Trainer<'a, B, O> {
         row.extend(r.map(|r| format!("{r:.5}")));
         row.extend([is_best.to_string(), format!("{:.1}", progress.wall_seconds)]);
         self.epoch_log.row(&row)?;
-        self.bar.println(format!(
-            "epoch {epoch}: val accuracy {:.4}, nll {:.4}, ece {:.4}{}{}",
-            m.accuracy,
-            m.nll,
-            m.ece,
-            r.map_or(String::new(), |r| format!(", robust {r:.4}")),
-            if is_best { " (best)" } else { "" }
-        ));
+        say(
+            &self.bar,
+            &format!(
+                "epoch {epoch}: val accuracy {:.4}, nll {:.4}, ece {:.4}{}{}",
+                m.accuracy,
+                m.nll,
+                m.ece,
+                r.map_or(String::new(), |r| format!(", robust {r:.4}")),
+                if is_best { " (best)" } else { "" }
+            ),
+        );
         progress.epoch += 1;
         progress.batch_in_epoch = 0;
         self.save()?;

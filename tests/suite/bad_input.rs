@@ -1332,9 +1332,18 @@ fn a_run_folder_takes_one_training_process_at_a_time() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let second = train().output().unwrap();
+    // Killed once its first state is saved, the run resumes, and says so where a log (not a
+    // terminal) reads it: the progress bar is hidden there, its lines are not.
+    while !run.join("state/progress.json").exists() && started.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     first.kill().unwrap();
     first.wait().unwrap();
     assert_fails_with(&second, &["in use by another jem-bench"]);
+    let resumed = train().args(["--max-iters", "1"]).output().unwrap();
+    assert_ok(&resumed);
+    let said = String::from_utf8_lossy(&resumed.stderr);
+    assert!(said.contains("resuming"), "{said}");
 }
 
 /// A job array larger than the sweep: a shard with no cells has nothing to do, exits 0 and
