@@ -140,7 +140,7 @@ pub fn merge<B: BenchBackend>(
     }
     let mut settings = plan.settings(joined);
     record_backends(&mut settings, &found_cells);
-    let identity = crate::digest::of(settings.to_string().as_bytes());
+    let identity = super::record::identity(&settings);
     let results: Vec<CellResult> = found_cells
         .into_iter()
         .map(|(found, cell)| renamed(found, cell, &identity))
@@ -165,10 +165,8 @@ impl Folder {
         device: &B::Device,
     ) -> anyhow::Result<Self> {
         let path = dir.join("settings.json");
-        let text = std::fs::read_to_string(&path)
+        let saved = super::record::read_settings(dir)?
             .with_context(|| format!("{}: not a sweep folder (no settings.json)", dir.display()))?;
-        let saved: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: unreadable", path.display()))?;
         let (spec, mut checkpoints) = super::record::parts(&saved["args"]).with_context(|| {
             format!(
                 "{}: `args` is not a robust sweep's arguments",
@@ -213,7 +211,7 @@ impl Folder {
         shared["args"]["models"] = Value::Null;
         Ok(Self {
             dir: dir.to_path_buf(),
-            identity: crate::digest::of(saved.to_string().as_bytes()),
+            identity: super::record::identity(&saved),
             models,
             shared,
             defaults,

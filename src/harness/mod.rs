@@ -35,6 +35,7 @@ pub use merge::{merge, MergeSpec};
 pub use outputs::read_tidy;
 pub use own_attack::{OwnAttack, RunContext};
 pub use progress::TerminalProgress;
+pub use record::{identity as sweep_identity, SWEEP_FORMAT};
 pub use regress::{compare, regress, RegressSpec};
 pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};

@@ -200,6 +200,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
         // Recorded by version (super::record), not as the spec's own shape.
         let args = super::record::args(spec, &self.checkpoints);
         let mut settings = serde_json::json!({
+            "format": super::record::SWEEP_FORMAT,
             "software": SOFTWARE,
             "backend": B::recorded_name(self.subjects[0].device()),
             "args": args,
@@ -223,7 +224,7 @@ impl<B: BenchBackend, N: Classifier<B> + Module<B> + 'static> Plan<B, N> {
     /// `sha256:<hex>` of [`Plan::settings`]: what every cell file of the sweep carries, so that
     /// a cell is reused only by the sweep that computed it (even with settings.json deleted).
     pub(super) fn identity(&self, spec: &SweepSpec) -> String {
-        crate::digest::of(self.settings(spec).to_string().as_bytes())
+        super::record::identity(&self.settings(spec))
     }
 }
 
@@ -240,11 +241,7 @@ pub(super) fn claim_folder(
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("cannot create {}", out.display()))?;
     let settings_path = out.join("settings.json");
-    if settings_path.exists() {
-        let text = std::fs::read_to_string(&settings_path)
-            .with_context(|| format!("cannot read {}", settings_path.display()))?;
-        let saved: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a sweep's settings", settings_path.display()))?;
+    if let Some(saved) = super::record::read_settings(out)? {
         if saved["models"] == settings["models"] && saved["weights"] != settings["weights"] {
             anyhow::bail!(
                 "{} holds a sweep of other weights under the same model paths (its settings.json \

@@ -1,9 +1,12 @@
-//! A sweep's arguments as its folder records them — `settings.json`'s `args`, and through them
-//! the sweep's identity — written and read here, by version, so that [`SweepSpec`] can change
-//! shape in memory without changing what a folder holds or which folder a sweep resumes.
+//! A sweep folder's record: its `settings.json`, read here for every command with its format
+//! checked ([`SWEEP_FORMAT`]), the sweep's identity derived from it, and its arguments
+//! (`args`), written and read by version, so that [`SweepSpec`] can change shape in memory
+//! without changing what a folder holds or which folder a sweep resumes.
 
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use jem_attacks::{GradMode, Norm};
 use serde::{Deserialize, Serialize};
@@ -13,6 +16,48 @@ use super::cells::AttackKind;
 use super::spec::{Checkpoints, Examples, Shard, SweepSpec, Threat};
 use crate::defended::DefenceSpec;
 use crate::settings;
+
+/// The layout of a sweep folder (`settings.json`, `robust.csv`, `examples.csv`, `cells/`),
+/// recorded as `settings.json`'s `format` and checked wherever a folder is read: a folder of
+/// another layout is refused by it, never half understood. It says how the folder is laid
+/// out, not what the sweep computes, so the sweep's [`identity`] leaves it out.
+pub const SWEEP_FORMAT: u64 = 1;
+
+/// The `settings.json` of the sweep folder `dir`, its format checked; `None` where the folder
+/// has none (a bare `robust.csv`).
+pub(crate) fn read_settings(dir: &Path) -> anyhow::Result<Option<serde_json::Value>> {
+    let path = dir.join("settings.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let settings: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a sweep's settings", path.display()))?;
+    match settings["format"].as_u64() {
+        Some(SWEEP_FORMAT) => Ok(Some(settings)),
+        found => anyhow::bail!(
+            "{}: field `format`: expected {SWEEP_FORMAT}, found {} ({}); rerun the sweep's \
+             command into a new --out",
+            path.display(),
+            found.map_or_else(|| settings["format"].to_string(), |f| f.to_string()),
+            match found {
+                Some(f) if f > SWEEP_FORMAT => "a folder of a newer jem-bench",
+                _ => "a folder of another layout, or not a sweep's",
+            }
+        ),
+    }
+}
+
+/// `sha256:<hex>` of a sweep's settings, its folder's [`SWEEP_FORMAT`] aside: what every cell
+/// file of the sweep carries, so that a cell is reused only by the sweep that computed it.
+pub fn identity(settings: &serde_json::Value) -> String {
+    let mut what = settings.clone();
+    if let Some(map) = what.as_object_mut() {
+        map.remove("format");
+    }
+    crate::digest::of(what.to_string().as_bytes())
+}
 
 /// Version 1, the layout of every sweep so far: each setting of `jem-bench robust` under its
 /// flag's id, flat, with the output folder and the shard (which do not change what a sweep

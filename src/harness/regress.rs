@@ -145,10 +145,8 @@ fn rerun<B: BenchBackend>(
         return Err(InvalidSetting::new("out", out.display().to_string(), &problem).into());
     }
     let p = reference.join("settings.json");
-    let settings: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
-    )
-    .with_context(|| format!("{}: unreadable", p.display()))?;
+    let settings = super::record::read_settings(reference)?
+        .with_context(|| format!("cannot read {}: not a sweep folder", p.display()))?;
     let (spec, checkpoints) = super::record::parts(&settings["args"])
         .with_context(|| format!("{}: `args` is not a robust sweep's arguments", p.display()))?;
     // Models, data and settings are checked before the folder is touched.
@@ -186,16 +184,10 @@ fn rerun<B: BenchBackend>(
     run::<B>(&spec, &checkpoints, &runner, device).map(|_| ())
 }
 
-/// A sweep folder's settings.json; `Null` for a folder without one (a bare robust.csv).
+/// A sweep folder's settings.json, its format checked; `Null` for a folder without one (a bare
+/// robust.csv).
 fn read_settings(dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let p = dir.join("settings.json");
-    if !p.exists() {
-        return Ok(serde_json::Value::Null);
-    }
-    serde_json::from_str(
-        &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
-    )
-    .with_context(|| format!("{}: unreadable", p.display()))
+    Ok(super::record::read_settings(dir)?.unwrap_or(serde_json::Value::Null))
 }
 
 /// Refuses to compare sweeps of different weights under the same model paths: a retrained

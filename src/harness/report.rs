@@ -343,8 +343,7 @@ pub fn write(dir: &Path, rows: &[TidyRow], seconds: Option<f64>) -> anyhow::Resu
     anyhow::ensure!(!rows.is_empty(), "{}: the sweep has no rows", dir.display());
     let curves = curves(rows)?;
     // The sweep's own attacks, as its settings record them (a merged report has none).
-    let settings = std::fs::read_to_string(dir.join("settings.json")).ok();
-    let settings: Option<serde_json::Value> = settings.and_then(|t| serde_json::from_str(&t).ok());
+    let settings = super::record::read_settings(dir)?;
     let quick = settings
         .as_ref()
         .is_some_and(|s| s["args"]["quick"] == true);
@@ -461,11 +460,9 @@ fn cell_seconds(dir: &Path) -> Option<f64> {
 /// settings (a `robust.csv` alone).
 fn unfinished_cells(dir: &Path) -> anyhow::Result<Option<(Vec<super::Cell>, usize)>> {
     let path = dir.join("settings.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    let Some(settings) = super::record::read_settings(dir)? else {
         return Ok(None);
     };
-    let settings: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a sweep's settings", path.display()))?;
     let (spec, _) = super::record::parts(&settings["args"])
         .with_context(|| format!("{}: `args` is not a sweep's settings", path.display()))?;
     let models: Vec<String> = serde_json::from_value(settings["models"].clone())

@@ -380,7 +380,7 @@ fn as_if_swept_on(folder: &Path, backend: &str) {
     let mut settings = read(&path);
     settings["backend"] = backend.into();
     std::fs::write(&path, settings.to_string()).unwrap();
-    let identity = jem_bench::digest::of(settings.to_string().as_bytes());
+    let identity = jem_bench::harness::sweep_identity(&settings);
     for entry in std::fs::read_dir(folder.join("cells")).unwrap() {
         let path = entry.unwrap().path();
         if common::is_cell_file(&path) {
@@ -1579,4 +1579,67 @@ fn an_uncompressed_cell_file_is_named_and_reused_once_compressed() {
         std::fs::read_to_string(dir.path().join("robust.csv")).unwrap(),
         before
     );
+}
+
+/// A sweep folder records its layout (`format`), which every command that reads the folder
+/// checks first: one of another layout (a newer jem-bench's, or none recorded) is refused by
+/// the field, never resumed, reported, merged or compared as this one.
+#[test]
+fn a_sweep_folder_of_another_format_is_refused_by_every_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("sweep");
+    run(&mut sweep_of("results/models/baseline", &folder));
+    let path = folder.join("settings.json");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let settings: serde_json::Value = serde_json::from_str(&original).unwrap();
+    assert_eq!(settings["format"], jem_bench::harness::SWEEP_FORMAT);
+    for (format, why) in [
+        (
+            serde_json::json!(jem_bench::harness::SWEEP_FORMAT + 1),
+            "newer jem-bench",
+        ),
+        (serde_json::Value::Null, "another layout"),
+    ] {
+        let mut other = settings.clone();
+        match format {
+            serde_json::Value::Null => other.as_object_mut().unwrap().remove("format"),
+            f => other.as_object_mut().unwrap().insert("format".into(), f),
+        };
+        std::fs::write(&path, other.to_string()).unwrap();
+        let report = || {
+            let mut c = cli();
+            c.arg("report")
+                .arg(&folder)
+                .arg("--out")
+                .arg(dir.path().join("r"));
+            c
+        };
+        let merge = || {
+            let mut c = cli();
+            c.arg("merge")
+                .arg(&folder)
+                .arg("--out")
+                .arg(dir.path().join("m"));
+            c
+        };
+        let regress = || {
+            let mut c = cli();
+            c.arg("regress").arg("--reference").arg(&folder);
+            c.arg("--run").arg(&folder);
+            c
+        };
+        for mut command in [
+            sweep_of("results/models/baseline", &folder),
+            report(),
+            merge(),
+            regress(),
+        ] {
+            let o = command.output().unwrap();
+            assert_fails_with(&o, "field `format`");
+            assert_fails_with(&o, why);
+        }
+    }
+    // Restored, the folder is this version's again: the sweep resumes with nothing to run.
+    std::fs::write(&path, &original).unwrap();
+    run(&mut sweep_of("results/models/baseline", &folder));
 }
