@@ -3,7 +3,8 @@
 //! composed from it and a matrix product, see `tests/suite/portable_gradients.rs`).
 //!
 //! - every convolution of WRN-10-1 (MNIST, and 3×32×32), WRN-16-2 and WRN-28-10 (3×32×32):
-//!   the input and weight gradients, with and without the fused LeakyReLU;
+//!   the output and the input and weight gradients, plain and with the fused LeakyReLU and bias
+//!   (and the bias gradient);
 //! - the embedded baseline, as jem-bench's Wide-ResNet and as its ONNX export run by the
 //!   interpreter: logits, the LSE input gradient, one SGLD step with the same noise,
 //!   the K = 0 loss gradient, the K = 1 defence's logits and its loss gradients (BPDA, full
@@ -546,28 +547,32 @@ mod on_gpu {
     /// Relative tolerance of one GPU result against the CPU's (see the file's comment).
     const F32: f32 = 1e-4;
 
-    /// conv(act(x), w) and d Σ(r · conv(act(x), w)) / dx and / dw through [`FastConv`] (the
-    /// path a Wide-ResNet's forward pass takes) on backend B.
+    /// conv(act(x), w) + b and d Σ(r · (conv(act(x), w) + b)) / dx, / dw (and / db, empty
+    /// without a bias) through [`FastConv`] (the path a Wide-ResNet's forward pass takes) on
+    /// backend B.
     fn conv_gradients<B: KernelsAutodiff>(
         shape: &ConvShape,
         data: [&TensorData; 3],
         slope: Option<f64>,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        bias: Option<&TensorData>,
+    ) -> [Vec<f32>; 4] {
         let device = Default::default();
         let [x, w, r] = data.map(|d| Tensor::<B, 4>::from_data(d.clone(), &device));
         let (x, w) = (x.require_grad(), w.require_grad());
+        let b = bias.map(|b| Tensor::<B, 1>::from_data(b.clone(), &device).require_grad());
         let options = ConvOptions::new([shape.stride; 2], [shape.padding; 2], [1, 1], 1);
         let y = B::fast_conv2d(
             x.clone().into_primitive().tensor(),
             w.clone().into_primitive().tensor(),
-            None,
+            b.clone().map(|b| b.into_primitive().tensor()),
             options,
             slope,
         );
         let y = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(y));
         let grads = (y.clone() * r).sum().backward();
         let dx = host(x.grad(&grads).unwrap());
-        (host(y), dx, host(w.grad(&grads).unwrap()))
+        let db = b.map_or_else(Vec::new, |b| host(b.grad(&grads).unwrap()));
+        [host(y), dx, host(w.grad(&grads).unwrap()), db]
     }
 
     #[test]
@@ -598,21 +603,35 @@ mod on_gpu {
                 let x = random([batch, shape.in_channels, h, w], &mut rng);
                 let weight = random([shape.out_channels, shape.in_channels, k, k], &mut rng);
                 let r = random([batch, shape.out_channels, oh, ow], &mut rng);
-                for slope in [None, Some(0.2)] {
+                let b =
+                    noise::gaussian::<Flex, 1>([shape.out_channels], &mut rng, &Default::default())
+                        .into_data();
+                // Plain, and with what the GPU's tiled kernel does in its own launch: the
+                // LeakyReLU on the input and the bias.
+                for (slope, bias) in [(None, None), (Some(0.2), Some(&b))] {
                     let data = [&x, &weight, &r];
-                    let (cpu_y, cpu_dx, cpu_dw) = conv_gradients::<Cpu>(&shape, data, slope);
-                    let (gpu_y, gpu_dx, gpu_dw) = conv_gradients::<Gpu>(&shape, data, slope);
+                    let cpu = conv_gradients::<Cpu>(&shape, data, slope, bias);
+                    let gpu = conv_gradients::<Gpu>(&shape, data, slope, bias);
                     let case = format!(
-                        "{name} conv {}→{} {k}×{k} stride {} on {h}×{w}, LeakyReLU {slope:?}",
-                        shape.in_channels, shape.out_channels, shape.stride
+                        "{name} conv {}→{} {k}×{k} stride {} on {h}×{w}, LeakyReLU {slope:?}, \
+                         bias {}",
+                        shape.in_channels,
+                        shape.out_channels,
+                        shape.stride,
+                        bias.is_some()
                     );
-                    let (dx, dw) = (
-                        format!("{case}, input gradient"),
-                        format!("{case}, weight gradient"),
-                    );
-                    report.relative(&format!("{case}, output"), &cpu_y, &gpu_y, tolerance);
-                    report.relative(&dx, &cpu_dx, &gpu_dx, tolerance);
-                    report.relative(&dw, &cpu_dw, &gpu_dw, tolerance);
+                    let what = [
+                        "output",
+                        "input gradient",
+                        "weight gradient",
+                        "bias gradient",
+                    ];
+                    for ((what, cpu), gpu) in what.iter().zip(&cpu).zip(&gpu) {
+                        // No bias, no bias gradient.
+                        if !cpu.is_empty() {
+                            report.relative(&format!("{case}, {what}"), cpu, gpu, tolerance);
+                        }
+                    }
                 }
             }
         }

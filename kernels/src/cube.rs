@@ -118,22 +118,24 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        let x = activated::<Self>(x, input_slope);
         let weight_shape: [usize; 4] = weight.shape().dims();
         let y = match gpu_conv().for_weight(weight_shape) {
-            GpuConv::Im2col => conv2d_from_matmul::<Self>(x, weight, bias, &options),
+            // The activation and the bias in the product's own launch.
             GpuConv::Tiled if crate::portable_gradients_apply(&options) => {
-                let y = tiled_conv2d(x, weight, &options);
-                match bias {
-                    Some(bias) => {
-                        let n = bias.shape()[0];
-                        Self::float_add(y, Self::float_reshape(bias, Shape::new([1, n, 1, 1])))
-                    }
-                    None => y,
-                }
+                tiled_conv2d(x, weight, bias, &options, input_slope)
             }
-            _ => conv_forward(x, weight, bias, options, ConvStrategy::Direct)
-                .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
+            GpuConv::Im2col => {
+                let x = activated::<Self>(x, input_slope);
+                conv2d_from_matmul::<Self>(x, weight, bias, &options)
+            }
+            _ => conv_forward(
+                activated::<Self>(x, input_slope),
+                weight,
+                bias,
+                options,
+                ConvStrategy::Direct,
+            )
+            .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
         };
         // Both leave the result as a permuted view of NHWC memory; some of burn's kernels read
         // their input in memory order whatever its strides (burn 0.21's bool-to-float cast
@@ -163,8 +165,9 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
             return portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope);
         }
         let weight_shape: [usize; 4] = weight.shape().dims();
-        let input = activated::<Self>(x, input_slope);
-        let partial = tiled_weight_grad_partials(input, output_grad, weight_shape, &options);
+        // The activation applied as the input is loaded: its maps are never written.
+        let partial =
+            tiled_weight_grad_partials(x, output_grad, weight_shape, &options, input_slope);
         // One chunk (a wide layer) is the gradient already: no reduction launched.
         let summed = match partial.shape()[0] {
             1 => partial,

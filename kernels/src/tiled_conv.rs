@@ -11,6 +11,10 @@
 //! 4 × `tn` sums in registers. A unit owns pixels `x, x + 16, x + 32, x + 48` of its tile (and
 //! channels `y, y + 16, …`), so neighbouring units read neighbouring shared-memory words and
 //! write neighbouring output pixels.
+//!
+//! What burn would launch around the product is done in it: a pre-activation block's LeakyReLU
+//! on the input as a tile is loaded (`input_slope`; the activated maps are never written), and
+//! the bias as the sums are written.
 
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Shape, TensorMetadata};
@@ -48,15 +52,21 @@ pub(crate) struct TiledConvArgs {
     pub rows: usize,
     /// channels · kernel_area: the product's reduction.
     pub depth: usize,
+    /// The slope of the LeakyReLU applied to the input as it is loaded (read only by kernels
+    /// launched with `activate`).
+    pub slope: InputScalar,
 }
 
 #[cube(launch_unchecked)]
 fn tiled_conv_kernel<F: Float>(
     input: &Tensor<F>,
     weight: &Tensor<F>,
+    bias: &Tensor<F>,
     output: &mut Tensor<F>,
     args: &TiledConvArgs,
     #[comptime] tn: usize,
+    #[comptime] activate: bool,
+    #[comptime] has_bias: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile_channels = comptime![UNITS * tn];
@@ -105,6 +115,9 @@ fn tiled_conv_kernel<F: Float>(
                 {
                     let plane = image_start + c * args.height;
                     value = input[(plane + y - args.pad_h) * args.width + x - args.pad_w];
+                    if activate {
+                        value = leaky::<F>(value, args);
+                    }
                 }
             }
             pixels[term * TILE_PIXELS + pixel] = value;
@@ -137,12 +150,26 @@ fn tiled_conv_kernel<F: Float>(
             for j in 0..tn {
                 let o = channel0 + uy + j * UNITS;
                 if o < args.out_channels {
-                    output[(image * args.out_channels + o) * args.out_pixels + at] =
-                        sums[i * tn + j];
+                    let mut value = sums[i * tn + j];
+                    if has_bias {
+                        value += bias[o];
+                    }
+                    output[(image * args.out_channels + o) * args.out_pixels + at] = value;
                 }
             }
         }
     }
+}
+
+/// LeakyReLU of `value` with the slope in `args` (the product with the slope for negative
+/// values, as burn's `leaky_relu` computes it).
+#[cube]
+pub(crate) fn leaky<F: Float>(value: F, args: &TiledConvArgs) -> F {
+    let mut out = value;
+    if value < F::from_int(0) {
+        out = value * args.slope.get::<F>();
+    }
+    out
 }
 
 /// Adds one staged step to a unit's register tile: for each of the 16 staged terms, its 4 rows
@@ -232,7 +259,8 @@ impl Geometry {
         self.channels * self.kernel[0] * self.kernel[1]
     }
 
-    pub fn args<R: CubeRuntime>(&self) -> TiledConvArgsLaunch<R> {
+    /// The kernels' arguments; `slope`: the LeakyReLU on the input, if any.
+    pub fn args<R: CubeRuntime>(&self, slope: Option<f64>) -> TiledConvArgsLaunch<R> {
         TiledConvArgsLaunch::new(
             self.channels,
             self.height,
@@ -248,17 +276,21 @@ impl Geometry {
             self.padding[1],
             self.rows(),
             self.depth(),
+            InputScalar::new(slope.unwrap_or(0.0) as f32, DType::F32),
         )
     }
 }
 
-/// `conv2d(x, weight)` (no bias, one group, no dilation) for `[n, in, h, w]` f32 input and
-/// `[out, in, kh, kw]` weight: the tiled implicit product above. Returns `[n, out, oh, ow]`,
-/// contiguous.
+/// `conv2d(act(x), weight) + bias` (one group, no dilation) for `[n, in, h, w]` f32 input,
+/// `[out, in, kh, kw]` weight and `[out]` bias, `act` the LeakyReLU of slope `input_slope` (the
+/// identity for `None`): the tiled implicit product above, in one launch. Returns
+/// `[n, out, oh, ow]`, contiguous.
 pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
     options: &ConvOptions<2>,
+    input_slope: Option<f64>,
 ) -> CubeTensor<R> {
     let (x, weight) = (into_contiguous(x), into_contiguous(weight));
     let geometry = Geometry::new(x.shape().dims(), weight.shape().dims(), options);
@@ -276,8 +308,12 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
         1,
     );
     let client = x.client.clone();
+    let has_bias = bias.is_some();
+    // Without a bias the kernel reads none (`has_bias` is false): the weight stands in.
+    let bias = into_contiguous(bias.unwrap_or_else(|| weight.clone()));
     // Safety: every read and write is guarded by the bounds above (rows, depth, channels, the
-    // image), and the three tensors are contiguous with the shapes the arguments describe.
+    // image), the bias is read only at channels below `out_channels`, and the tensors are
+    // contiguous with the shapes the arguments describe.
     unsafe {
         tiled_conv_kernel::launch_unchecked::<R>(
             &client,
@@ -285,9 +321,12 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
             CubeDim::new_2d(UNITS as u32, UNITS as u32),
             x.into_tensor_arg(),
             weight.into_tensor_arg(),
+            bias.into_tensor_arg(),
             output.clone().into_tensor_arg(),
-            geometry.args(),
+            geometry.args(input_slope),
             tn,
+            input_slope.is_some(),
+            has_bias,
             DType::F32.into(),
         )
     };

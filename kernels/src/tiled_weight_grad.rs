@@ -1,7 +1,7 @@
 //! A convolution's weight gradient of this crate's own for burn's GPU backends, the companion of
 //! [`crate::tiled_conv`] (`JEM_BENCH_GPU_CONV=tiled`): `dW[o, k] = Σ_m g[m, o] · x̄[m, k]` over
-//! the output pixels m = (n, p, q), with the unfolded input x̄ gathered while a tile is loaded,
-//! never written out.
+//! the output pixels m = (n, p, q), with the unfolded input x̄ gathered (and a pre-activation
+//! block's LeakyReLU applied to it) while a tile is loaded, never written out.
 //!
 //! A cube computes a tile of 64 taps k × 16·`tn` output channels o (4 × `tn` sums per unit)
 //! over one chunk of the pixels, 16 pixels staged in shared memory per step; the chunks
@@ -18,8 +18,8 @@ use cubecl::prelude::*;
 
 use crate::portable::weight_grad_chunks;
 use crate::tiled_conv::{
-    accumulate_step, channels_per_unit, Geometry, TiledConvArgs, TiledConvArgsLaunch, TILE_DEPTH,
-    TILE_PIXELS, UNITS,
+    accumulate_step, channels_per_unit, leaky, Geometry, TiledConvArgs, TiledConvArgsLaunch,
+    TILE_DEPTH, TILE_PIXELS, UNITS,
 };
 
 #[cube(launch_unchecked)]
@@ -30,6 +30,7 @@ fn tiled_weight_grad_kernel<F: Float>(
     args: &TiledConvArgs,
     chunk: usize,
     #[comptime] tn: usize,
+    #[comptime] activate: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile_channels = comptime![UNITS * tn];
@@ -89,6 +90,9 @@ fn tiled_weight_grad_kernel<F: Float>(
                 {
                     let plane = image * args.channels * args.height + tap_plane[e];
                     value = input[(plane + y - args.pad_h) * args.width + x - args.pad_w];
+                    if activate {
+                        value = leaky::<F>(value, args);
+                    }
                 }
             }
             taps[step_pixel * TILE_PIXELS + tap] = value;
@@ -126,8 +130,9 @@ fn tiled_weight_grad_kernel<F: Float>(
     }
 }
 
-/// The gradient of `conv2d(x, weight)` (one group, no dilation) with respect to its `[out, in,
-/// kh, kw]` weight, for `[n, in, h, w]` f32 input `x` and `[n, out, oh, ow]` output gradient:
+/// The gradient of `conv2d(act(x), weight)` (one group, no dilation; `act` the LeakyReLU of
+/// slope `input_slope`, the identity for `None`) with respect to its `[out, in, kh, kw]`
+/// weight, for `[n, in, h, w]` f32 input `x` and `[n, out, oh, ow]` output gradient:
 /// the tiled kernel above over [`weight_grad_chunks`] chunks of the pixels. Returns the chunks'
 /// partial sums, `[chunks, out, in·kh·kw]`: their sum over the first axis, reshaped to the
 /// weight's shape, is the gradient.
@@ -136,6 +141,7 @@ pub(crate) fn tiled_weight_grad_partials<R: CubeRuntime>(
     output_grad: CubeTensor<R>,
     weight_shape: [usize; 4],
     options: &ConvOptions<2>,
+    input_slope: Option<f64>,
 ) -> CubeTensor<R> {
     let (x, output_grad) = (into_contiguous(x), into_contiguous(output_grad));
     let geometry = Geometry::new(x.shape().dims(), weight_shape, options);
@@ -164,7 +170,7 @@ pub(crate) fn tiled_weight_grad_partials<R: CubeRuntime>(
         chunks as u32,
     );
     let client = x.client.clone();
-    let args: TiledConvArgsLaunch<R> = geometry.args();
+    let args: TiledConvArgsLaunch<R> = geometry.args(input_slope);
     // Safety: every read and write is guarded (pixels, taps, channels, the image), the chunks
     // divide the pixels, and the three tensors are contiguous with the shapes the arguments
     // describe.
@@ -179,6 +185,7 @@ pub(crate) fn tiled_weight_grad_partials<R: CubeRuntime>(
             args,
             rows / chunks,
             tn,
+            input_slope.is_some(),
             DType::F32.into(),
         )
     };
