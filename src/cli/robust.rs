@@ -13,7 +13,6 @@ use jem_attacks::{GradMode, Norm};
 use jem_bench::harness::{
     AttackKind, BudgetCounts, Budgets, Checkpoints, Examples, Shard, SweepSpec, Threat,
 };
-use jem_bench::settings;
 use jem_bench::Choice;
 
 /// `jem-bench robust`'s flags: what the sweep computes ([`SweepSpec`]) and where and how it
@@ -290,13 +289,7 @@ impl RobustArgs {
                 boundary_steps: self.boundary_steps,
             }
             .checked()?,
-            examples: Examples {
-                n: settings::count("n_examples", self.n_examples)?,
-                batch_size: self
-                    .batch_size
-                    .map(|b| settings::count("batch_size", b))
-                    .transpose()?,
-            },
+            examples: Examples::checked(self.n_examples, self.batch_size)?,
             convergence_sample: self.convergence_sample,
             seed: self.seed,
             defence: self.defence.spec(),

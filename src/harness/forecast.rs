@@ -52,11 +52,7 @@ fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>
     cell: &Cell,
     lanes: usize,
 ) -> anyhow::Result<f64> {
-    let len = spec
-        .examples
-        .batch_len(spec.examples.count())
-        .min(spec.examples.count())
-        .min(TIMED_BATCH);
+    let len = spec.examples.largest_batch().min(TIMED_BATCH);
     let timed: Vec<f64> = std::thread::scope(|scope| {
         let lanes: Vec<_> = (0..lanes.max(1))
             .map(|_| {

@@ -71,10 +71,7 @@ pub(super) fn check_subject<B: BenchBackend, N: Module<B>>(
         // activations of each come on top): what cannot hold even the images is refused here,
         // not by an aborted allocation.
         let chains = spec.defence.chains.max(spec.defence.recheck_chains) as u128;
-        let batch = spec
-            .examples
-            .batch_len(spec.examples.count())
-            .min(spec.examples.count()) as u128;
+        let batch = spec.examples.largest_batch() as u128;
         let bytes = chains * batch * data.image_len() as u128 * 4;
         crate::settings::fits_in_memory(
             "chains",

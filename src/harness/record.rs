@@ -15,7 +15,6 @@ use super::budgets::BudgetCounts;
 use super::cells::AttackKind;
 use super::spec::{Checkpoints, Examples, Shard, SweepSpec, Threat};
 use crate::defended::DefenceSpec;
-use crate::settings;
 
 /// The layout of a sweep folder (`settings.json`, `robust.csv`, `examples.csv`, `cells/`),
 /// recorded as `settings.json`'s `format` and checked wherever a folder is read: a folder of
@@ -40,7 +39,7 @@ pub(crate) fn read_settings(dir: &Path) -> anyhow::Result<Option<serde_json::Val
             "{}: field `format`: expected {SWEEP_FORMAT}, found {} ({}); rerun the sweep's \
              command into a new --out",
             path.display(),
-            found.map_or_else(|| settings["format"].to_string(), |f| f.to_string()),
+            settings["format"],
             match found {
                 Some(f) if f > SWEEP_FORMAT => "a folder of a newer jem-bench",
                 _ => "a folder of another layout, or not a sweep's",
@@ -134,13 +133,7 @@ impl ArgsV1 {
             grad: self.grad,
             eot: self.eot,
             defence: self.defence,
-            examples: Examples {
-                n: settings::count("n_examples", self.n_examples)?,
-                batch_size: self
-                    .batch_size
-                    .map(|b| settings::count("batch_size", b))
-                    .transpose()?,
-            },
+            examples: Examples::checked(self.n_examples, self.batch_size)?,
             convergence_sample: self.convergence_sample,
             seed: self.seed,
             save_adversarials: self.save_adversarials,

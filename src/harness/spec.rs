@@ -107,9 +107,25 @@ impl Examples {
         }
     }
 
+    /// The first `n` test images, `batch_size` at a time, as flags and records give them: a
+    /// count of 0 is an [`InvalidSetting`] naming `n_examples` or `batch_size`.
+    pub fn checked(n: usize, batch_size: Option<usize>) -> Result<Self, InvalidSetting> {
+        Ok(Examples {
+            n: settings::count("n_examples", n)?,
+            batch_size: batch_size
+                .map(|b| settings::count("batch_size", b))
+                .transpose()?,
+        })
+    }
+
     /// How many there are.
     pub const fn count(&self) -> usize {
         self.n.get()
+    }
+
+    /// Examples in the largest batch of a cell: `batch_size`, at most all of them.
+    pub fn largest_batch(&self) -> usize {
+        self.batch_len(self.count()).min(self.count())
     }
 
     /// Examples per batch of a cell of `n` examples (`batch_size`, else all of them).

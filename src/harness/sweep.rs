@@ -36,8 +36,7 @@ pub fn run<B: BenchBackend>(
 
 /// Sweeps `subjects` — networks of any architecture that implement
 /// [`Classifier`](jem_attacks::Classifier), each on its own device, with its test set — under
-/// `spec`: runs
-/// the cells not finished yet in `runner.out`, writes `robust.csv`, `examples.csv`,
+/// `spec`: runs the cells not finished yet in `runner.out`, writes `robust.csv`, `examples.csv`,
 /// `summary.json` with the sanity checks, the curves and the table, as `jem-bench robust` does,
 /// and returns the rows of `robust.csv`.
 pub fn sweep<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(

@@ -66,8 +66,8 @@ impl Sidecar {
         let at = |field: &str| format!("{}: field `{field}`", path.display());
         anyhow::ensure!(
             self.format_version == FORMAT_VERSION,
-            "{}: expected {FORMAT_VERSION}, found {} ({}); export the network again with this \
-             jem-bench (`jem-bench import`) or use the jem-bench that wrote it",
+            "{}: expected {FORMAT_VERSION}, found {} ({}); read it with the jem-bench that \
+             wrote it",
             at("format_version"),
             self.format_version,
             if self.format_version > FORMAT_VERSION {
@@ -234,8 +234,7 @@ static EMBEDDED: [EmbeddedModel; 4] = [
 const DEFAULTS: usize = 3;
 
 /// Sidecar format: 2 stores every tensor as PyTorch's `state_dict` does (`linear.weight` is
-/// `[out, in]`). Format 1 (burn's `[in, out]` head) is no longer read: such a checkpoint was
-/// written before the models were retrained in format 2 and is not in any release.
+/// `[out, in]`). Format 1 (burn's `[in, out]` head) is refused.
 pub const FORMAT_VERSION: u32 = 2;
 
 impl Checkpoint {
