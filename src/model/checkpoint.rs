@@ -64,18 +64,7 @@ impl Sidecar {
     /// positive stds: a zero std would turn every input into NaN), a data set named.
     pub fn validate(&self, path: &Path) -> anyhow::Result<()> {
         let at = |field: &str| format!("{}: field `{field}`", path.display());
-        anyhow::ensure!(
-            self.format_version == FORMAT_VERSION,
-            "{}: expected {FORMAT_VERSION}, found {} ({}); read it with the jem-bench that \
-             wrote it",
-            at("format_version"),
-            self.format_version,
-            if self.format_version > FORMAT_VERSION {
-                "written by a newer jem-bench"
-            } else {
-                "an earlier jem-bench's layout, no longer read"
-            }
-        );
+        check_format(Some(self.format_version.into()), path)?;
         let a = &self.architecture;
         a.blocks_per_stage().with_context(|| at("architecture"))?;
         anyhow::ensure!(
@@ -233,9 +222,28 @@ static EMBEDDED: [EmbeddedModel; 4] = [
 /// How many of [`EMBEDDED`] are the defaults.
 const DEFAULTS: usize = 3;
 
-/// Sidecar format: 2 stores every tensor as PyTorch's `state_dict` does (`linear.weight` is
-/// `[out, in]`). Format 1 (burn's `[in, out]` head) is refused.
-pub const FORMAT_VERSION: u32 = 2;
+/// Sidecar format: 3 stores every tensor as PyTorch's `state_dict` does (`linear.weight` is
+/// `[out, in]`) and records every field of [`Sidecar`]. Earlier formats are refused by this
+/// field: 2 (the same weights, `variant` and `data_split` optional) and 1 (burn's `[in, out]`
+/// head).
+pub const FORMAT_VERSION: u32 = 3;
+
+/// Refuses a sidecar of another format than [`FORMAT_VERSION`] (`found` as read, `None` where
+/// the field is not a number), saying which way it differs.
+fn check_format(found: Option<u64>, path: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        found == Some(FORMAT_VERSION as u64),
+        "{}: field `format_version`: expected {FORMAT_VERSION}, found {} ({}); read it with the \
+         jem-bench that wrote it",
+        path.display(),
+        found.map_or("none".to_string(), |f| f.to_string()),
+        match found {
+            Some(f) if f > FORMAT_VERSION as u64 => "written by a newer jem-bench",
+            _ => "an earlier jem-bench's layout, no longer read",
+        }
+    );
+    Ok(())
+}
 
 impl Checkpoint {
     /// Accepts `NAME`, `NAME.safetensors` or `NAME.json`. `results/models/{baseline,jem,adv}`
@@ -338,12 +346,17 @@ impl Checkpoint {
                 )
             })?,
         };
-        let sidecar: Sidecar = serde_json::from_str(&text).with_context(|| {
+        // The format first: a sidecar of another one may lack fields this one requires.
+        let not_a_sidecar = || {
             format!(
                 "{}: not a jem-bench checkpoint sidecar (expected the JSON written by `jem-bench train` or `import`)",
                 self.sidecar.display()
             )
-        })?;
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).with_context(not_a_sidecar)?;
+        let format = value.get("format_version").with_context(not_a_sidecar)?;
+        check_format(format.as_u64(), &self.sidecar)?;
+        let sidecar: Sidecar = serde_json::from_value(value).with_context(not_a_sidecar)?;
         sidecar.validate(&self.sidecar)?;
         Ok(sidecar)
     }

@@ -223,10 +223,17 @@ fn a_model_on_data_of_another_shape_is_refused_by_every_command() {
 #[test]
 fn a_sidecar_of_another_format_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    for (version, why) in [(1, "no longer read"), (3, "newer jem-bench")] {
+    let formats = [
+        (1, "no longer read"),
+        (2, "no longer read"),
+        (4, "newer jem-bench"),
+    ];
+    for (version, why) in formats {
         let name = format!("v{version}");
+        // An earlier sidecar may lack `variant`: refused by its format, not a missing field.
         let other = doctored_model(dir.path(), &name, |s| {
             s["format_version"] = version.into();
+            s["architecture"].as_object_mut().unwrap().remove("variant");
         });
         let o = cli()
             .args(["eval", "--model"])
@@ -235,7 +242,7 @@ fn a_sidecar_of_another_format_is_refused_by_name() {
             .unwrap();
         assert_fails_with(
             &o,
-            &[&format!("{name}.json"), "format_version", "expected 2", why],
+            &[&format!("{name}.json"), "format_version", "expected 3", why],
         );
     }
 }
