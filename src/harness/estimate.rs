@@ -2,9 +2,9 @@
 //! model the pending cells attack (model, K and gradient mode), times the gradient evaluations
 //! their attacks are expected to take (from a pilot attack's survivors) and take at most (every
 //! example attacked at every ε to the last iteration, and the convergence checks of stochastic
-//! cells on their whole samples), the cells then handed out to the sweep's workers
-//! ([`makespan`]). The progress bar counts in the same units, so its remaining time corrects
-//! itself as cells finish.
+//! cells on their whole samples), the cells then handed out to the sweep's workers, which share
+//! the machine's cores ([`schedule`]). The progress bar counts in the same units, so its
+//! remaining time corrects itself as cells finish.
 
 use std::time::Instant;
 
@@ -137,6 +137,53 @@ pub fn check_factor(spec: &SweepSpec, cell: &Cell, eps: usize) -> f64 {
     strengths * runs * (spec.convergence_sample as f64).min(n) / n
 }
 
+/// When each of the tasks of `seconds` (each alone on the machine, in the order they start)
+/// starts and ends, as (start, end), handed out to `workers` workers that each take the next
+/// task as soon as they are free, as a sweep hands out its cells. The workers share one
+/// machine: with `m` tasks running, task `i` runs at `min(1, speedups[i] / m)` of its pace
+/// alone, where `speedups[i]` (between 1 and `workers`) is how many times more work `workers`
+/// such tasks get done side by side than one alone. A task left running alone at the end has
+/// the machine to itself again.
+pub fn schedule(seconds: &[f64], speedups: &[f64], workers: usize) -> Vec<(f64, f64)> {
+    let workers = workers.max(1);
+    let mut spans = vec![(0.0, 0.0); seconds.len()];
+    // Running tasks: (index, seconds of work alone still to do).
+    let mut running: Vec<(usize, f64)> = Vec::new();
+    let (mut next, mut now) = (0, 0.0_f64);
+    loop {
+        while running.len() < workers && next < seconds.len() {
+            spans[next].0 = now;
+            running.push((next, seconds[next].max(0.0)));
+            next += 1;
+        }
+        if running.is_empty() {
+            return spans;
+        }
+        let m = running.len() as f64;
+        let pace = |i: usize| {
+            let speedup = speedups.get(i).copied().unwrap_or(1.0);
+            (speedup.clamp(1.0, workers as f64) / m).min(1.0)
+        };
+        // Until the first running task ends, every running one keeps its pace.
+        let step = running
+            .iter()
+            .map(|&(i, left)| left / pace(i))
+            .fold(f64::INFINITY, f64::min);
+        now += step;
+        for (i, left) in &mut running {
+            *left -= step * pace(*i);
+        }
+        running.retain(|&(i, left)| {
+            // What rounding leaves of the task that ended is no more work.
+            let ended = left <= 1e-9 * seconds[i].max(1.0);
+            if ended {
+                spans[i].1 = now;
+            }
+            !ended
+        });
+    }
+}
+
 /// Seconds one example's loss gradient takes through `model`, from the second of two timed
 /// gradients of the batch `x` (the first warms caches and allocation pools up).
 pub fn seconds_per_gradient<B: BenchBackend, M: Model<B>>(
@@ -177,6 +224,41 @@ mod tests {
 
     fn no_own(_: &str, _: usize) -> f64 {
         unreachable!("no own attacks here")
+    }
+
+    /// Ends of the tasks `schedule` hands out.
+    fn ends(seconds: &[f64], speedup: f64, workers: usize) -> Vec<f64> {
+        let speedups = vec![speedup; seconds.len()];
+        schedule(seconds, &speedups, workers)
+            .into_iter()
+            .map(|(_, end)| end)
+            .collect()
+    }
+
+    #[test]
+    fn tasks_that_keep_their_pace_side_by_side_take_the_longest_worker_not_their_sum() {
+        assert!(ends(&[], 2.0, 2).is_empty());
+        assert_eq!(ends(&[3.0, 1.0, 1.0, 1.0], 1.0, 1), [3.0, 4.0, 5.0, 6.0]);
+        // Worker 1: 3; worker 2: 1, 1, 1 (each taken as it frees).
+        assert_eq!(ends(&[3.0, 1.0, 1.0, 1.0], 2.0, 2), [3.0, 1.0, 2.0, 3.0]);
+        // Worker 1: 2, then 5 (free at 2 before worker 2 at 4); worker 2: 4.
+        assert_eq!(ends(&[2.0, 4.0, 5.0], 2.0, 2), [2.0, 4.0, 7.0]);
+        assert_eq!(ends(&[2.0, 4.0, 5.0], 8.0, 8), [2.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn tasks_that_share_the_cores_take_their_sum_and_the_last_one_speeds_up_alone() {
+        // Sharing two cores, 2 and 4 seconds of work: both at half pace until the first ends
+        // at 4, then the second alone for its last 2.
+        assert_eq!(ends(&[2.0, 4.0], 1.0, 2), [4.0, 6.0]);
+        // Half way between: each at 3/4 of its pace side by side.
+        let spans = schedule(&[3.0, 6.0], &[1.5, 1.5], 2);
+        assert_eq!(spans, [(0.0, 4.0), (0.0, 7.0)]);
+        // A third task starts when a worker frees.
+        assert_eq!(
+            schedule(&[2.0, 4.0, 1.0], &[1.0; 3], 2),
+            [(0.0, 4.0), (0.0, 7.0), (4.0, 6.0)]
+        );
     }
 
     #[test]

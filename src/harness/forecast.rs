@@ -1,6 +1,6 @@
 //! What a sweep's cells are expected to take here, before they start: each model's gradient
-//! timed as its cells compute it (on a batch of their size, beside the cells that run at the
-//! same time), a pilot attack's survivors and the cost of what it broke, counted by
+//! timed as its cells compute it (on a batch of their size, alone and beside as many copies as
+//! cells run at once), a pilot attack's survivors and the cost of what it broke, counted by
 //! [`estimate`] and handed out to the sweep's workers; the bound for counts far beyond the
 //! usual; and, under a quick look's table, what the full evaluation would take.
 
@@ -16,16 +16,16 @@ use super::estimate;
 use super::plan::Plan;
 use super::robustness::WORST_CASE;
 use super::rows::TidyRow;
-use super::spec::{makespan, SweepEstimate, SweepSpec};
+use super::spec::{SweepEstimate, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
 use crate::defended::Defended;
 
-/// How many of `jobs` cells the estimate counts as running side by side, each gradient timed
-/// beside as many others: on the CPU every worker's cell computes beside the others' (sharing
-/// the cores); on a GPU, cells take turns on the one device, so their times add up. The
-/// device's lanes are those it shards SGLD chains over when left to itself.
+/// How many of `jobs` cells the estimate counts as running side by side: on the CPU every
+/// worker's cell computes beside the others' (sharing the cores); on a GPU, cells take turns on
+/// the one device, so their times add up. The device's lanes are those it shards SGLD chains
+/// over when left to itself.
 pub(super) fn side_by_side<B: BenchBackend>(jobs: usize) -> usize {
     jobs.clamp(1, B::default_sgld_shards().max(1))
 }
@@ -40,38 +40,58 @@ const TIMED_BATCH: usize = 100;
 const PILOT_EXAMPLES: usize = 16;
 const PILOTED_SWEEPS: usize = 4;
 
-/// Seconds one example's input gradient takes through `cell`'s defended model (its model, K
-/// and gradient mode) as the cell computes it: on a batch of the cell's size (its first
-/// examples, at most [`TIMED_BATCH`]), with `lanes` cells computing side by side, each timed on
-/// its own thread beside the others. (A wide network costs more per example on a batch of 100
-/// than of 16, and two cells at once each take 1.4–1.6× what one takes alone: `bench --op
-/// pgd-step`, WRN-10-2 at K = 1 on two cores.)
-fn seconds_per_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
+/// One example's input gradient through a cell's defended model, timed.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    /// Seconds with the machine to itself.
+    alone: f64,
+    /// How many times more gradients the lanes computed side by side than one alone in the
+    /// same time (see [`SweepEstimate::speedups`]).
+    speedup: f64,
+}
+
+/// One example's input gradient through `cell`'s defended model (its model, K and gradient
+/// mode) as the cell computes it: on a batch of the cell's size (its first examples, at most
+/// [`TIMED_BATCH`]), alone, then `lanes` at once, each on its own thread. Cells side by side
+/// share the cores: the gradients of large batches, which keep every core busy, get no more
+/// done two at a time than one after the other, while small and serial work fills the cores
+/// another leaves idle. (Timed side by side only, each cell counted at its pace beside a copy of
+/// itself, the default sweep's K = 1 cell of the embedded baseline was counted 2.2× long: it
+/// ran beside a cheaper K = 0 cell at nearly its pace alone.)
+fn time_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     plan: &Plan<B, N>,
     spec: &SweepSpec,
     cell: &Cell,
     lanes: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Timed> {
     let len = spec.examples.largest_batch().min(TIMED_BATCH);
+    let lane = || -> anyhow::Result<f64> {
+        let (x, y) = first_examples(plan.subject(cell), len);
+        Ok(estimate::seconds_per_gradient(
+            &defended(plan, spec, cell)?,
+            x,
+            y,
+        ))
+    };
+    let alone = lane()?;
+    if lanes <= 1 {
+        return Ok(Timed {
+            alone,
+            speedup: 1.0,
+        });
+    }
     let timed: Vec<f64> = std::thread::scope(|scope| {
-        let lanes: Vec<_> = (0..lanes.max(1))
-            .map(|_| {
-                scope.spawn(|| -> anyhow::Result<f64> {
-                    let (x, y) = first_examples(plan.subject(cell), len);
-                    Ok(estimate::seconds_per_gradient(
-                        &defended(plan, spec, cell)?,
-                        x,
-                        y,
-                    ))
-                })
-            })
-            .collect();
+        let lanes: Vec<_> = (0..lanes).map(|_| scope.spawn(lane)).collect();
         lanes
             .into_iter()
             .map(|lane| lane.join().expect("a timing thread does not panic"))
             .collect::<anyhow::Result<_>>()
     })?;
-    Ok(timed.iter().sum::<f64>() / timed.len() as f64)
+    let side_by_side = timed.iter().sum::<f64>() / timed.len() as f64;
+    Ok(Timed {
+        alone,
+        speedup: (lanes as f64 * alone / side_by_side).clamp(1.0, lanes as f64),
+    })
 }
 
 /// `cell`'s model behind its K SGLD steps, with its gradient mode.
@@ -106,8 +126,8 @@ fn first_examples<B: BenchBackend, N: Module<B>>(
     (x, y)
 }
 
-/// What `mine` would take at most on `jobs` workers ([`SweepEstimate::bound`]), within
-/// seconds even for counts
+/// What `mine` would take at most on `jobs` workers sharing the cores
+/// ([`SweepEstimate::bound`]), within seconds even for counts
 /// far beyond the usual: each gradient is timed on a few examples at no more than
 /// [`TIMED_STEPS`] SGLD steps and [`TIMED_CHAINS`] chains and scaled to the sweep's (an SGLD
 /// step and a chain each cost about one pass of the network).
@@ -152,7 +172,11 @@ pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             * (1.0 + estimate::check_factor(spec, cell, eps));
         bounds.push(seconds * spec.examples.count() as f64 * most);
     }
-    Ok(makespan(&bounds, jobs))
+    let shared = vec![1.0; bounds.len()];
+    Ok(estimate::schedule(&bounds, &shared, jobs)
+        .into_iter()
+        .map(|(_, end)| end)
+        .fold(0.0, f64::max))
 }
 
 /// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].
@@ -260,21 +284,23 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     grid.sort_by(f32::total_cmp);
     let eps = grid.len();
     type Key<'a> = (&'a str, usize, Option<GradMode>);
-    let mut timed: Vec<(Key, f64)> = Vec::new();
+    let mut timed: Vec<(Key, Timed)> = Vec::new();
     let mut piloted: Vec<((Key, AttackKind), Pilot)> = Vec::new();
-    let (mut cells, mut bounds) = (Vec::new(), Vec::new());
+    let (mut cells, mut bounds, mut speedups) = (Vec::new(), Vec::new(), Vec::new());
     for &i in pending {
         let cell = mine[i];
         let subject = plan.subject(cell);
         let key = (cell.model.as_str(), cell.k, cell.grad);
-        let seconds = match timed.iter().find(|(k, _)| *k == key) {
-            Some((_, s)) => *s,
+        let gradient = match timed.iter().find(|(k, _)| *k == key) {
+            Some((_, t)) => *t,
             None => {
-                let s = seconds_per_gradient(plan, spec, cell, jobs)?;
-                timed.push((key, s));
-                s
+                let t = time_gradient(plan, spec, cell, jobs)?;
+                timed.push((key, t));
+                t
             }
         };
+        let seconds = gradient.alone;
+        speedups.push(gradient.speedup);
         let classes = subject.test_set().num_classes();
         let own = |name: &str, eot| {
             let attack = plan.own.iter().find(|o| o.name() == name);
@@ -323,6 +349,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     Ok(SweepEstimate {
         cells,
         bounds,
+        speedups,
         jobs,
     })
 }
@@ -348,8 +375,9 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
     grid.sort_by(f32::total_cmp);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = side_by_side::<B>(cores);
-    // Per cell, in the order `robust` starts them (longest K first): (K, expected, bound).
-    let mut cells: Vec<(usize, f64, f64)> = Vec::new();
+    // Per cell, in the order `robust` starts them (longest K first): its K and gradient, and
+    // the expected and the most gradients per example.
+    let mut cells: Vec<(usize, Timed, f64, f64)> = Vec::new();
     for subject in &plan.subjects {
         for &k in &full.ks {
             let cell = Cell {
@@ -358,13 +386,13 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
                 k,
                 grad: (k > 0).then_some(GradMode::Full),
             };
-            let seconds = seconds_per_gradient(plan, &full, &cell, jobs)?;
+            let gradient = time_gradient(plan, &full, &cell, jobs)?;
             let classes = subject.test_set().num_classes();
             let n = full.examples.count() as f64;
             let most =
                 estimate::gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0)
                     * (1.0 + estimate::check_factor(&full, &cell, grid.len()));
-            let bound = seconds * n * most;
+
             // The quick look's worst case at this model and K.
             let worst: Vec<&TidyRow> = rows
                 .iter()
@@ -389,12 +417,17 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
                 estimate::HALF_RUN,
             )
             .unwrap_or(most);
-            cells.push((k, seconds * n * likely, bound));
+            cells.push((k, gradient, n * likely, n * most));
         }
     }
     cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
-    let expected = makespan(&cells.iter().map(|c| c.1).collect::<Vec<_>>(), jobs);
-    let bound = makespan(&cells.iter().map(|c| c.2).collect::<Vec<_>>(), jobs);
+    let estimate = SweepEstimate {
+        cells: cells.iter().map(|(_, t, likely, _)| t.alone * likely).collect(),
+        bounds: cells.iter().map(|(_, t, _, most)| t.alone * most).collect(),
+        speedups: cells.iter().map(|(_, t, ..)| t.speedup).collect(),
+        jobs,
+    };
+    let (expected, bound) = (estimate.expected(), estimate.bound());
     let norm = quick.threat.norm;
     Ok(format!(
         "the full evaluation, `jem-bench robust --norm {norm}` (100 images, the adaptive \

@@ -57,7 +57,7 @@ impl TerminalProgress {
 
 impl SweepObserver for TerminalProgress {
     fn starting(&self, estimate: &SweepEstimate, finished_before: usize) {
-        let estimates = &estimate.cells;
+        let estimates = estimate.durations();
         if !estimates.is_empty() {
             let at_once = match estimate.jobs.min(estimates.len()) {
                 1 => String::new(),
@@ -211,6 +211,7 @@ mod tests {
         SweepEstimate {
             cells: cells.to_vec(),
             bounds: cells.iter().map(|c| 2.0 * c).collect(),
+            speedups: vec![1.0; cells.len()],
             jobs: 1,
         }
     }

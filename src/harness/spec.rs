@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::budgets::count;
 use super::budgets::Budgets;
 use super::cells::{AttackKind, Cell};
+use super::estimate;
 use super::rows::CellResult;
 use crate::defended::DefenceSpec;
 use crate::settings::{self, InvalidSetting};
@@ -215,50 +216,57 @@ pub(super) const MORE_EOT: usize = 4;
 pub(super) const MORE_ITERATIONS: usize = 2;
 
 /// What the cells a sweep is about to run are expected to take here, printed before the first
-/// one. Each cell's gradient is timed as the cell computes it (on a batch of its size, beside
-/// the cells that run at the same time), and a pilot (the cell's first attack at its budget
-/// with one draw, on 16 examples, in sweeps of 64 or more) tells how many examples stand at
-/// each ε and what a broken one cost, so that the examples an attack breaks early, and the
+/// one. Each cell's gradient is timed as the cell computes it (on a batch of its size), alone
+/// and beside as many copies as cells run at once, and a pilot (the cell's first attack at its
+/// budget with one draw, on 16 examples, in sweeps of 64 or more) tells how many examples stand
+/// at each ε and what a broken one cost, so that the examples an attack breaks early, and the
 /// later stages of a cascade that never see them, are not counted at full cost.
-/// Cells run `jobs` at a time, so the sweep takes what its cells take when handed out in
-/// order to that many workers, not their sum (on a GPU, whose cells take turns on one device,
-/// `jobs` is 1).
+/// Cells run `jobs` at a time on one machine and share its cores: the sweep takes what its
+/// cells take when handed out in order to that many workers, each computing at the pace its
+/// timed gradients had side by side ([`estimate::schedule`]). On a GPU, whose cells take turns
+/// on one device, `jobs` is 1.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepEstimate {
-    /// Expected seconds of each cell to run, in the order they start.
+    /// Expected seconds of each cell to run, in the order they start, with the machine to
+    /// itself.
     pub cells: Vec<f64>,
-    /// Seconds each takes at most, every example attacked at every ε to the last iteration.
+    /// Seconds each takes at most alone, every example attacked at every ε to the last
+    /// iteration.
     pub bounds: Vec<f64>,
-    /// Cells counted as running side by side.
+    /// Per cell, how many times more work `jobs` such cells get done side by side than one
+    /// alone: 1 where they share the cores (each runs at 1 / `jobs` of its pace alone), `jobs`
+    /// where each runs as fast as alone.
+    pub speedups: Vec<f64>,
+    /// Cells run side by side.
     pub jobs: usize,
 }
 
 impl SweepEstimate {
     /// Expected seconds of the whole sweep: its cells on [`jobs`](Self::jobs) workers.
     pub fn expected(&self) -> f64 {
-        makespan(&self.cells, self.jobs)
+        finish(&estimate::schedule(&self.cells, &self.speedups, self.jobs))
     }
 
-    /// Seconds the whole sweep takes at most: the cells' bounds on the same workers.
+    /// Seconds the whole sweep takes at most: the cells' bounds on the same workers, sharing
+    /// the cores.
     pub fn bound(&self) -> f64 {
-        makespan(&self.bounds, self.jobs)
+        let shared = vec![1.0; self.bounds.len()];
+        finish(&estimate::schedule(&self.bounds, &shared, self.jobs))
+    }
+
+    /// Expected seconds each cell takes from its start to its end, beside the cells it runs
+    /// with: what its progress and its closing line weigh it by.
+    pub fn durations(&self) -> Vec<f64> {
+        estimate::schedule(&self.cells, &self.speedups, self.jobs)
+            .into_iter()
+            .map(|(start, end)| end - start)
+            .collect()
     }
 }
 
-/// Seconds that tasks of `seconds` (in the order they start) take on `workers` workers, each
-/// worker taking the next task as soon as it is free, as a sweep hands out its cells. A task is
-/// taken to last as long alone as beside others (a cell left running alone at the end has
-/// every core to itself and finishes sooner than counted).
-pub(super) fn makespan(seconds: &[f64], workers: usize) -> f64 {
-    let mut free = vec![0.0_f64; workers.max(1)];
-    for &task in seconds {
-        let next = free
-            .iter_mut()
-            .min_by(|a, b| a.total_cmp(b))
-            .expect("at least one worker");
-        *next += task;
-    }
-    free.into_iter().fold(0.0, f64::max)
+/// When the last of `spans` (start, end) ends.
+fn finish(spans: &[(f64, f64)]) -> f64 {
+    spans.iter().map(|&(_, end)| end).fold(0.0, f64::max)
 }
 
 /// A part of a cell that is kept as it finishes, so that a killed sweep resumes after it: a
@@ -530,18 +538,3 @@ impl std::str::FromStr for Shard {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cells_side_by_side_take_the_longest_worker_not_their_sum() {
-        assert_eq!(makespan(&[], 2), 0.0);
-        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 1), 6.0);
-        // Worker 1: 3; worker 2: 1, 1, 1 (each taken as it frees).
-        assert_eq!(makespan(&[3.0, 1.0, 1.0, 1.0], 2), 3.0);
-        // Worker 1: 2, then 5 (free at 2 before worker 2 at 4); worker 2: 4.
-        assert_eq!(makespan(&[2.0, 4.0, 5.0], 2), 7.0);
-        assert_eq!(makespan(&[2.0, 4.0, 5.0], 8), 5.0);
-    }
-}

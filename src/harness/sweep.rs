@@ -111,7 +111,7 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     runner
         .observer
         .starting(&estimate, mine.len() - pending.len());
-    let estimates = estimate.cells;
+    let estimates = estimate.durations();
     outputs::write_csvs(&out, done.iter().flatten())?;
 
     let next = AtomicUsize::new(0);
