@@ -422,7 +422,10 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
     }
     cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
     let estimate = SweepEstimate {
-        cells: cells.iter().map(|(_, t, likely, _)| t.alone * likely).collect(),
+        cells: cells
+            .iter()
+            .map(|(_, t, likely, _)| t.alone * likely)
+            .collect(),
         bounds: cells.iter().map(|(_, t, _, most)| t.alone * most).collect(),
         speedups: cells.iter().map(|(_, t, ..)| t.speedup).collect(),
         jobs,

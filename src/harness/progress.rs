@@ -10,8 +10,10 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 
 use super::estimate;
 use super::rows::CellResult;
@@ -25,6 +27,14 @@ pub struct TerminalProgress {
     done: Cell<usize>,
     /// Per running cell (by id), the estimated milliseconds its finished parts advanced the bar.
     advanced: RefCell<HashMap<String, u64>>,
+    /// Wall-clock seconds per second of the cells' estimated durations added up: cells side by
+    /// side advance the bar together.
+    wall_per_summed: Cell<f64>,
+    /// Seconds the parts run now took, and the seconds they had been estimated at: how much
+    /// slower (or faster) than estimated the sweep runs here.
+    pace: Cell<(f64, f64)>,
+    /// The time left when last counted, and when: what the bar shows, counting down.
+    left: Arc<Mutex<Option<(f64, Instant)>>>,
 }
 
 impl TerminalProgress {
@@ -32,30 +42,58 @@ impl TerminalProgress {
         format!("{}/{} cells", self.done.get(), self.cells.get())
     }
 
-    /// The plain line of a finished part or cell: elapsed time, cells, time left (elapsed time
-    /// scaled by the estimated cost still to run, as the bar's own remaining time), then `what`.
-    /// The bar keeps the clock and the estimated milliseconds run, drawn or not.
-    fn line(&self, bar: &ProgressBar, what: &str) -> String {
-        let elapsed = bar.elapsed().as_secs_f64();
-        let (total, done) = (bar.length().unwrap_or(0), bar.position());
-        let left = if done > 0 {
-            let fraction_left = total.saturating_sub(done) as f64 / done as f64;
-            format!(
-                ", about {} left",
-                estimate::duration(elapsed * fraction_left)
-            )
+    /// Seconds left: the estimated durations of what is still to run, as wall-clock time, at
+    /// the pace of the parts finished so far against their estimates. Parts, not the cells'
+    /// elapsed time, set the pace: cells side by side that have run for an hour without a part
+    /// finishing would otherwise count as an hour with nothing done.
+    fn time_left(&self, bar: &ProgressBar) -> f64 {
+        let undone = bar.length().unwrap_or(0).saturating_sub(bar.position()) as f64 / 1000.0;
+        let (taken, estimated) = self.pace.get();
+        let pace = if estimated > 0.0 {
+            taken / estimated
         } else {
-            String::new()
+            1.0
         };
+        undone * self.wall_per_summed.get() * pace
+    }
+
+    /// Counts the time left again, for the bar to count down from.
+    fn recount(&self, bar: &ProgressBar) {
+        let left = self.time_left(bar);
+        *self.left.lock().expect("the bar's clock") = Some((left, Instant::now()));
+    }
+
+    /// The plain line of a finished part or cell: elapsed time, cells, time left (as the bar
+    /// shows it), then `what`. The bar keeps the clock and the estimated milliseconds run,
+    /// drawn or not.
+    fn line(&self, bar: &ProgressBar, what: &str) -> String {
         format!(
-            "{} elapsed, {}{left}; {what}",
-            estimate::duration(elapsed),
-            self.prefix()
+            "{} elapsed, {}, about {} left; {what}",
+            estimate::duration(bar.elapsed().as_secs_f64()),
+            self.prefix(),
+            estimate::duration(self.time_left(bar))
         )
     }
 }
 
+/// "1 cell", "6 cells".
+fn cells_to_run(cells: usize) -> String {
+    match cells {
+        1 => "1 cell".to_string(),
+        n => format!("{n} cells"),
+    }
+}
+
 impl SweepObserver for TerminalProgress {
+    fn estimating(&self, cells: usize, pairs: usize) {
+        // Said at once: a silent start of minutes looks like a hang.
+        eprintln!(
+            "{} to run; estimating their time first (a timed gradient and a pilot \
+             attack per model and K: {pairs} of them) …",
+            cells_to_run(cells)
+        );
+    }
+
     fn starting(&self, estimate: &SweepEstimate, finished_before: usize) {
         let estimates = estimate.durations();
         if !estimates.is_empty() {
@@ -64,10 +102,10 @@ impl SweepObserver for TerminalProgress {
                 jobs => format!(", {jobs} at a time"),
             };
             eprintln!(
-                "{} cells to run{at_once}, about {} here (timed gradients, and the examples a \
+                "{} to run{at_once}, about {} here (timed gradients, and the examples a \
                  pilot attack left standing at each ε), at most {} (every example attacked at \
                  every ε to the last iteration)",
-                estimates.len(),
+                cells_to_run(estimates.len()),
                 estimate::duration(estimate.expected()),
                 estimate::duration(estimate.bound())
             );
@@ -75,13 +113,26 @@ impl SweepObserver for TerminalProgress {
         // Counted in the cells' estimated milliseconds, so that the remaining time weighs cells
         // by cost; run side by side, they advance it side by side.
         let total: f64 = estimates.iter().sum();
+        let wall = estimate.expected();
+        self.wall_per_summed
+            .set(if total > 0.0 { wall / total } else { 1.0 });
         let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
+        let left = self.left.clone();
+        let count_down = move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let seconds = left
+                .lock()
+                .expect("the bar's clock")
+                .map_or(0.0, |(s, at)| (s - at.elapsed().as_secs_f64()).max(0.0));
+            let _ = write!(w, "{}", estimate::duration(seconds));
+        };
         bar.set_style(
             ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {prefix}  about {eta} left  {msg}",
+                "{elapsed_precise} [{bar:30}] {prefix}  about {left} left  {msg}",
             )
-            .expect("template"),
+            .expect("template")
+            .with_key("left", count_down),
         );
+        *self.left.lock().expect("the bar's clock") = Some((wall, Instant::now()));
         self.cells.set(estimates.len() + finished_before);
         self.done.set(finished_before);
         bar.set_prefix(self.prefix());
@@ -112,11 +163,17 @@ impl SweepObserver for TerminalProgress {
             format!("{cell}: {part} read back (kept by an earlier run)")
         } else {
             bar.inc(step);
+            let (taken, estimated) = self.pace.get();
+            self.pace.set((
+                taken + part.seconds,
+                estimated + estimated_seconds * part.share,
+            ));
             format!(
                 "{cell}: {part} done in {}",
                 estimate::duration(part.seconds)
             )
         };
+        self.recount(&bar);
         if bar.is_hidden() {
             eprintln!("{}", self.line(&bar, &what));
         }
@@ -146,6 +203,7 @@ impl SweepObserver for TerminalProgress {
             let total = (1000.0 * estimated_seconds).ceil() as u64;
             bar.inc(total.saturating_sub(advanced));
             bar.set_prefix(self.prefix());
+            self.recount(bar);
             // A hidden bar (stderr not a terminal) draws nothing for hours: print a line.
             if bar.is_hidden() {
                 eprintln!("{}", self.line(bar, &last));
@@ -243,6 +301,35 @@ mod tests {
         assert_eq!(position(), 14_000);
         assert_eq!(progress.done.get(), 2);
         assert!(progress.advanced.borrow().is_empty());
+    }
+
+    #[test]
+    fn the_time_left_is_what_is_undone_at_the_pace_of_the_parts_finished() {
+        let progress = TerminalProgress::default();
+        progress.starting(&estimate(&[10.0, 4.0]), 0);
+        let left = || progress.time_left(progress.bar.borrow().as_ref().unwrap());
+        assert_eq!(left(), 14.0);
+        // A quarter of the first cell took twice its estimate (5 s for 2.5): the 11.5 s of
+        // estimate still to run, at that pace.
+        let slow = CellPart {
+            seconds: 5.0,
+            ..part(1, 0, 0.25)
+        };
+        progress.part_finished(&slow, 10.0);
+        assert!((left() - 23.0).abs() < 1e-9, "{}", left());
+        // Two workers sharing the cores: 10 s and 4 s of work side by side end at 14 s (the
+        // second at 8, then the first alone), not at 10; the bar adds up 14 + 8.
+        let shared = TerminalProgress::default();
+        shared.starting(
+            &SweepEstimate {
+                jobs: 2,
+                ..estimate(&[10.0, 4.0])
+            },
+            0,
+        );
+        let bar = shared.bar.borrow().as_ref().unwrap().clone();
+        assert_eq!(bar.length(), Some(22_000));
+        assert!((shared.time_left(&bar) - 14.0).abs() < 1e-9);
     }
 
     #[test]

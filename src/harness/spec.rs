@@ -188,6 +188,10 @@ impl Runner<'static> {
 
 /// What a running sweep reports. Every method does nothing by default.
 pub trait SweepObserver {
+    /// Before the estimate, which times gradients and runs pilot attacks (up to minutes for an
+    /// adaptive sweep through SGLD steps): `cells` cells are to run, `pairs` of them distinct
+    /// models and K to time.
+    fn estimating(&self, _cells: usize, _pairs: usize) {}
     /// Before the first cell: what the cells to run are expected to take (see
     /// [`SweepEstimate`]) and how many cells were finished by an earlier run.
     fn starting(&self, _estimate: &SweepEstimate, _finished_before: usize) {}
@@ -537,4 +541,3 @@ impl std::str::FromStr for Shard {
         }
     }
 }
-

@@ -107,6 +107,15 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         .collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
     let jobs = runner.jobs.get().clamp(1, pending.len().max(1));
+    let mut pairs: Vec<(&str, usize)> = pending
+        .iter()
+        .map(|&i| (mine[i].model.as_str(), mine[i].k))
+        .collect();
+    pairs.sort();
+    pairs.dedup();
+    if !pending.is_empty() {
+        runner.observer.estimating(pending.len(), pairs.len());
+    }
     let estimate = estimate_cells(plan, spec, &mine, &pending, side_by_side::<B>(jobs))?;
     runner
         .observer
