@@ -93,9 +93,10 @@ run() {
     } >"$out/machine.txt" 2>&1
     cat "$out/machine.txt"
     local started=$SECONDS
-    # The forward convolutions checked (the default, jem-kernels' tiled kernels, and burn's
-    # kernels chosen per layer) and those timed (every one, the default first).
-    local convs=(tiled auto) timed=tiled,auto,im2col,direct
+    # The forward convolutions checked (the default, jem-kernels' tiled kernels, the same on
+    # 128-pixel tiles, and burn's kernels chosen per layer) and those timed (every one, the
+    # default first, then the wide tiles it may give way to).
+    local convs=(tiled tiled-wide auto) timed=tiled,tiled-wide,auto,im2col,direct
 
     # GPU_CHECK_PHASES=timings skips phase 1: a second, short call on a machine still warm
     # completes the timing table without checking again what the first call checked.

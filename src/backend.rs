@@ -158,9 +158,9 @@ pub fn name() -> String {
     }
 }
 
-/// Applies `JEM_BENCH_GPU_CONV` (`tiled`, the default, `auto`, `direct` or `im2col`: how a GPU
-/// build computes forward convolutions, all in true f32); an error for any other value, before
-/// any work. A CPU build ignores it.
+/// Applies `JEM_BENCH_GPU_CONV` (`tiled`, the default, `tiled-wide`, `auto`, `direct` or
+/// `im2col`: how a GPU build computes forward convolutions, all in true f32); an error for any
+/// other value, before any work. A CPU build ignores it.
 pub fn gpu_settings_from_env() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(conv) = jem_kernels::GpuConv::from_env().map_err(anyhow::Error::msg)? {

@@ -526,7 +526,8 @@ mod on_gpu {
     type Gpu = Autodiff<Device>;
 
     /// Fails (never skips) where no CUDA device can be opened: these tests run only when asked.
-    /// Applies `JEM_BENCH_GPU_CONV` (the forward convolution: auto, direct or im2col).
+    /// Applies `JEM_BENCH_GPU_CONV` (the forward convolution: tiled, tiled-wide, auto, direct or
+    /// im2col).
     fn require_gpu() {
         if let Some(conv) = jem_kernels::GpuConv::from_env().unwrap() {
             jem_kernels::set_gpu_conv(conv);

@@ -42,7 +42,7 @@ Output, one line per model × row × thread count, in results/perf/cpu.csv:
   batch             images per call (chains per call for jem-iteration)
   threads           RAYON_NUM_THREADS for jem-bench, torch.set_num_threads for PyTorch
   isa               the forced path (`--isa`: native, avx512, avx2, portable; on a GPU native,
-                    tiled, auto, direct or im2col, jem-bench's forward convolution)
+                    tiled, tiled-wide, auto, direct or im2col, jem-bench's forward convolution)
   ours_isa, pytorch_isa   what each side reports it ran: jem-kernels' direct convolution
                     (avx512, avx2, portable) + gemm's products (gemm-avx512, gemm-avx2), and
                     ATen's CPU capability
@@ -100,7 +100,7 @@ p.add_argument("--isa", default="native",
                     "portable; each forces jem-bench's path (JEM_BENCH_ISA) and holds PyTorch to the "
                     "same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, "
                     "MKL_ENABLE_INSTRUCTIONS); on a GPU native (jem-bench's default forward convolution, "
-                    "tiled), tiled, auto, direct or im2col (JEM_BENCH_GPU_CONV)")
+                    "tiled), tiled, tiled-wide, auto, direct or im2col (JEM_BENCH_GPU_CONV)")
 a = p.parse_args()
 
 # Where cargo put the release build (CARGO_TARGET_DIR, as cargo reads it, else target/).
@@ -134,7 +134,8 @@ ISA_ENV = {
                   "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
 }
 # On a GPU the path is jem-bench's forward convolution (JEM_BENCH_GPU_CONV): native (its default,
-# tiled), tiled (jem-kernels' own tiled implicit product), auto (burn's kernels chosen per layer),
+# tiled), tiled (jem-kernels' own tiled implicit product), tiled-wide (the same on 128-pixel
+# tiles), auto (burn's kernels chosen per layer),
 # direct (burn's direct kernel) or im2col (the unfolded input times the weight); PyTorch runs
 # cuDNN in each.
 if on_gpu:
@@ -142,11 +143,12 @@ if on_gpu:
                "auto": ({"JEM_BENCH_GPU_CONV": "auto"}, {}),
                "direct": ({"JEM_BENCH_GPU_CONV": "direct"}, {}),
                "im2col": ({"JEM_BENCH_GPU_CONV": "im2col"}, {}),
-               "tiled": ({"JEM_BENCH_GPU_CONV": "tiled"}, {})}
+               "tiled": ({"JEM_BENCH_GPU_CONV": "tiled"}, {}),
+               "tiled-wide": ({"JEM_BENCH_GPU_CONV": "tiled-wide"}, {})}
 isas = a.isa.split(",")
 if not set(isas) <= set(ISA_ENV):
     sys.exit(f"--isa {a.isa}: expected, comma-separated, native, avx512, avx2 or portable on a CPU; "
-             "native, tiled, auto, direct or im2col on a GPU")
+             "native, tiled, tiled-wide, auto, direct or im2col on a GPU")
 
 
 def parse_op(entry):

@@ -121,8 +121,9 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         let weight_shape: [usize; 4] = weight.shape().dims();
         let y = match gpu_conv().for_weight(weight_shape) {
             // The activation and the bias in the product's own launch.
-            GpuConv::Tiled if crate::portable_gradients_apply(&options) => {
-                tiled_conv2d(x, weight, bias, &options, input_slope)
+            conv if conv.is_tiled() && crate::portable_gradients_apply(&options) => {
+                let wide = conv == GpuConv::TiledWide;
+                tiled_conv2d(x, weight, bias, &options, input_slope, wide)
             }
             GpuConv::Im2col => {
                 let x = activated::<Self>(x, input_slope);
@@ -161,7 +162,7 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        if gpu_conv() != GpuConv::Tiled || !crate::portable_gradients_apply(&options) {
+        if !gpu_conv().is_tiled() || !crate::portable_gradients_apply(&options) {
             return portable_weight_backward::<Self>(x, weight, output_grad, options, input_slope);
         }
         let weight_shape: [usize; 4] = weight.shape().dims();

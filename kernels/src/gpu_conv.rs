@@ -5,9 +5,9 @@
 
 use crate::process_choice::ProcessChoice;
 
-/// How the GPU backends compute a forward convolution (every kernel in true f32). All four
-/// agree with the CPU on an NVIDIA H200 and on a software Vulkan device (tests/gpu.rs,
-/// docs/gpu.md); they differ in speed.
+/// How the GPU backends compute a forward convolution (every kernel in true f32). All of them
+/// agree with the CPU on a software Vulkan device and all but `TiledWide` on an NVIDIA H200
+/// (tests/gpu.rs, docs/gpu.md); they differ in speed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuConv {
     /// This crate's own kernels (the default): the unfolded product computed in shared-memory
@@ -15,6 +15,11 @@ pub enum GpuConv {
     /// the same way (src/tiled_weight_grad.rs). The fastest of the four on every row timed on
     /// an H200 (results/perf/gpu.csv).
     Tiled,
+    /// The tiled kernels with 128-pixel tiles of the forward product (8 pixels × up to 4
+    /// channels per unit, against 4 × 4): twice the multiply-adds per value staged in shared
+    /// memory, on half as many cubes — for the wide layers of a WRN-28-10 at large batches.
+    /// Not yet timed on a GPU: `scripts/gpu-check.sh` times it beside `Tiled`.
+    TiledWide,
     /// Per convolution, by the length of its sums: burn's direct kernel where each output sums
     /// fewer than [`IM2COL_MIN_TERMS`] products, the unfolded product where it sums more.
     Auto,
@@ -33,8 +38,8 @@ pub enum GpuConv {
 /// the two; single layers have not been timed apart, and no network mixing both was timed.
 pub const IM2COL_MIN_TERMS: usize = 1024;
 
-/// The environment variable that chooses [`GpuConv`]: `tiled` (default), `auto`, `direct` or
-/// `im2col`.
+/// The environment variable that chooses [`GpuConv`]: `tiled` (default), `tiled-wide`, `auto`,
+/// `direct` or `im2col`.
 pub const GPU_CONV_VARIABLE: &str = "JEM_BENCH_GPU_CONV";
 
 static GPU_CONV: ProcessChoice<GpuConv> = ProcessChoice::new(&GpuConv::ALL);
@@ -51,8 +56,9 @@ pub fn gpu_conv() -> GpuConv {
 
 impl GpuConv {
     /// Every choice, the default first.
-    pub const ALL: [GpuConv; 4] = [
+    pub const ALL: [GpuConv; 5] = [
         GpuConv::Tiled,
+        GpuConv::TiledWide,
         GpuConv::Auto,
         GpuConv::Direct,
         GpuConv::Im2col,
@@ -65,7 +71,13 @@ impl GpuConv {
             GpuConv::Direct => "direct",
             GpuConv::Im2col => "im2col",
             GpuConv::Tiled => "tiled",
+            GpuConv::TiledWide => "tiled-wide",
         }
+    }
+
+    /// Whether this crate's tiled kernels compute the convolution and its weight gradient.
+    pub fn is_tiled(self) -> bool {
+        matches!(self, GpuConv::Tiled | GpuConv::TiledWide)
     }
 
     /// The kernel that computes a convolution with `weight_shape` `[out, in, kh, kw]`: `Auto`
@@ -103,9 +115,9 @@ impl GpuConv {
             .ok_or_else(|| {
                 format!(
                     "{GPU_CONV_VARIABLE}={value:?}: expected tiled (the default: jem-kernels' \
-                     own tiled implicit product), auto (burn's kernels chosen by layer width), \
-                     direct (burn's direct convolution) or im2col (unfolded input times the \
-                     weight)"
+                     own tiled implicit product), tiled-wide (the same on 128-pixel tiles), \
+                     auto (burn's kernels chosen by layer width), direct (burn's direct \
+                     convolution) or im2col (unfolded input times the weight)"
                 )
             })
     }
@@ -130,7 +142,12 @@ mod tests {
             GpuConv::Auto.for_weight([8, terms_at, 1, 1]),
             GpuConv::Im2col
         );
-        for forced in [GpuConv::Direct, GpuConv::Im2col, GpuConv::Tiled] {
+        for forced in [
+            GpuConv::Direct,
+            GpuConv::Im2col,
+            GpuConv::Tiled,
+            GpuConv::TiledWide,
+        ] {
             assert_eq!(forced.for_weight([640, 640, 3, 3]), forced);
             assert_eq!(forced.for_weight([16, 1, 3, 3]), forced);
         }
@@ -149,6 +166,7 @@ mod tests {
             "direct",
             "im2col",
             "tiled",
+            "tiled-wide",
         ] {
             assert!(refused.contains(part), "{refused:?} lacks {part:?}");
         }

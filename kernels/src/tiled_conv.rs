@@ -6,11 +6,13 @@
 //! input to memory first (9× the input for a 3×3 kernel) and spends launches on it. Here the
 //! unfolding happens while a tile is loaded: the output `[N·OH·OW, out]` is the product of the
 //! (implicit) unfolded input `[N·OH·OW, in·kh·kw]` and the weight `[in·kh·kw, out]`, computed
-//! in tiles of 64 output pixels × 16·`tn` output channels per cube of 16 × 16 units; each step
-//! stages 16 terms of the reduction of both operands in shared memory, each unit keeping
-//! 4 × `tn` sums in registers. A unit owns pixels `x, x + 16, x + 32, x + 48` of its tile (and
-//! channels `y, y + 16, …`), so neighbouring units read neighbouring shared-memory words and
-//! write neighbouring output pixels.
+//! in tiles of 16·`tm` output pixels × 16·`tn` output channels per cube of 16 × 16 units; each
+//! step stages 16 terms of the reduction of both operands in shared memory, each unit keeping
+//! `tm` × `tn` sums in registers. A unit owns pixels `x, x + 16, …` of its tile (and channels
+//! `y, y + 16, …`), so neighbouring units read neighbouring shared-memory words and write
+//! neighbouring output pixels. `tm` is 4 (64-pixel tiles), or 8 under
+//! [`crate::GpuConv::TiledWide`]: each value staged in shared memory then feeds twice the
+//! multiply-adds, on half as many cubes.
 //!
 //! What burn would launch around the product is done in it: a pre-activation block's LeakyReLU
 //! on the input as a tile is loaded (`input_slope`; the activated maps are never written), and
@@ -24,8 +26,13 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
-/// Output pixels per cube (the tile's rows): 16 units × 4 pixels each.
+/// Output pixels per cube (the tile's rows) of the usual tile: 16 units × 4 pixels each (the
+/// weight gradient's taps per cube, too).
 pub(crate) const TILE_PIXELS: usize = 64;
+/// Pixels per unit of the usual tile (taps per unit of the weight gradient's).
+pub(crate) const PIXELS_PER_UNIT: usize = TILE_PIXELS / UNITS;
+/// Pixels per unit of the wide tile ([`crate::GpuConv::TiledWide`]): 128-pixel tiles.
+pub(crate) const WIDE_PIXELS_PER_UNIT: usize = 8;
 /// Terms of the reduction staged in shared memory per step.
 pub(crate) const TILE_DEPTH: usize = 16;
 /// Units per cube along each axis (16 × 16 = 256 units).
@@ -64,29 +71,32 @@ fn tiled_conv_kernel<F: Float>(
     bias: &Tensor<F>,
     output: &mut Tensor<F>,
     args: &TiledConvArgs,
+    #[comptime] tm: usize,
     #[comptime] tn: usize,
     #[comptime] activate: bool,
     #[comptime] has_bias: bool,
     #[define(F)] _dtype: StorageType,
 ) {
+    let tile_pixels = comptime![UNITS * tm];
     let tile_channels = comptime![UNITS * tn];
     let unit = UNIT_POS as usize;
     let (ux, uy) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
-    let row0 = CUBE_POS_X as usize * TILE_PIXELS;
+    let row0 = CUBE_POS_X as usize * tile_pixels;
     let channel0 = CUBE_POS_Y as usize * tile_channels;
 
-    let mut pixels = SharedMemory::<F>::new(comptime![TILE_DEPTH * TILE_PIXELS]);
+    let mut pixels = SharedMemory::<F>::new(comptime![TILE_DEPTH * UNITS * tm]);
     let mut weights = SharedMemory::<F>::new(comptime![TILE_DEPTH * UNITS * tn]);
-    let mut sums = Array::<F>::new(comptime![4 * tn]);
+    let mut sums = Array::<F>::new(comptime![tm * tn]);
     #[unroll]
-    for i in 0..comptime![4 * tn] {
+    for i in 0..comptime![tm * tn] {
         sums[i] = F::from_int(0);
     }
 
-    // A unit loads the same pixel of every tile (`unit` mod 64) at terms `unit` / 64 + 4·e: its
-    // pixel's image and position are worked out once, not per term.
-    let pixel = unit % TILE_PIXELS;
-    let first_term = unit / TILE_PIXELS;
+    // A unit loads the same pixel of every tile (`unit` mod 16·tm) at terms
+    // `unit` / (16·tm) + (16 / tm)·e: its pixel's image and position are worked out once, not
+    // per term.
+    let pixel = unit % tile_pixels;
+    let first_term = unit / tile_pixels;
     let row = row0 + pixel;
     let (image, at) = (row / args.out_pixels, row % args.out_pixels);
     let (y0, x0) = (
@@ -97,11 +107,11 @@ fn tiled_conv_kernel<F: Float>(
 
     let mut k0 = 0usize;
     while k0 < args.depth {
-        // The unfolded input's tile: 16 terms × 64 pixels, 4 per unit; zero outside the image
-        // (padding) and past the last row or term.
+        // The unfolded input's tile: 16 terms × 16·tm pixels, tm per unit; zero outside the
+        // image (padding) and past the last row or term.
         #[unroll]
-        for e in 0..4usize {
-            let term = first_term + e * comptime![UNITS * UNITS / TILE_PIXELS];
+        for e in 0..tm {
+            let term = first_term + e * comptime![UNITS / tm];
             let k = k0 + term;
             let mut value = F::from_int(0);
             if row < args.rows && k < args.depth {
@@ -120,7 +130,7 @@ fn tiled_conv_kernel<F: Float>(
                     }
                 }
             }
-            pixels[term * TILE_PIXELS + pixel] = value;
+            pixels[term * tile_pixels + pixel] = value;
         }
         // The weight's tile: 16 terms × 16·tn channels, tn per unit; neighbouring units read
         // neighbouring terms of one channel's row.
@@ -136,13 +146,13 @@ fn tiled_conv_kernel<F: Float>(
             weights[term * tile_channels + channel] = value;
         }
         sync_cube();
-        accumulate_step::<F>(&pixels, &weights, &mut sums, ux, uy, tn);
+        accumulate_step::<F>(&pixels, &weights, &mut sums, ux, uy, tm, tn);
         sync_cube();
         k0 += TILE_DEPTH;
     }
 
     #[unroll]
-    for i in 0..4usize {
+    for i in 0..tm {
         let row = row0 + ux + i * UNITS;
         if row < args.rows {
             let (image, at) = (row / args.out_pixels, row % args.out_pixels);
@@ -172,9 +182,9 @@ pub(crate) fn leaky<F: Float>(value: F, args: &TiledConvArgs) -> F {
     out
 }
 
-/// Adds one staged step to a unit's register tile: for each of the 16 staged terms, its 4 rows
-/// (`ux + 16·i` of the 64-wide `rows` tile) times its `tn` columns (`uy + 16·j` of the
-/// 16·`tn`-wide `columns` tile), into `sums[i·tn + j]`. Both tiled kernels share it.
+/// Adds one staged step to a unit's register tile: for each of the 16 staged terms, its `tm`
+/// rows (`ux + 16·i` of the 16·`tm`-wide `rows` tile) times its `tn` columns (`uy + 16·j` of
+/// the 16·`tn`-wide `columns` tile), into `sums[i·tn + j]`. Both tiled kernels share it.
 #[cube]
 pub(crate) fn accumulate_step<F: Float>(
     rows: &SharedMemory<F>,
@@ -182,14 +192,16 @@ pub(crate) fn accumulate_step<F: Float>(
     sums: &mut Array<F>,
     ux: usize,
     uy: usize,
+    #[comptime] tm: usize,
     #[comptime] tn: usize,
 ) {
+    let height = comptime![UNITS * tm];
     let width = comptime![UNITS * tn];
     #[unroll]
     for term in 0..TILE_DEPTH {
         #[unroll]
-        for i in 0..4usize {
-            let a = rows[term * TILE_PIXELS + ux + i * UNITS];
+        for i in 0..tm {
+            let a = rows[term * height + ux + i * UNITS];
             #[unroll]
             for j in 0..tn {
                 sums[i * tn + j] += a * columns[term * width + uy + j * UNITS];
@@ -283,14 +295,15 @@ impl Geometry {
 
 /// `conv2d(act(x), weight) + bias` (one group, no dilation) for `[n, in, h, w]` f32 input,
 /// `[out, in, kh, kw]` weight and `[out]` bias, `act` the LeakyReLU of slope `input_slope` (the
-/// identity for `None`): the tiled implicit product above, in one launch. Returns
-/// `[n, out, oh, ow]`, contiguous.
+/// identity for `None`): the tiled implicit product above, in one launch, on 128-pixel tiles
+/// if `wide`. Returns `[n, out, oh, ow]`, contiguous.
 pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
     bias: Option<CubeTensor<R>>,
     options: &ConvOptions<2>,
     input_slope: Option<f64>,
+    wide: bool,
 ) -> CubeTensor<R> {
     let (x, weight) = (into_contiguous(x), into_contiguous(weight));
     let geometry = Geometry::new(x.shape().dims(), weight.shape().dims(), options);
@@ -302,8 +315,13 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
         DType::F32,
     );
     let tn = channels_per_unit(geometry.out_channels);
+    let tm = if wide {
+        WIDE_PIXELS_PER_UNIT
+    } else {
+        PIXELS_PER_UNIT
+    };
     let cube_count = CubeCount::Static(
-        geometry.rows().div_ceil(TILE_PIXELS) as u32,
+        geometry.rows().div_ceil(UNITS * tm) as u32,
         geometry.out_channels.div_ceil(UNITS * tn) as u32,
         1,
     );
@@ -324,6 +342,7 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
             bias.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             geometry.args(input_slope),
+            tm,
             tn,
             input_slope.is_some(),
             has_bias,

@@ -19,7 +19,7 @@ use cubecl::prelude::*;
 use crate::portable::weight_grad_chunks;
 use crate::tiled_conv::{
     accumulate_step, channels_per_unit, leaky, Geometry, TiledConvArgs, TiledConvArgsLaunch,
-    TILE_DEPTH, TILE_PIXELS, UNITS,
+    PIXELS_PER_UNIT, TILE_DEPTH, TILE_PIXELS, UNITS,
 };
 
 #[cube(launch_unchecked)]
@@ -109,7 +109,7 @@ fn tiled_weight_grad_kernel<F: Float>(
             grads[step_pixel * tile_channels + channel] = value;
         }
         sync_cube();
-        accumulate_step::<F>(&taps, &grads, &mut sums, ux, uy, tn);
+        accumulate_step::<F>(&taps, &grads, &mut sums, ux, uy, PIXELS_PER_UNIT, tn);
         sync_cube();
         m0 += TILE_DEPTH;
     }
