@@ -10,6 +10,7 @@ use anyhow::Context;
 
 use super::cells::Cell;
 use super::rows::{row_key, CellResult, TidyRow};
+use super::spec::SweepEstimate;
 use crate::model::write_atomic;
 
 /// How a finished cell's file name ends: its JSON, gzip-compressed (the example records that
@@ -28,6 +29,42 @@ pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(serde_json::to_string(result)?.as_bytes())?;
     write_atomic(&cell_path(out, &result.cell), &gz.finish()?)
+}
+
+/// Writes what this run of a sweep is estimated to take, `estimate.json`: the whole sweep's
+/// expected seconds and bound on its workers, and per cell to run (`cells`, in the order they
+/// start) its seconds and most seconds with the machine to itself, how much more its kind gets
+/// done side by side, and its expected seconds beside the cells it runs with — to set against
+/// the seconds its cell file records when it finishes. Each run that starts cells writes it
+/// anew: a resumed sweep's estimate counts only what is left.
+pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> anyhow::Result<()> {
+    let durations = estimate.durations();
+    let per_cell: Vec<serde_json::Value> = cells
+        .iter()
+        .enumerate()
+        .map(|(i, cell)| {
+            serde_json::json!({
+                "cell": cell.id(),
+                "model": cell.model,
+                "attack": cell.attack.name(),
+                "k": cell.k,
+                "seconds_alone": estimate.cells[i],
+                "bound_alone": estimate.bounds[i],
+                "speedup_side_by_side": estimate.speedups[i],
+                "expected_seconds": durations[i],
+            })
+        })
+        .collect();
+    let record = serde_json::json!({
+        "jobs": estimate.jobs,
+        "expected_seconds": estimate.expected(),
+        "bound_seconds": estimate.bound(),
+        "cells": per_cell,
+    });
+    write_atomic(
+        &out.join("estimate.json"),
+        serde_json::to_string_pretty(&record)?.as_bytes(),
+    )
 }
 
 /// A finished cell's file, decompressed and parsed (not yet checked against its sweep: see

@@ -117,6 +117,10 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         runner.observer.estimating(pending.len(), pairs.len());
     }
     let estimate = estimate_cells(plan, spec, &mine, &pending, side_by_side::<B>(jobs))?;
+    let starting: Vec<&Cell> = pending.iter().map(|&i| mine[i]).collect();
+    if !starting.is_empty() {
+        outputs::write_estimate(&out, &estimate, &starting)?;
+    }
     runner
         .observer
         .starting(&estimate, mine.len() - pending.len());

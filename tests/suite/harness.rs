@@ -1072,6 +1072,27 @@ fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
         estimating.is_some() && estimating < estimate && err.contains("at most"),
         "{err}"
     );
+    // The estimate is kept beside the results, cell by cell, to set against their times.
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("estimate.json")).unwrap())
+            .unwrap();
+    let cells = kept["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2, "{kept}");
+    for cell in cells {
+        let (alone, most) = (
+            cell["seconds_alone"].as_f64().unwrap(),
+            cell["bound_alone"].as_f64().unwrap(),
+        );
+        assert!(alone > 0.0 && alone <= most + 1e-9, "{cell}");
+        assert!(
+            cell["expected_seconds"].as_f64().unwrap() >= alone - 1e-9,
+            "{cell}"
+        );
+    }
+    assert!(
+        kept["bound_seconds"].as_f64() >= kept["expected_seconds"].as_f64(),
+        "{kept}"
+    );
 
     let rs = rows(dir.path());
     let attacks = |k: usize| -> Vec<String> {
