@@ -16,7 +16,7 @@ use super::estimate;
 use super::plan::Plan;
 use super::robustness::WORST_CASE;
 use super::rows::TidyRow;
-use super::spec::{SweepEstimate, SweepSpec};
+use super::spec::{CellCount, SweepEstimate, SweepSpec};
 use super::subject::Subject;
 use crate::backend::BenchBackend;
 use crate::batches;
@@ -43,11 +43,22 @@ const PILOTED_SWEEPS: usize = 4;
 /// One example's input gradient through a cell's defended model, timed.
 #[derive(Debug, Clone, Copy)]
 struct Timed {
-    /// Seconds with the machine to itself.
+    /// Seconds with the machine to itself, on the cell's batch.
     alone: f64,
+    /// The same on the convergence check's batch (its sample of survivors): a batch of 20
+    /// costs less per example than one of 100 (the maps of 100 images × 5 chains outgrow the
+    /// caches); `alone` where the cell has no check.
+    check_alone: f64,
     /// How many times more gradients the lanes computed side by side than one alone in the
     /// same time (see [`SweepEstimate::speedups`]).
     speedup: f64,
+}
+
+impl Timed {
+    /// Seconds `n` examples take through `gradients` each.
+    fn seconds(self, gradients: estimate::Gradients, n: f64) -> f64 {
+        n * (gradients.attack * self.alone + gradients.check * self.check_alone)
+    }
 }
 
 /// One example's input gradient through `cell`'s defended model (its model, K and gradient
@@ -65,7 +76,7 @@ fn time_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     lanes: usize,
 ) -> anyhow::Result<Timed> {
     let len = spec.examples.largest_batch().min(TIMED_BATCH);
-    let lane = || -> anyhow::Result<f64> {
+    let on = |len: usize| -> anyhow::Result<f64> {
         let (x, y) = first_examples(plan.subject(cell), len);
         Ok(estimate::seconds_per_gradient(
             &defended(plan, spec, cell)?,
@@ -73,15 +84,21 @@ fn time_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
             y,
         ))
     };
-    let alone = lane()?;
+    let alone = on(len)?;
+    let checked = cell.k > 0 && spec.convergence_sample > 0;
+    let check_alone = match spec.convergence_sample.min(len) {
+        sample if checked && sample < len => on(sample)?,
+        _ => alone,
+    };
     if lanes <= 1 {
         return Ok(Timed {
             alone,
+            check_alone,
             speedup: 1.0,
         });
     }
     let timed: Vec<f64> = std::thread::scope(|scope| {
-        let lanes: Vec<_> = (0..lanes).map(|_| scope.spawn(lane)).collect();
+        let lanes: Vec<_> = (0..lanes).map(|_| scope.spawn(|| on(len))).collect();
         lanes
             .into_iter()
             .map(|lane| lane.join().expect("a timing thread does not panic"))
@@ -90,6 +107,7 @@ fn time_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     let side_by_side = timed.iter().sum::<f64>() / timed.len() as f64;
     Ok(Timed {
         alone,
+        check_alone,
         speedup: (lanes as f64 * alone / side_by_side).clamp(1.0, lanes as f64),
     })
 }
@@ -168,9 +186,8 @@ pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             let attack = plan.own.iter().find(|o| o.name() == name);
             attack.map_or(0.0, |o| o.gradients_per_eps(eot))
         };
-        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
-            * (1.0 + estimate::check_factor(spec, cell, eps));
-        bounds.push(seconds * spec.examples.count() as f64 * most);
+        let most = estimate::most_gradients_per_example(spec, cell, eps, classes, own);
+        bounds.push(seconds * spec.examples.count() as f64 * most.total());
     }
     let shared = vec![1.0; bounds.len()];
     Ok(estimate::schedule(&bounds, &shared, jobs)
@@ -287,6 +304,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     let mut timed: Vec<(Key, Timed)> = Vec::new();
     let mut piloted: Vec<((Key, AttackKind), Pilot)> = Vec::new();
     let (mut cells, mut bounds, mut speedups) = (Vec::new(), Vec::new(), Vec::new());
+    let mut counts = Vec::new();
     for &i in pending {
         let cell = mine[i];
         let subject = plan.subject(cell);
@@ -299,7 +317,6 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
                 t
             }
         };
-        let seconds = gradient.alone;
         speedups.push(gradient.speedup);
         let classes = subject.test_set().num_classes();
         let own = |name: &str, eot| {
@@ -307,9 +324,8 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             attack.map_or(0.0, |o| o.gradients_per_eps(eot))
         };
         let n = spec.examples.count() as f64;
-        let most = estimate::gradients_per_example(spec, cell, eps, classes, own)
-            * (1.0 + estimate::check_factor(spec, cell, eps));
-        bounds.push(seconds * n * most);
+        let most = estimate::most_gradients_per_example(spec, cell, eps, classes, own);
+        bounds.push(gradient.seconds(most, n));
         // Only where the count can use survivors, and the pilot costs a small part of the
         // cell's attack: at the default's K = 1, 16 examples at one draw of APGD-CE's 4 and
         // without APGD-DLR, against 100 examples (3 % of the attack, before its check).
@@ -344,13 +360,20 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
             }
             _ => most,
         };
-        cells.push(seconds * n * likely);
+        cells.push(gradient.seconds(likely, n));
+        counts.push(CellCount {
+            expected: likely,
+            most,
+            seconds_per_gradient: gradient.alone,
+            seconds_per_check_gradient: gradient.check_alone,
+        });
     }
     Ok(SweepEstimate {
         cells,
         bounds,
         speedups,
         jobs,
+        counts,
     })
 }
 
@@ -375,8 +398,8 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
     grid.sort_by(f32::total_cmp);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = side_by_side::<B>(cores);
-    // Per cell, in the order `robust` starts them (longest K first): its K and gradient, and
-    // the expected and the most gradients per example.
+    // Per cell, in the order `robust` starts them (longest K first): its K and timed
+    // gradient, and its expected and most seconds.
     let mut cells: Vec<(usize, Timed, f64, f64)> = Vec::new();
     for subject in &plan.subjects {
         for &k in &full.ks {
@@ -390,9 +413,7 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
             let classes = subject.test_set().num_classes();
             let n = full.examples.count() as f64;
             let most =
-                estimate::gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0)
-                    * (1.0 + estimate::check_factor(&full, &cell, grid.len()));
-
+                estimate::most_gradients_per_example(&full, &cell, grid.len(), classes, |_, _| 0.0);
             // The quick look's worst case at this model and K.
             let worst: Vec<&TidyRow> = rows
                 .iter()
@@ -417,18 +438,17 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
                 estimate::HALF_RUN,
             )
             .unwrap_or(most);
-            cells.push((k, gradient, n * likely, n * most));
+            let (likely, most) = (gradient.seconds(likely, n), gradient.seconds(most, n));
+            cells.push((k, gradient, likely, most));
         }
     }
     cells.sort_by_key(|&(k, ..)| std::cmp::Reverse(k));
     let estimate = SweepEstimate {
-        cells: cells
-            .iter()
-            .map(|(_, t, likely, _)| t.alone * likely)
-            .collect(),
-        bounds: cells.iter().map(|(_, t, _, most)| t.alone * most).collect(),
+        cells: cells.iter().map(|&(_, _, likely, _)| likely).collect(),
+        bounds: cells.iter().map(|&(.., most)| most).collect(),
         speedups: cells.iter().map(|(_, t, ..)| t.speedup).collect(),
         jobs,
+        counts: Vec::new(),
     };
     let (expected, bound) = (estimate.expected(), estimate.bound());
     let norm = quick.threat.norm;

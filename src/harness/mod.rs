@@ -31,6 +31,7 @@ mod sweep;
 pub use crate::settings::InvalidSetting;
 pub use budgets::{BudgetCounts, Budgets};
 pub use cells::{AttackKind, Cell, CellAttack};
+pub use estimate::Gradients;
 pub use merge::{merge, MergeSpec};
 pub use outputs::read_tidy;
 pub use own_attack::{OwnAttack, RunContext};
@@ -41,8 +42,8 @@ pub use report::report;
 pub use robustness::{tidy_rows, wilson, ALL_GRADS, WORST_CASE};
 pub use rows::{ExampleRow, GradColumn, RowAttack, TidyRow};
 pub use spec::{
-    CellPart, Checkpoints, Examples, PartKind, Runner, Shard, Silent, SweepEstimate, SweepObserver,
-    SweepSpec, Threat,
+    CellCount, CellPart, Checkpoints, Examples, PartKind, Runner, Shard, Silent, SweepEstimate,
+    SweepObserver, SweepSpec, Threat,
 };
 pub use subject::Subject;
 pub use sweep::{check, run, sweep, sweep_with_attacks};

@@ -33,8 +33,10 @@ pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
 
 /// Writes what this run of a sweep is estimated to take, `estimate.json`: the whole sweep's
 /// expected seconds and bound on its workers, and per cell to run (`cells`, in the order they
-/// start) its seconds and most seconds with the machine to itself, how much more its kind gets
-/// done side by side, and its expected seconds beside the cells it runs with — to set against
+/// start) its seconds and most seconds with the machine to itself, what they are made of
+/// (gradients per example, expected and at most, of the attack and of the convergence check,
+/// and the seconds one takes alone), how much more its kind gets done side by side, and its
+/// expected seconds beside the cells it runs with — to set against
 /// the seconds its cell file records when it finishes. Each run that starts cells writes it
 /// anew: a resumed sweep's estimate counts only what is left.
 pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> anyhow::Result<()> {
@@ -43,7 +45,7 @@ pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> 
         .iter()
         .enumerate()
         .map(|(i, cell)| {
-            serde_json::json!({
+            let mut record = serde_json::json!({
                 "cell": cell.id(),
                 "model": cell.model,
                 "attack": cell.attack.name(),
@@ -52,7 +54,19 @@ pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> 
                 "bound_alone": estimate.bounds[i],
                 "speedup_side_by_side": estimate.speedups[i],
                 "expected_seconds": durations[i],
-            })
+            });
+            if let Some(count) = estimate.counts.get(i) {
+                let gradients = |g: super::estimate::Gradients| {
+                    serde_json::json!({"attack": g.attack, "convergence_check": g.check})
+                };
+                record["gradients_per_example"] = gradients(count.expected);
+                record["most_gradients_per_example"] = gradients(count.most);
+                record["seconds_per_gradient"] = serde_json::json!({
+                    "attack": count.seconds_per_gradient,
+                    "convergence_check": count.seconds_per_check_gradient,
+                });
+            }
+            record
         })
         .collect();
     let record = serde_json::json!({

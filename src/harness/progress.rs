@@ -277,6 +277,7 @@ mod tests {
             bounds: cells.iter().map(|c| 2.0 * c).collect(),
             speedups: vec![1.0; cells.len()],
             jobs: 1,
+            counts: Vec::new(),
         }
     }
 

@@ -243,6 +243,22 @@ pub struct SweepEstimate {
     pub speedups: Vec<f64>,
     /// Cells run side by side.
     pub jobs: usize,
+    /// Per cell, what its expected seconds are made of (empty where not known).
+    pub counts: Vec<CellCount>,
+}
+
+/// What one cell's estimate is made of: input gradients per example expected and at most, and
+/// the seconds one takes alone on the cell's batch and on its convergence check's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CellCount {
+    /// Gradients per example expected, from the pilot's survivors.
+    pub expected: estimate::Gradients,
+    /// Gradients per example at most.
+    pub most: estimate::Gradients,
+    /// Seconds one example's gradient takes alone on the cell's batch.
+    pub seconds_per_gradient: f64,
+    /// The same on the convergence check's batch.
+    pub seconds_per_check_gradient: f64,
 }
 
 impl SweepEstimate {

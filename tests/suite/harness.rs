@@ -1088,6 +1088,14 @@ fn the_default_sweep_is_adaptive_and_checks_its_convergence() {
             cell["expected_seconds"].as_f64().unwrap() >= alone - 1e-9,
             "{cell}"
         );
+        // What it is made of: the 4 examples' gradients (attack and convergence check) times
+        // the seconds each takes.
+        let part = |what: &str, of: &str| cell[what][of].as_f64().unwrap();
+        let made_of = 4.0
+            * (part("gradients_per_example", "attack") * part("seconds_per_gradient", "attack")
+                + part("gradients_per_example", "convergence_check")
+                    * part("seconds_per_gradient", "convergence_check"));
+        assert!((made_of - alone).abs() <= 1e-6 * alone, "{cell}");
     }
     assert!(
         kept["bound_seconds"].as_f64() >= kept["expected_seconds"].as_f64(),
