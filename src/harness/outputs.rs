@@ -36,9 +36,9 @@ pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
 /// start) its seconds and most seconds with the machine to itself, what they are made of
 /// (gradients per example, expected and at most, of the attack and of the convergence check,
 /// and the seconds one takes alone), how much more its kind gets done side by side, and its
-/// expected seconds beside the cells it runs with — to set against
-/// the seconds its cell file records when it finishes. Each run that starts cells writes it
-/// anew: a resumed sweep's estimate counts only what is left.
+/// expected seconds beside the cells it runs with — to set against the seconds its cell file
+/// records when it finishes. Each run that starts cells writes it anew: a resumed sweep's
+/// estimate counts only what is left.
 pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> anyhow::Result<()> {
     let durations = estimate.durations();
     let per_cell: Vec<serde_json::Value> = cells
