@@ -34,9 +34,9 @@ impl Gradients {
     }
 }
 
-/// The input gradients one example of `cell` takes at most: its attack's over the `eps` budgets
-/// > 0 ([`gradients_per_example`]), and its convergence check's on its whole sample
-/// ([`check_factor`]).
+/// The input gradients one example of `cell` takes at most: its attack's over the `eps`
+/// nonzero budgets ([`gradients_per_example`]), and its convergence check's on its whole
+/// sample ([`check_factor`]).
 pub fn most_gradients_per_example(
     spec: &SweepSpec,
     cell: &Cell,
@@ -172,6 +172,14 @@ pub fn check_factor(spec: &SweepSpec, cell: &Cell, eps: usize) -> f64 {
         .is_some_and(|entry| entry.once_for_every_eps);
     let runs = if once { eps as f64 } else { 1.0 };
     strengths * runs * (spec.convergence_sample as f64).min(n) / n
+}
+
+/// When the last of the tasks [`schedule`] hands out ends: what they take on `workers` workers.
+pub fn makespan(seconds: &[f64], speedups: &[f64], workers: usize) -> f64 {
+    schedule(seconds, speedups, workers)
+        .into_iter()
+        .map(|(_, end)| end)
+        .fold(0.0, f64::max)
 }
 
 /// When each of the tasks of `seconds` (each alone on the machine, in the order they start)

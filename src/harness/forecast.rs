@@ -190,10 +190,7 @@ pub(super) fn long_run_bound<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         bounds.push(seconds * spec.examples.count() as f64 * most.total());
     }
     let shared = vec![1.0; bounds.len()];
-    Ok(estimate::schedule(&bounds, &shared, jobs)
-        .into_iter()
-        .map(|(_, end)| end)
-        .fold(0.0, f64::max))
+    Ok(estimate::makespan(&bounds, &shared, jobs))
 }
 
 /// SGLD steps and chains a gradient is timed at, at most, for [`long_run_bound`].

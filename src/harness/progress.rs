@@ -26,11 +26,7 @@ pub struct TerminalProgress {
     done: Cell<usize>,
     /// Per running cell (by id), the estimated milliseconds its finished parts advanced the bar.
     advanced: RefCell<HashMap<String, u64>>,
-    /// Wall-clock seconds per second of the cells' estimated durations added up: cells side by
-    /// side advance the bar together.
-    wall_per_summed: Cell<f64>,
-    /// What the bar's time left is counted from: the estimated seconds of the whole sweep, and
-    /// the estimated seconds of what is still to run as the last finished part left it.
+    /// What the bar's time left is counted from.
     left: Arc<Mutex<TimeLeft>>,
 }
 
@@ -45,8 +41,13 @@ pub struct TerminalProgress {
 /// estimated at 4 h 34 min.)
 #[derive(Debug, Clone, Copy, Default)]
 struct TimeLeft {
+    /// The estimated seconds of the whole sweep.
     expected: f64,
+    /// The estimated seconds of what is still to run, as the last finished part left it.
     undone: f64,
+    /// Wall-clock seconds per second of the cells' estimated durations added up (the bar's
+    /// unit): cells side by side advance the bar together.
+    wall_per_summed: f64,
 }
 
 impl TimeLeft {
@@ -70,7 +71,8 @@ impl TerminalProgress {
     /// not yet run, as wall-clock time.
     fn recount(&self, bar: &ProgressBar) {
         let undone = bar.length().unwrap_or(0).saturating_sub(bar.position()) as f64 / 1000.0;
-        self.left.lock().expect("the time left").undone = undone * self.wall_per_summed.get();
+        let mut left = self.left.lock().expect("the time left");
+        left.undone = undone * left.wall_per_summed;
     }
 
     /// The plain line of a finished part or cell: elapsed time, cells, time left (as the bar
@@ -124,8 +126,6 @@ impl SweepObserver for TerminalProgress {
         // by cost; run side by side, they advance it side by side.
         let total: f64 = estimates.iter().sum();
         let wall = estimate.expected();
-        self.wall_per_summed
-            .set(if total > 0.0 { wall / total } else { 1.0 });
         let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
         let left = self.left.clone();
         let count_down = move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
@@ -143,6 +143,7 @@ impl SweepObserver for TerminalProgress {
         *self.left.lock().expect("the time left") = TimeLeft {
             expected: wall,
             undone: wall,
+            wall_per_summed: if total > 0.0 { wall / total } else { 1.0 },
         };
         self.cells.set(estimates.len() + finished_before);
         self.done.set(finished_before);
@@ -168,8 +169,8 @@ impl SweepObserver for TerminalProgress {
             part.cell.k
         );
         let what = if part.resumed {
-            // An earlier run's part leaves the work to do, not the work done: the time left
-            // is this run's pace over what this run has still to compute.
+            // An earlier run's part leaves the work to do, not the work done: it comes off
+            // what is still to run, not onto what this run has run.
             bar.set_length(bar.length().unwrap_or(0).saturating_sub(step).max(1));
             format!("{cell}: {part} read back (kept by an earlier run)")
         } else {
@@ -316,6 +317,7 @@ mod tests {
         let left = TimeLeft {
             expected: 14.0,
             undone: 14.0,
+            wall_per_summed: 1.0,
         };
         assert_eq!(left.at(0.0), 14.0);
         assert_eq!(left.at(20.0), 14.0);

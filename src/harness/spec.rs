@@ -264,14 +264,14 @@ pub struct CellCount {
 impl SweepEstimate {
     /// Expected seconds of the whole sweep: its cells on [`jobs`](Self::jobs) workers.
     pub fn expected(&self) -> f64 {
-        finish(&estimate::schedule(&self.cells, &self.speedups, self.jobs))
+        estimate::makespan(&self.cells, &self.speedups, self.jobs)
     }
 
     /// Seconds the whole sweep takes at most: the cells' bounds on the same workers, sharing
     /// the cores.
     pub fn bound(&self) -> f64 {
         let shared = vec![1.0; self.bounds.len()];
-        finish(&estimate::schedule(&self.bounds, &shared, self.jobs))
+        estimate::makespan(&self.bounds, &shared, self.jobs)
     }
 
     /// Expected seconds each cell takes from its start to its end, beside the cells it runs
@@ -282,11 +282,6 @@ impl SweepEstimate {
             .map(|(start, end)| end - start)
             .collect()
     }
-}
-
-/// When the last of `spans` (start, end) ends.
-fn finish(spans: &[(f64, f64)]) -> f64 {
-    spans.iter().map(|&(_, end)| end).fold(0.0, f64::max)
 }
 
 /// A part of a cell that is kept as it finishes, so that a killed sweep resumes after it: a

@@ -107,17 +107,15 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         .collect();
     pending.sort_by_key(|&i| std::cmp::Reverse(mine[i].k));
     let jobs = runner.jobs.get().clamp(1, pending.len().max(1));
-    let mut pairs: Vec<(&str, usize)> = pending
-        .iter()
-        .map(|&i| (mine[i].model.as_str(), mine[i].k))
-        .collect();
-    pairs.sort();
-    pairs.dedup();
-    if !pending.is_empty() {
-        runner.observer.estimating(pending.len(), pairs.len());
+    let starting: Vec<&Cell> = pending.iter().map(|&i| mine[i]).collect();
+    if !starting.is_empty() {
+        let mut pairs: Vec<(&str, usize)> =
+            starting.iter().map(|c| (c.model.as_str(), c.k)).collect();
+        pairs.sort();
+        pairs.dedup();
+        runner.observer.estimating(starting.len(), pairs.len());
     }
     let estimate = estimate_cells(plan, spec, &mine, &pending, side_by_side::<B>(jobs))?;
-    let starting: Vec<&Cell> = pending.iter().map(|&i| mine[i]).collect();
     if !starting.is_empty() {
         outputs::write_estimate(&out, &estimate, &starting)?;
     }
