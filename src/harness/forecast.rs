@@ -292,6 +292,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     spec: &SweepSpec,
     mine: &[&Cell],
     pending: &[usize],
+    identity: &str,
     jobs: usize,
 ) -> anyhow::Result<SweepEstimate> {
     let mut grid: Vec<f32> = plan.eps_grid.iter().copied().filter(|&e| e > 0.0).collect();
@@ -301,9 +302,10 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
     let mut timed: Vec<(Key, Timed)> = Vec::new();
     let mut piloted: Vec<((Key, AttackKind), Pilot)> = Vec::new();
     let (mut cells, mut bounds, mut speedups) = (Vec::new(), Vec::new(), Vec::new());
-    let mut counts = Vec::new();
+    let (mut counts, mut kept) = (Vec::new(), Vec::new());
     for &i in pending {
         let cell = mine[i];
+        kept.push(super::kept_parts::kept_share(&plan.out, identity, cell));
         let subject = plan.subject(cell);
         let key = (cell.model.as_str(), cell.k, cell.grad);
         let gradient = match timed.iter().find(|(k, _)| *k == key) {
@@ -371,6 +373,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         speedups,
         jobs,
         counts,
+        kept,
     })
 }
 
@@ -446,6 +449,7 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
         speedups: cells.iter().map(|(_, t, ..)| t.speedup).collect(),
         jobs,
         counts: Vec::new(),
+        kept: Vec::new(),
     };
     let (expected, bound) = (estimate.expected(), estimate.bound());
     let norm = quick.threat.norm;

@@ -36,6 +36,11 @@ struct KeptFile<T> {
     index: usize,
     /// `sha256:<hex>` of the part's JSON (as [`content_digest`] writes it).
     digest: String,
+    /// The part's share of its cell's estimated cost, which a resumed sweep's estimate leaves
+    /// out ([`kept_share`]); absent from parts kept before jem-bench recorded it, which that
+    /// estimate counts as still to run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    share: Option<f64>,
     part: T,
 }
 
@@ -98,11 +103,13 @@ fn read_kept<T: Serialize + serde::de::DeserializeOwned>(
 /// examples?) before anything is computed, so a file another layout left is refused at once
 /// rather than after hours of the parts before it. `kept` is told of each part read back
 /// (`None`), then of each part computed now, once it is on disk, with the seconds it took; its
-/// error stops the cell there.
+/// error stops the cell there. Each file records its part's `share` of the cell's estimated
+/// cost, for the estimate of a run that resumes the cell.
 pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
     dir: &Path,
     owner: PartOwner,
     count: usize,
+    share: impl Fn(usize) -> f64,
     fits: impl Fn(usize, &T) -> Result<(), String>,
     mut compute: impl FnMut(usize) -> anyhow::Result<T>,
     mut kept: impl FnMut(usize, Option<f64>) -> anyhow::Result<()>,
@@ -142,6 +149,7 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
                 kind: owner.kind,
                 index: j,
                 digest: content_digest(&part)?,
+                share: Some(share(j)),
                 part,
             };
             write_atomic(&file(j), serde_json::to_string(&record)?.as_bytes())?;
@@ -149,6 +157,40 @@ pub fn resumable_batches<T: Serialize + serde::de::DeserializeOwned>(
             Ok(record.part)
         })
         .collect()
+}
+
+/// The share of `cell`'s estimated cost that an interrupted run of the sweep `sweep` kept in
+/// the cell's batch folder under `out` (its attack's batches and its convergence check's
+/// parts), as their files record it: what a run that resumes the cell will read back instead
+/// of computing, and its estimate leaves out. Only counts: a file that cannot be read, belongs
+/// elsewhere or records no share counts as still to run (the cell itself refuses a damaged
+/// file, by name, when it reads its parts back).
+pub fn kept_share(out: &Path, sweep: &str, cell: &Cell) -> f64 {
+    let dir = batches_dir(out, cell);
+    let mut share = 0.0;
+    for folder in [dir.clone(), dir.join("convergence")] {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            // The record without its part: only whose it is and its share are needed.
+            let Ok(kept) = serde_json::from_str::<KeptFile<serde::de::IgnoredAny>>(&text) else {
+                continue;
+            };
+            if let (true, Some(s)) = (kept.sweep == sweep && &kept.cell == cell, kept.share) {
+                if s.is_finite() && s > 0.0 {
+                    share += s;
+                }
+            }
+        }
+    }
+    share.min(1.0)
 }
 
 /// Removes the batch files of a cell whose own file is written (nothing if there are none).
@@ -203,10 +245,56 @@ mod tests {
             kept,
             owner,
             count,
+            |_| 0.25,
             any_batch,
             |j| Ok(batch(j)),
             |_, _| Ok(()),
         )
+    }
+
+    /// What a resumed run's estimate leaves out: the shares this sweep's cell's parts recorded,
+    /// its attack's batches and its check's parts, and nothing of a file it cannot count.
+    #[test]
+    fn the_share_kept_is_what_the_cells_own_parts_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        let kept = batches_dir(out, &CELLS[0]);
+        assert_eq!(kept_share(out, "sweep", &CELLS[0]), 0.0);
+        let fifths = |j: usize| 0.1 * (j + 1) as f64;
+        let keep = |dir: &Path, owner, count, share: &dyn Fn(usize) -> f64| {
+            resumable_batches(
+                dir,
+                owner,
+                count,
+                share,
+                any_batch,
+                |j| Ok(batch(j)),
+                |_, _| Ok(()),
+            )
+            .unwrap()
+        };
+        keep(&kept, owner("sweep"), 3, &fifths);
+        let check = PartOwner {
+            kind: super::super::spec::PartKind::ConvergenceCheck,
+            ..owner("sweep")
+        };
+        keep(&kept.join("convergence"), check, 1, &|_| 0.15);
+        let share = |sweep, cell| kept_share(out, sweep, cell);
+        assert!((share("sweep", &CELLS[0]) - 0.75).abs() < 1e-12);
+        // Another sweep's; another cell's, its files copied into that cell's folder.
+        assert_eq!(share("other", &CELLS[0]), 0.0);
+        let elsewhere = batches_dir(out, &CELLS[1]);
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::copy(kept.join("2.json"), elsewhere.join("2.json")).unwrap();
+        assert_eq!(share("sweep", &CELLS[1]), 0.0);
+        // A damaged file, and one kept before shares were recorded: still to run.
+        std::fs::write(kept.join("0.json"), "{").unwrap();
+        let path = kept.join("1.json");
+        let mut record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        record.as_object_mut().unwrap().remove("share").unwrap();
+        std::fs::write(&path, record.to_string()).unwrap();
+        assert!((share("sweep", &CELLS[0]) - 0.45).abs() < 1e-12);
     }
 
     #[test]
@@ -226,6 +314,7 @@ mod tests {
             &kept,
             owner("sweep"),
             2,
+            |_| 0.25,
             three,
             |j| {
                 computed.push(j);
@@ -258,6 +347,7 @@ mod tests {
             &kept,
             owner("sweep"),
             5,
+            |_| 0.25,
             any_batch,
             |j| {
                 computed.push(j);
@@ -283,6 +373,7 @@ mod tests {
             &kept,
             owner("sweep"),
             5,
+            |_| 0.25,
             any_batch,
             |j| {
                 computed.push(j);
@@ -319,6 +410,7 @@ mod tests {
             &other,
             owner("sweep"),
             5,
+            |_| 0.25,
             any_batch,
             |j| Ok(batch(j)),
             |_, _| anyhow::bail!("the sweep stopped"),
@@ -382,6 +474,7 @@ mod tests {
             &kept,
             owner("sweep"),
             3,
+            |_| 0.25,
             any_batch,
             |j| anyhow::bail!("batch {j} computed again"),
             |_, _| Ok(()),

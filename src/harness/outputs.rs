@@ -33,14 +33,14 @@ pub fn save_cell(out: &Path, result: &CellResult) -> anyhow::Result<()> {
 
 /// Writes what this run of a sweep is estimated to take, `estimate.json`: the whole sweep's
 /// expected seconds and bound on its workers, and per cell to run (`cells`, in the order they
-/// start) its seconds and most seconds with the machine to itself, what they are made of
-/// (gradients per example, expected and at most, of the attack and of the convergence check,
-/// and the seconds one takes alone), how much more its kind gets done side by side, and its
-/// expected seconds beside the cells it runs with — to set against the seconds its cell file
-/// records when it finishes. Each run that starts cells writes it anew: a resumed sweep's
-/// estimate counts only what is left.
+/// start) the whole cell's seconds and most seconds with the machine to itself, what they are
+/// made of (gradients per example, expected and at most, of the attack and of the convergence
+/// check, and the seconds one takes alone), how much more its kind gets done side by side, the
+/// share of it an earlier, interrupted run kept, and the expected seconds of the rest beside
+/// the cells it runs with — to set against the time it takes. Each run that starts cells
+/// writes it anew: a resumed sweep's estimate counts only what is left, cells and parts.
 pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> anyhow::Result<()> {
-    let durations = estimate.durations();
+    let durations = estimate.durations_left();
     let per_cell: Vec<serde_json::Value> = cells
         .iter()
         .enumerate()
@@ -53,6 +53,7 @@ pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> 
                 "seconds_alone": estimate.cells[i],
                 "bound_alone": estimate.bounds[i],
                 "speedup_side_by_side": estimate.speedups[i],
+                "kept_by_an_earlier_run": estimate.kept.get(i).copied().unwrap_or(0.0),
                 "expected_seconds": durations[i],
             });
             if let Some(count) = estimate.counts.get(i) {

@@ -113,18 +113,26 @@ impl SweepObserver for TerminalProgress {
                 1 => String::new(),
                 jobs => format!(", {jobs} at a time"),
             };
+            // A resumed sweep's estimate is of what is left: say so, or it reads as the whole.
+            let resumed = match estimate.resumes() {
+                true => "; the parts an earlier run kept left out",
+                false => "",
+            };
             eprintln!(
                 "{} to run{at_once}, about {} here (timed gradients, and the examples a \
-                 pilot attack left standing at each ε), at most {} (every example attacked at \
-                 every ε to the last iteration)",
+                 pilot attack left standing at each ε{resumed}), at most {} (every example \
+                 attacked at every ε to the last iteration)",
                 cells_to_run(estimates.len()),
                 estimate::duration(estimate.expected()),
                 estimate::duration(estimate.bound())
             );
         }
         // Counted in the cells' estimated milliseconds, so that the remaining time weighs cells
-        // by cost; run side by side, they advance it side by side.
+        // by cost; run side by side, they advance it side by side. The bar holds the whole
+        // cells: the parts an earlier run kept come off it as they are read back, which leaves
+        // what is left of the cells, the expected seconds' share.
         let total: f64 = estimates.iter().sum();
+        let summed_left: f64 = estimate.durations_left().iter().sum();
         let wall = estimate.expected();
         let bar = ProgressBar::new((1000.0 * total).ceil().max(1.0) as u64);
         let left = self.left.clone();
@@ -143,7 +151,11 @@ impl SweepObserver for TerminalProgress {
         *self.left.lock().expect("the time left") = TimeLeft {
             expected: wall,
             undone: wall,
-            wall_per_summed: if total > 0.0 { wall / total } else { 1.0 },
+            wall_per_summed: if summed_left > 0.0 {
+                wall / summed_left
+            } else {
+                1.0
+            },
         };
         self.cells.set(estimates.len() + finished_before);
         self.done.set(finished_before);
@@ -279,6 +291,7 @@ mod tests {
             speedups: vec![1.0; cells.len()],
             jobs: 1,
             counts: Vec::new(),
+            kept: Vec::new(),
         }
     }
 
@@ -347,6 +360,37 @@ mod tests {
         assert_eq!(bar.length(), Some(22_000));
         shared.recount(&bar);
         assert!((shared.left.lock().unwrap().undone - 14.0).abs() < 1e-9);
+    }
+
+    /// A resumed sweep: half of the first cell kept. The estimate is of what is left (5 + 4 s
+    /// on one worker), the bar holds the whole cells until the kept half is read back, and then
+    /// what is still to run is the 9 s, not a share of it.
+    #[test]
+    fn a_resumed_sweeps_time_left_is_what_is_left() {
+        let resumed = SweepEstimate {
+            kept: vec![0.5, 0.0],
+            ..estimate(&[10.0, 4.0])
+        };
+        assert!(resumed.resumes() && !estimate(&[10.0, 4.0]).resumes());
+        assert_eq!(resumed.expected(), 9.0);
+        assert_eq!(resumed.bound(), 18.0);
+        assert_eq!(resumed.durations_left(), [5.0, 4.0]);
+        assert_eq!(resumed.durations(), [10.0, 4.0]);
+        let progress = TerminalProgress::default();
+        progress.starting(&resumed, 0);
+        let read_back = CellPart {
+            resumed: true,
+            seconds: 0.0,
+            ..part(1, 0, 0.5)
+        };
+        progress.part_finished(&read_back, 10.0);
+        let left = *progress.left.lock().unwrap();
+        assert_eq!(
+            progress.bar.borrow().as_ref().unwrap().length(),
+            Some(9_000)
+        );
+        assert!((left.undone - 9.0).abs() < 1e-9, "{left:?}");
+        assert!((left.at(5.0) - 9.0).abs() < 1e-9, "{left:?}");
     }
 
     #[test]

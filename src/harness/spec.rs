@@ -245,6 +245,10 @@ pub struct SweepEstimate {
     pub jobs: usize,
     /// Per cell, what its expected seconds are made of (empty where not known).
     pub counts: Vec<CellCount>,
+    /// Per cell, the share of its cost that an earlier, interrupted run kept (its finished
+    /// parts), which this run reads back instead of running: left out of the expected seconds
+    /// and the bound. Empty where nothing was kept.
+    pub kept: Vec<f64>,
 }
 
 /// What one cell's estimate is made of: input gradients per example expected and at most, and
@@ -262,24 +266,58 @@ pub struct CellCount {
 }
 
 impl SweepEstimate {
-    /// Expected seconds of the whole sweep: its cells on [`jobs`](Self::jobs) workers.
-    pub fn expected(&self) -> f64 {
-        estimate::makespan(&self.cells, &self.speedups, self.jobs)
+    /// The share of cell `i` still to run: 1 less what an earlier run kept.
+    fn to_run(&self, i: usize) -> f64 {
+        (1.0 - self.kept.get(i).copied().unwrap_or(0.0)).clamp(0.0, 1.0)
     }
 
-    /// Seconds the whole sweep takes at most: the cells' bounds on the same workers, sharing
-    /// the cores.
+    /// Whether an earlier run kept parts of any of the cells.
+    pub fn resumes(&self) -> bool {
+        (0..self.cells.len()).any(|i| self.to_run(i) < 1.0)
+    }
+
+    /// Expected seconds of each cell's part still to run, alone.
+    fn left(&self, whole: &[f64]) -> Vec<f64> {
+        whole
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s * self.to_run(i))
+            .collect()
+    }
+
+    /// Expected seconds of the whole sweep: what is left of its cells on
+    /// [`jobs`](Self::jobs) workers.
+    pub fn expected(&self) -> f64 {
+        estimate::makespan(&self.left(&self.cells), &self.speedups, self.jobs)
+    }
+
+    /// Seconds the whole sweep takes at most: what is left of the cells' bounds on the same
+    /// workers, sharing the cores.
     pub fn bound(&self) -> f64 {
         let shared = vec![1.0; self.bounds.len()];
-        estimate::makespan(&self.bounds, &shared, self.jobs)
+        estimate::makespan(&self.left(&self.bounds), &shared, self.jobs)
     }
 
-    /// Expected seconds each cell takes from its start to its end, beside the cells it runs
-    /// with: what its progress and its closing line weigh it by.
-    pub fn durations(&self) -> Vec<f64> {
-        estimate::schedule(&self.cells, &self.speedups, self.jobs)
+    /// Expected seconds from each cell's start to its end, beside the cells it runs with:
+    /// what is left of it ([`expected`](Self::expected)'s schedule).
+    pub fn durations_left(&self) -> Vec<f64> {
+        estimate::schedule(&self.left(&self.cells), &self.speedups, self.jobs)
             .into_iter()
             .map(|(start, end)| end - start)
+            .collect()
+    }
+
+    /// Expected seconds of each whole cell at the pace it runs beside the others (its part
+    /// still to run, scaled up by what was kept): what its parts' shares and its closing line
+    /// are weighed by, the parts read back included.
+    pub fn durations(&self) -> Vec<f64> {
+        self.durations_left()
+            .into_iter()
+            .enumerate()
+            .map(|(i, left)| match self.to_run(i) {
+                share if share > 1e-9 => left / share,
+                _ => 0.0,
+            })
             .collect()
     }
 }

@@ -115,7 +115,14 @@ pub(super) fn execute<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
         pairs.dedup();
         runner.observer.estimating(starting.len(), pairs.len());
     }
-    let estimate = estimate_cells(plan, spec, &mine, &pending, side_by_side::<B>(jobs))?;
+    let estimate = estimate_cells(
+        plan,
+        spec,
+        &mine,
+        &pending,
+        &identity,
+        side_by_side::<B>(jobs),
+    )?;
     if !starting.is_empty() {
         outputs::write_estimate(&out, &estimate, &starting)?;
     }

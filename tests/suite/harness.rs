@@ -1251,7 +1251,8 @@ fn report_draws_robust_accuracy_against_k() {
 /// taken far longer than the run, so that the cell's time shows that it counts them; the
 /// attack's kept batches are doctored to have taken long too, each written with the digest a
 /// genuine part would carry.) A part of another size, as a jem-bench that cut the check
-/// otherwise kept it, is refused by name.
+/// otherwise kept it, is refused by name. The resumed run's estimate leaves out the parts it
+/// reads back (the batches, at the shares they recorded).
 #[test]
 fn an_interrupted_convergence_check_resumes_from_its_kept_parts() {
     for (batching, part_len) in [(&["--batch-size", "4"][..], 1), (&[], 2)] {
@@ -1344,6 +1345,31 @@ fn interrupted_convergence_check_resumes(batching: &[&str], part_len: usize) {
     };
     assert_eq!(read_back(": convergence check "), parts, "{err}");
     assert!(read_back(": attack") >= 1, "{err}");
+    // The estimate is of what is left: the attack's batches are left out (at the share each
+    // recorded), the check's parts doctored without one are not, and it says so.
+    assert!(
+        err.contains("the parts an earlier run kept left out"),
+        "{err}"
+    );
+    let estimate: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("estimate.json")).unwrap())
+            .unwrap();
+    let only = &estimate["cells"][0];
+    let kept_share = only["kept_by_an_earlier_run"].as_f64().unwrap();
+    assert!(kept_share > 0.0 && kept_share < 1.0, "{estimate}");
+    let (alone, left) = (
+        only["seconds_alone"].as_f64().unwrap(),
+        only["expected_seconds"].as_f64().unwrap(),
+    );
+    assert!(
+        (left - alone * (1.0 - kept_share)).abs() <= 1e-9 * alone,
+        "{estimate}"
+    );
+    assert_eq!(
+        estimate["expected_seconds"].as_f64(),
+        Some(left),
+        "{estimate}"
+    );
     let resumed = common::read_cell(&file);
     assert_eq!(
         checked(&resumed),
@@ -1403,7 +1429,11 @@ fn doctor_batches(kept: &std::path::Path, cell: &serde_json::Value, seconds: f64
             let mut part = batch["part"].clone();
             part["seconds"] = serde_json::json!(seconds);
             let index = batch["index"].as_u64().unwrap() as usize;
-            std::fs::write(&path, envelope(cell, "attack-batch", index, part)).unwrap();
+            let mut doctored: serde_json::Value =
+                serde_json::from_str(&envelope(cell, "attack-batch", index, part)).unwrap();
+            // Its share of the cell's cost, as jem-bench recorded it.
+            doctored["share"] = batch["share"].clone();
+            std::fs::write(&path, doctored.to_string()).unwrap();
             batches += 1;
         }
     }

@@ -128,7 +128,7 @@ impl<B: BenchBackend, M: Model<B>> CellWork<'_, '_, B, M> {
             }
             fits(j, part)
         };
-        let parts = kept_parts::resumable_batches(dir, owner, count, fits, compute, kept)?;
+        let parts = kept_parts::resumable_batches(dir, owner, count, &share, fits, compute, kept)?;
         let read_back_seconds = read_back.iter().map(|&j| parts[j].seconds()).sum();
         Ok((parts, read_back_seconds))
     }
