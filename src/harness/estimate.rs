@@ -23,6 +23,10 @@ use crate::backend::BenchBackend;
 pub struct Gradients {
     /// The attack's, every stage at every ε.
     pub attack: f64,
+    /// The share of a batch's examples the attack's gradients are computed on, on average over
+    /// them: an attack computes the examples still standing only, so its batches shrink as it
+    /// breaks them (1 where every example is attacked to the last iteration).
+    pub attack_rows: f64,
     /// The convergence check's re-attacks of sampled survivors.
     pub check: f64,
 }
@@ -47,6 +51,7 @@ pub fn most_gradients_per_example(
     let attack = gradients_per_example(spec, cell, eps, classes, own_per_eps);
     Gradients {
         attack,
+        attack_rows: 1.0,
         check: attack * check_factor(spec, cell, eps),
     }
 }
@@ -123,16 +128,24 @@ pub fn expected_gradients_per_example(
     let broken_share = broken_share.clamp(0.0, 1.0);
     let mut before = clean.clamp(0.0, 1.0);
     let (mut total, mut checked) = (0.0, 0.0);
+    // The attack's gradients times the share of the batch each is computed on: the first
+    // stage's batch holds, on average over its run, the survivors and the broken examples for
+    // their share of it; the later stages', the survivors.
+    let mut rows_weighted = 0.0;
     for (j, &left) in standing.iter().enumerate() {
         let left = left.clamp(0.0, before);
-        total += first.0 * (left + broken_share * (before - left));
-        total += later
+        let first_rows = left + broken_share * (before - left);
+        total += first.0 * first_rows;
+        rows_weighted += first.0 * first_rows * first_rows;
+        let later_gradients = later
             .iter()
             .map(|&(g, once)| match (once, j) {
                 (false, _) | (true, 0) => g * left,
                 (true, _) => 0.0,
             })
             .sum::<f64>();
+        total += later_gradients;
+        rows_weighted += later_gradients * left;
         if check {
             let sampled = (spec.convergence_sample as f64).min(left * n) / n;
             checked += (MORE_EOT + MORE_ITERATIONS) as f64 * sampled * whole;
@@ -141,6 +154,11 @@ pub fn expected_gradients_per_example(
     }
     Some(Gradients {
         attack: total,
+        attack_rows: if total > 0.0 {
+            rows_weighted / total
+        } else {
+            1.0
+        },
         check: checked,
     })
 }
@@ -409,6 +427,33 @@ mod tests {
         // costs nothing here); APGD-T and Square on that half at each ε; FAB-T once on it.
         let want = 100.0 * 0.5 * 3.0 + (900.0 + 2_500.0) * 0.5 * 3.0 + 1_350.0 * 0.5;
         assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+    }
+
+    /// An attack computes the examples still standing only: its gradients are priced at the
+    /// batch they run on. Nothing broken: the whole batch; half standing from the start: half
+    /// of it; half broken at the first ε at a fifth of a run each: the first stage's batch at
+    /// that ε holds 0.5 + 0.2 × 0.5 of it on average, every later one 0.5.
+    #[test]
+    fn the_attacks_gradients_are_computed_on_the_examples_still_standing() {
+        let spec = SweepSpec::default();
+        let k1 = cell(AttackKind::Adaptive, 1);
+        let rows = |clean, standing: &[f64], broken| {
+            expected_gradients_per_example(&spec, &k1, 10, clean, standing, broken)
+                .unwrap()
+                .attack_rows
+        };
+        assert!((rows(1.0, &[1.0; 3], 0.5) - 1.0).abs() < 1e-12);
+        assert!((rows(0.5, &[0.5; 3], 0.5) - 0.5).abs() < 1e-12);
+        // APGD-CE first, APGD-DLR after it.
+        let stages = stage_gradients(&spec, AttackKind::Adaptive.at(1), 1, 10);
+        assert_eq!(stages.len(), 2);
+        let (g1, g2) = (stages[0].0, stages[1].0);
+        let weighted = g1 * 0.6 * 0.6 + g2 * 0.5 * 0.5 + 2.0 * (g1 + g2) * 0.5 * 0.5;
+        let want = weighted / (g1 * 0.6 + g2 * 0.5 + 2.0 * (g1 + g2) * 0.5);
+        let got = rows(1.0, &[0.5; 3], 0.2);
+        assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        let most = most_gradients_per_example(&spec, &k1, 3, 10, no_own);
+        assert_eq!(most.attack_rows, 1.0);
     }
 
     #[test]

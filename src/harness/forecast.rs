@@ -45,19 +45,38 @@ const PILOTED_SWEEPS: usize = 4;
 struct Timed {
     /// Seconds with the machine to itself, on the cell's batch.
     alone: f64,
+    /// Examples in that batch.
+    batch: f64,
     /// The same on the convergence check's batch (its sample of survivors): a batch of 20
     /// costs less per example than one of 100 (the maps of 100 images × 5 chains outgrow the
     /// caches); `alone` where the cell has no check.
     check_alone: f64,
+    /// Examples in the check's batch (`batch` where the cell has no check).
+    check_batch: f64,
     /// How many times more gradients the lanes computed side by side than one alone in the
     /// same time (see [`SweepEstimate::speedups`]).
     speedup: f64,
 }
 
 impl Timed {
+    /// Seconds one example's gradient takes alone in a batch of `rows` (a share) of the cell's
+    /// batch: between the two batches timed, along the line through them; at the nearer one
+    /// outside them. An attack's batches shrink as it breaks examples, and a WRN-10-2's
+    /// gradient through one SGLD step costs about 34 ms an example in a batch of 100 against 21
+    /// in one of 20, so pricing all of them at the full batch counts long.
+    fn per_gradient(self, rows: f64) -> f64 {
+        let (small, large) = (self.check_batch, self.batch);
+        if large - small < 1.0 {
+            return self.alone;
+        }
+        let at = ((large * rows).clamp(small, large) - small) / (large - small);
+        self.check_alone + at * (self.alone - self.check_alone)
+    }
+
     /// Seconds `n` examples take through `gradients` each.
     fn seconds(self, gradients: estimate::Gradients, n: f64) -> f64 {
-        n * (gradients.attack * self.alone + gradients.check * self.check_alone)
+        n * (gradients.attack * self.per_gradient(gradients.attack_rows)
+            + gradients.check * self.check_alone)
     }
 }
 
@@ -86,16 +105,19 @@ fn time_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     };
     let alone = on(len)?;
     let checked = cell.k > 0 && spec.convergence_sample > 0;
-    let check_alone = match spec.convergence_sample.min(len) {
-        sample if checked && sample < len => on(sample)?,
-        _ => alone,
+    let (check_alone, check_batch) = match spec.convergence_sample.min(len) {
+        sample if checked && sample < len => (on(sample)?, sample),
+        _ => (alone, len),
+    };
+    let single = Timed {
+        alone,
+        batch: len as f64,
+        check_alone,
+        check_batch: check_batch as f64,
+        speedup: 1.0,
     };
     if lanes <= 1 {
-        return Ok(Timed {
-            alone,
-            check_alone,
-            speedup: 1.0,
-        });
+        return Ok(single);
     }
     let timed: Vec<f64> = std::thread::scope(|scope| {
         let lanes: Vec<_> = (0..lanes).map(|_| scope.spawn(|| on(len))).collect();
@@ -106,9 +128,8 @@ fn time_gradient<B: BenchBackend, N: Classifier<B> + Module<B> + 'static>(
     })?;
     let side_by_side = timed.iter().sum::<f64>() / timed.len() as f64;
     Ok(Timed {
-        alone,
-        check_alone,
         speedup: (lanes as f64 * alone / side_by_side).clamp(1.0, lanes as f64),
+        ..single
     })
 }
 
@@ -363,7 +384,7 @@ pub(super) fn estimate_cells<B: BenchBackend, N: Classifier<B> + Module<B> + 'st
         counts.push(CellCount {
             expected: likely,
             most,
-            seconds_per_gradient: gradient.alone,
+            seconds_per_gradient: gradient.per_gradient(likely.attack_rows),
             seconds_per_check_gradient: gradient.check_alone,
         });
     }
@@ -460,4 +481,45 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
         estimate::duration(expected),
         estimate::duration(bound)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 34 ms an example in a batch of 100, 21 in one of 20: a gradient in between is priced on
+    /// the line through them, one outside at the nearer end; a cell without a check (one batch
+    /// timed) at its batch's.
+    #[test]
+    fn a_gradient_is_priced_at_the_batch_it_runs_on() {
+        let timed = Timed {
+            alone: 0.034,
+            batch: 100.0,
+            check_alone: 0.021,
+            check_batch: 20.0,
+            speedup: 1.0,
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(timed.per_gradient(1.0), 0.034));
+        assert!(close(timed.per_gradient(0.2), 0.021));
+        assert!(close(timed.per_gradient(0.6), 0.021 + 0.5 * 0.013));
+        assert!(close(timed.per_gradient(0.05), 0.021));
+        assert!(close(timed.per_gradient(3.0), 0.034));
+        let unchecked = Timed {
+            check_alone: 0.034,
+            check_batch: 100.0,
+            ..timed
+        };
+        assert!(close(unchecked.per_gradient(0.2), 0.034));
+        // 10 examples through 50 attack gradients on 60 % of the batch and 20 check ones.
+        let gradients = estimate::Gradients {
+            attack: 50.0,
+            attack_rows: 0.6,
+            check: 20.0,
+        };
+        assert!(close(
+            timed.seconds(gradients, 10.0),
+            10.0 * (50.0 * 0.0275 + 20.0 * 0.021)
+        ));
+    }
 }

@@ -58,7 +58,11 @@ pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> 
             });
             if let Some(count) = estimate.counts.get(i) {
                 let gradients = |g: super::estimate::Gradients| {
-                    serde_json::json!({"attack": g.attack, "convergence_check": g.check})
+                    serde_json::json!({
+                        "attack": g.attack,
+                        "attack_batch_share": g.attack_rows,
+                        "convergence_check": g.check,
+                    })
                 };
                 record["gradients_per_example"] = gradients(count.expected);
                 record["most_gradients_per_example"] = gradients(count.most);

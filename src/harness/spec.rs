@@ -259,7 +259,8 @@ pub struct CellCount {
     pub expected: estimate::Gradients,
     /// Gradients per example at most.
     pub most: estimate::Gradients,
-    /// Seconds one example's gradient takes alone on the cell's batch.
+    /// Seconds one example's gradient of the attack takes alone, in the batch its gradients
+    /// are expected to run on (the examples still standing).
     pub seconds_per_gradient: f64,
     /// The same on the convergence check's batch.
     pub seconds_per_check_gradient: f64,
