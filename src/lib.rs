@@ -16,6 +16,7 @@ pub mod duration;
 pub mod energy;
 pub mod harness;
 pub mod image_grid;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod nonsense;

@@ -128,27 +128,6 @@ struct ImportArgs {
     data: String,
 }
 
-/// glibc hands every freed block over 128 KiB back to the kernel at once and maps fresh pages
-/// for the next one, so each activation tensor of every pass pays page faults and zeroing
-/// again (15–20 % of a training step or an input gradient on WRN-10-1). Keeping blocks up to
-/// 32 MiB (the largest threshold glibc accepts) in the heap, and trimming it only past 512 MiB
-/// free, reuses them; peak memory grows by a few MiB.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn keep_freed_memory() {
-    // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
-        // One arena for every thread: the thresholds above govern the main heap, while each
-        // extra arena's 64 MiB heaps are given back and faulted in again as the sweep's worker
-        // threads free their activations (3× the page faults and system time on a K = 1 cell).
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn keep_freed_memory() {}
-
 /// Standard output closed early (`jem-bench … | head`) or full (`> /dev/full`): Rust's `println!`
 /// panics on the failed write. Every command writes its result files before it prints, so a
 /// closed pipe ends the program quietly (as `head` meant it to), and any other failure to write
@@ -173,8 +152,12 @@ fn quiet_on_closed_stdout() {
     }));
 }
 
+/// Activation maps of 32 MiB or more on huge pages (see `jem_bench::memory`).
+#[global_allocator]
+static ALLOCATOR: jem_bench::memory::LargePages = jem_bench::memory::LargePages;
+
 fn main() -> ExitCode {
-    keep_freed_memory();
+    jem_bench::memory::keep_freed_memory();
     quiet_on_closed_stdout();
     let command = Cli::command();
     let matches = command.clone().get_matches();
