@@ -61,9 +61,10 @@ struct Timed {
 impl Timed {
     /// Seconds one example's gradient takes alone in a batch of `rows` (a share) of the cell's
     /// batch: between the two batches timed, along the line through them; at the nearer one
-    /// outside them. An attack's batches shrink as it breaks examples, and a WRN-10-2's
-    /// gradient through one SGLD step costs about 34 ms an example in a batch of 100 against 21
-    /// in one of 20, so pricing all of them at the full batch counts long.
+    /// outside them. An attack's batches shrink as it breaks examples, and a smaller batch
+    /// costs less per example (a WRN-10-1's gradient through one SGLD step: about 9 ms an
+    /// example in a batch of 100, 8 in one of 20), so pricing all of them at the full batch
+    /// counts long.
     fn per_gradient(self, rows: f64) -> f64 {
         let (small, large) = (self.check_batch, self.batch);
         if large - small < 1.0 {
@@ -487,9 +488,9 @@ pub(super) fn full_evaluation<B: BenchBackend, N: Classifier<B> + Module<B> + 's
 mod tests {
     use super::*;
 
-    /// 34 ms an example in a batch of 100, 21 in one of 20: a gradient in between is priced on
-    /// the line through them, one outside at the nearer end; a cell without a check (one batch
-    /// timed) at its batch's.
+    /// Timed at 34 ms an example in a batch of 100 and 21 in one of 20: a gradient in between
+    /// is priced on the line through them, one outside at the nearer end; a cell without a
+    /// check (one batch timed) at its batch's.
     #[test]
     fn a_gradient_is_priced_at_the_batch_it_runs_on() {
         let timed = Timed {
