@@ -53,7 +53,7 @@ pub fn write_estimate(out: &Path, estimate: &SweepEstimate, cells: &[&Cell]) -> 
                 "seconds_alone": estimate.cells[i],
                 "bound_alone": estimate.bounds[i],
                 "speedup_side_by_side": estimate.speedups[i],
-                "kept_by_an_earlier_run": estimate.kept.get(i).copied().unwrap_or(0.0),
+                "kept_by_an_earlier_run": estimate.kept_share(i),
                 "expected_seconds": durations[i],
             });
             if let Some(count) = estimate.counts.get(i) {

@@ -114,9 +114,10 @@ impl SweepObserver for TerminalProgress {
                 jobs => format!(", {jobs} at a time"),
             };
             // A resumed sweep's estimate is of what is left: say so, or it reads as the whole.
-            let resumed = match estimate.resumes() {
-                true => "; the parts an earlier run kept left out",
-                false => "",
+            let resumed = if estimate.resumes() {
+                "; the parts an earlier run kept left out"
+            } else {
+                ""
             };
             eprintln!(
                 "{} to run{at_once}, about {} here (timed gradients, and the examples a \

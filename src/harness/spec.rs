@@ -267,9 +267,14 @@ pub struct CellCount {
 }
 
 impl SweepEstimate {
+    /// The share of cell `i` an earlier run kept (0 where [`kept`](Self::kept) is empty).
+    pub fn kept_share(&self, i: usize) -> f64 {
+        self.kept.get(i).copied().unwrap_or(0.0)
+    }
+
     /// The share of cell `i` still to run: 1 less what an earlier run kept.
     fn to_run(&self, i: usize) -> f64 {
-        (1.0 - self.kept.get(i).copied().unwrap_or(0.0)).clamp(0.0, 1.0)
+        (1.0 - self.kept_share(i)).clamp(0.0, 1.0)
     }
 
     /// Whether an earlier run kept parts of any of the cells.
