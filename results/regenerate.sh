@@ -191,7 +191,8 @@ for part in ${parts[*]}; do
 done
 
 # The figures are committed: recompressed losslessly where optipng is installed (Debian's
-# optipng; the same pixels in about half the png crate's bytes), as the committed ones are.
+# optipng: the same pixels in up to half the bytes the png crate writes), as the committed
+# ones are.
 if command -v optipng >/dev/null; then
     find results -name '*.png' -print0 | xargs -0 optipng -quiet -o2
 fi
