@@ -11,7 +11,9 @@
 //!   gradient with either Hessian-vector product, and K = 3), one PGD step; a failing gradient
 //!   names the digits it differs on (burn 0.21's CUDA adjoint of the chain average was wrong for
 //!   every other digit: docs/gpu.md);
-//! - one Adam step of a classifier and one JEM training iteration (20 SGLD steps, then Adam).
+//! - Adam's update of a parameter (jem-kernels' one launch) at the first step and a later one,
+//!   and SGLD's update of a batch (one launch) with and without the clamp;
+//!   two Adam steps of a classifier and one JEM training iteration (20 SGLD steps, then Adam).
 //!
 //! The GPU tests need a CUDA GPU and are ignored by default, so a machine without one reports
 //! them as ignored (not run), never as passed. On a machine with one (scripts/gpu-check.sh does this):
@@ -346,9 +348,9 @@ impl<B: Backend> ModuleVisitor<B> for Flatten {
     }
 }
 
-/// The weights after one Adam step of the classifier and after one JEM iteration, and the
-/// weights before, flattened.
-fn training_steps<B: KernelsAutodiff>() -> [Vec<f32>; 3] {
+/// The weights before, after one and two Adam steps of the classifier (on one batch) and after
+/// one JEM iteration, flattened.
+fn training_steps<B: KernelsAutodiff>() -> [Vec<f32>; 4] {
     let device: burn::tensor::Device<B> = Default::default();
     let (test, idx) = digits();
     let x = Tensor::<B, 4>::from_inner(jem_bench::batches::images::<B::InnerBackend>(
@@ -367,7 +369,11 @@ fn training_steps<B: KernelsAutodiff>() -> [Vec<f32>; 3] {
     let before = flat(&model);
     let mut optim = adam().init::<B, WideResNet<B>>();
     let loss = cross_entropy(model.forward(x.clone()), y.clone());
-    let adam_step = flat(&descend(model, &mut optim, loss, 1e-3));
+    let model = descend(model, &mut optim, loss, 1e-3);
+    let adam_step = flat(&model);
+    // The second step reads the moments the first one left.
+    let loss = cross_entropy(model.forward(x.clone()), y.clone());
+    let adam_steps = flat(&descend(model, &mut optim, loss, 1e-3));
 
     let (model, sidecar) = baseline::<B>();
     let config = JemConfig {
@@ -389,7 +395,7 @@ fn training_steps<B: KernelsAutodiff>() -> [Vec<f32>; 3] {
     );
     let mut optim = adam().init::<B, WideResNet<B>>();
     let jem_step = flat(&descend(model, &mut optim, loss, 1e-4));
-    [before, adam_step, jem_step]
+    [before, adam_step, adam_steps, jem_step]
 }
 
 /// The whole-network comparisons of `b` against `a`, each within `tolerance` of the largest
@@ -448,8 +454,9 @@ fn compare_network(report: &mut Report, a: &Computed, b: &Computed, tolerance: f
     report.signs("one PGD step", &a.pgd_step, &b.pgd_step, 1e-4);
 }
 
-/// Adam's first step moves each weight by about ±lr: the moves are compared, weight by weight.
-fn compare_training(report: &mut Report, a: &[Vec<f32>; 3], b: &[Vec<f32>; 3]) {
+/// Adam's first step moves each weight by about ±lr, its second by about ±2 lr where the
+/// gradient keeps its sign: the moves are compared, weight by weight.
+fn compare_training(report: &mut Report, a: &[Vec<f32>; 4], b: &[Vec<f32>; 4]) {
     let moves = |after: &[f32], before: &[f32]| -> Vec<f32> {
         after.iter().zip(before).map(|(x, y)| x - y).collect()
     };
@@ -460,9 +467,15 @@ fn compare_training(report: &mut Report, a: &[Vec<f32>; 3], b: &[Vec<f32>; 3]) {
         1e-5,
     );
     report.signs(
-        "one JEM iteration (moves)",
+        "two Adam steps (moves)",
         &moves(&a[2], &a[0]),
         &moves(&b[2], &b[0]),
+        1e-5,
+    );
+    report.signs(
+        "one JEM iteration (moves)",
+        &moves(&a[3], &a[0]),
+        &moves(&b[3], &b[0]),
         1e-6,
     );
 }
@@ -652,6 +665,111 @@ mod on_gpu {
             compare_network(&mut report, &cpu, &gpu, tolerance);
         }
         report.finish();
+    }
+
+    /// Adam's update of one parameter tensor, jem-kernels' one launch against the CPU's pass, at
+    /// the first step (no moments read) and the seventh; 5 000 elements (several cubes, the
+    /// last one partly outside).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --features cuda --test gpu -- --ignored"]
+    fn cpu_and_gpu_agree_on_adams_update() {
+        require_gpu();
+        let mut report = Report::default();
+        let n = 5_000;
+        // Values in [−scale, scale), then squared for the second moment (never negative).
+        let values = |seed: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| scale * (((i * 7_919 + seed * 104_729) % 1_000) as f32 / 500.0 - 1.0))
+                .collect()
+        };
+        let squared: Vec<f32> = values(4, 1e-2).iter().map(|v| v * v).collect();
+        let inputs = [values(1, 1.0), values(2, 1e-2), values(3, 1e-3), squared]
+            .map(|v| TensorData::new(v, [n]));
+        for t in [1, 7] {
+            let step = jem_kernels::AdamStep::new(0.9, 0.999, 1e-8, t, 1e-3);
+            let cpu = adam_update::<Flex>(&inputs, t > 1, step);
+            let gpu = adam_update::<Device>(&inputs, t > 1, step);
+            for (i, what) in ["parameter", "first moment", "second moment"]
+                .iter()
+                .enumerate()
+            {
+                report.relative(
+                    &format!("Adam's update at step {t}: {what}"),
+                    &cpu[i],
+                    &gpu[i],
+                    1e-6,
+                );
+            }
+        }
+        report.finish();
+    }
+
+    /// SGLD's update of a batch, jem-kernels' one launch against the CPU's pass: one channel and
+    /// three, with and without the clamp (which the values make bite).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --features cuda --test gpu -- --ignored"]
+    fn cpu_and_gpu_agree_on_sglds_update() {
+        require_gpu();
+        let mut report = Report::default();
+        let batch = |shape: [usize; 4], seed: usize, centre: f32, scale: f32| -> TensorData {
+            let n = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|i| {
+                    let unit = ((i * 7_919 + seed * 104_729) % 1_000) as f32 / 500.0 - 1.0;
+                    centre + scale * unit
+                })
+                .collect();
+            TensorData::new(v, shape)
+        };
+        for (shape, drift, noise) in [
+            ([5, 1, 7, 9], vec![2.5e-3], vec![5e-3]),
+            ([4, 3, 8, 8], vec![1e-3, 2e-3, 3e-3], vec![1e-2, 2e-2, 5e-3]),
+        ] {
+            let inputs = [
+                batch(shape, 1, 0.5, 0.55),
+                batch(shape, 2, 0.0, 30.0),
+                batch(shape, 3, 0.0, 2.0),
+            ];
+            for clamp in [false, true] {
+                let cpu = sgld_update::<Flex>(&inputs, &drift, &noise, clamp);
+                let gpu = sgld_update::<Device>(&inputs, &drift, &noise, clamp);
+                let what = format!("SGLD's update of {shape:?}, clamp {clamp}");
+                report.relative(&what, &cpu, &gpu, 1e-6);
+            }
+        }
+        report.finish();
+    }
+
+    /// [`jem_kernels::sgld_update`] on backend B.
+    fn sgld_update<B: jem_kernels::FastSgld>(
+        inputs: &[TensorData; 3],
+        drift: &[f32],
+        noise: &[f32],
+        clamp: bool,
+    ) -> Vec<f32> {
+        let device = Default::default();
+        let [x, g, eps] = inputs
+            .clone()
+            .map(|d| Tensor::<B, 4>::from_data(d, &device));
+        host(jem_kernels::sgld_update(x, g, eps, drift, noise, clamp))
+    }
+
+    /// [`jem_kernels::FastAdam::fast_adam_step`] on backend B: parameter, gradient and, if
+    /// `later`, the moments from `inputs`.
+    fn adam_update<B: jem_kernels::FastAdam>(
+        inputs: &[TensorData; 4],
+        later: bool,
+        step: jem_kernels::AdamStep,
+    ) -> [Vec<f32>; 3] {
+        let device = Default::default();
+        let [p, g, m, v] = inputs.clone().map(|d| {
+            Tensor::<B, 1>::from_data(d, &device)
+                .into_primitive()
+                .tensor()
+        });
+        let moments = later.then_some([m, v]);
+        B::fast_adam_step(p, g, moments, step)
+            .map(|t| host(Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))))
     }
 
     #[test]

@@ -46,6 +46,25 @@ pub trait Classifier<B: Backend> {
         let _ = (x, v);
         None
     }
+
+    /// One SGLD step's update of the pixels, `x + g · drift[c] + eps · noise[c]` for every
+    /// element of channel c, formed in that order and then clamped to [0, 1] if `step` says so,
+    /// by a fused kernel of the network's backend (one pass, one launch on a GPU). The sampler
+    /// asks the network because the network is what knows its backend's kernels. Not
+    /// differentiated through: the result need not be tracked.
+    ///
+    /// `None`, the default: the sampler composes the update from burn's operations, with the
+    /// same numbers.
+    fn sgld_update(
+        &self,
+        x: Tensor<B, 4>,
+        g: Tensor<B, 4>,
+        eps: Tensor<B, 4>,
+        step: &crate::PixelStep,
+    ) -> Option<Tensor<B, 4>> {
+        let _ = (x, g, eps, step);
+        None
+    }
 }
 
 /// A network's Jacobian at a point as a function, v ↦ J v (see [`Classifier::linearise`]).

@@ -197,7 +197,10 @@ impl<M> SgldDefence<M> {
                 None
             };
             let next = match &linearised {
-                Some((g, ..)) => self.sampler.update(state.clone(), g.clone(), eps),
+                Some((g, ..)) => {
+                    self.sampler
+                        .update::<B, M>(&self.classifier, state.clone(), g.clone(), eps)
+                }
                 None => self.sampler.step::<B, M>(
                     &self.classifier,
                     state.clone(),

@@ -104,5 +104,5 @@ pub use norm::Norm;
 pub use outcome::{AttackOutcome, ExampleOutcome};
 pub use pgd::PgdConfig;
 pub use pointwise::PointwiseConfig;
-pub use sgld::{SgldConfig, SgldSampler, SgldTarget, UniformInit};
+pub use sgld::{PixelStep, SgldConfig, SgldSampler, SgldTarget, UniformInit};
 pub use square::SquareConfig;

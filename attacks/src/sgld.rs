@@ -30,6 +30,18 @@ pub struct SgldConfig {
     pub clamp: bool,
 }
 
+/// One SGLD step on [0, 1] pixels, per channel c: `x + g · drift[c] + ε · noise[c]`, with
+/// `drift[c]` = α s_c² and `noise[c]` = σ s_c, then clamped to [0, 1] if `clamp`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelStep {
+    /// The gradient's factor for each channel.
+    pub drift: Vec<f32>,
+    /// The noise's factor for each channel.
+    pub noise: Vec<f32>,
+    /// Clamp to [0, 1] after the step.
+    pub clamp: bool,
+}
+
 /// What the chain climbs: the unconditional LogSumExp f(x) (p(x)), or `f(x)[y]` (p(x, y)).
 #[derive(Debug, Clone)]
 pub enum SgldTarget<B: Backend> {
@@ -108,23 +120,46 @@ impl SgldSampler {
         M: Classifier<B>,
     {
         let (g, _) = input_gradient::<B, M>(model, x.clone(), |l| target.score::<B>(l));
-        self.update(x, g, eps)
+        self.update::<B, M>(model, x, g, eps)
+    }
+
+    /// This sampler's step on [0, 1] pixels: each channel's factors and the clamp.
+    pub fn pixel_step(&self) -> PixelStep {
+        let (a, sigma) = (self.config.step_size, self.config.noise);
+        let s = &self.config.pixel_scale;
+        PixelStep {
+            drift: s.iter().map(|&s| a * s * s).collect(),
+            noise: s.iter().map(|&s| sigma * s).collect(),
+            clamp: self.config.clamp,
+        }
     }
 
     /// The step from `x` given the score's input gradient `g` there and the standard-normal
     /// noise `eps`: x + α s² g + σ s eps, clamped if the settings say so. For callers that take
-    /// the gradient themselves (the defence, which also linearises the network there).
-    pub fn update<I: Backend>(
+    /// the gradient themselves (the defence, which also linearises the network there). By the
+    /// model's fused kernel where it has one ([`Classifier::sgld_update`]), else composed here;
+    /// the same numbers either way.
+    pub fn update<B, M>(
         &self,
-        x: Tensor<I, 4>,
-        g: Tensor<I, 4>,
-        eps: Tensor<I, 4>,
-    ) -> Tensor<I, 4> {
-        let (a, sigma) = (self.config.step_size, self.config.noise);
+        model: &M,
+        x: Tensor<B::InnerBackend, 4>,
+        g: Tensor<B::InnerBackend, 4>,
+        eps: Tensor<B::InnerBackend, 4>,
+    ) -> Tensor<B::InnerBackend, 4>
+    where
+        B: AutodiffBackend,
+        M: Classifier<B>,
+    {
+        let step = self.pixel_step();
+        let [fx, fg, feps] = [&x, &g, &eps].map(|t| Tensor::<B, 4>::from_inner(t.clone()));
+        if let Some(next) = model.sgld_update(fx, fg, feps, &step) {
+            return next.inner();
+        }
         let device = x.device();
-        let drift = scale_channels(g, self.pixel_factor(|s| a * s * s, &device));
-        let next = x + drift + scale_channels(eps, self.pixel_factor(|s| sigma * s, &device));
-        if self.config.clamp {
+        let factor = |v: &[f32]| Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+        let drift = scale_channels(g, factor(&step.drift));
+        let next = x + drift + scale_channels(eps, factor(&step.noise));
+        if step.clamp {
             next.clamp(0.0, 1.0)
         } else {
             next

@@ -12,7 +12,7 @@
 //! Wide-ResNet shapes.
 
 use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps};
-use burn::tensor::{DType, Shape, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 use burn_cubecl::kernel::conv::{conv_forward, ConvStrategy};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::kernel::matmul::init_matmul_output;
@@ -22,12 +22,16 @@ use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::{launch_ref, Strategy};
 use cubek::std::InputBinding;
 
+use crate::adam::composed_adam_step;
+use crate::adam_kernel::adam_step;
 use crate::backend::{activated, portable_weight_backward, portable_x_backward};
 use crate::gpu_conv::{gpu_conv, GpuConv};
 use crate::portable::conv2d_from_matmul;
+use crate::sgld::composed_sgld_update;
+use crate::sgld_kernel::sgld_update;
 use crate::tiled_conv::tiled_conv2d;
 use crate::tiled_weight_grad::tiled_weight_grad_partials;
-use crate::{FastActivation, FastConv, FastLinear};
+use crate::{AdamStep, FastActivation, FastAdam, FastConv, FastLinear, FastSgld};
 
 /// burn's CUDA backend without fusion (f32 floats, i32 integers, u8 booleans): the backend
 /// `jem-bench --device cuda` computes on.
@@ -179,3 +183,45 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
 }
 
 impl<R: CubeRuntime, BT: BoolElement> FastActivation for CubeBackend<R, f32, i32, BT> {}
+
+impl<R: CubeRuntime, BT: BoolElement> FastAdam for CubeBackend<R, f32, i32, BT> {
+    fn fast_adam_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<[FloatTensor<Self>; 2]>,
+        step: AdamStep,
+    ) -> [FloatTensor<Self>; 3] {
+        let mut inputs = vec![&param, &grad];
+        inputs.extend(moments.iter().flatten());
+        if inputs.iter().all(|t| t.dtype == DType::F32) {
+            adam_step(param, grad, moments, step)
+        } else {
+            composed_adam_step::<Self>(param, grad, moments, step)
+        }
+    }
+}
+
+impl<R: CubeRuntime, BT: BoolElement> FastSgld for CubeBackend<R, f32, i32, BT> {
+    fn fast_sgld_update(
+        x: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        eps: FloatTensor<Self>,
+        drift: &[f32],
+        noise: &[f32],
+        clamp: bool,
+    ) -> FloatTensor<Self> {
+        let shape = x.shape();
+        let handled = shape.num_dims() == 4
+            && shape[1] == drift.len()
+            && shape[1] == noise.len()
+            && [&x, &g, &eps]
+                .iter()
+                .all(|t| t.dtype == DType::F32 && t.shape() == shape);
+        if !handled {
+            return composed_sgld_update::<Self>(x, g, eps, drift, noise, clamp);
+        }
+        let factors: Vec<f32> = drift.iter().chain(noise).copied().collect();
+        let factors = Self::float_from_data(TensorData::new(factors, [2 * drift.len()]), &x.device);
+        sgld_update(x, g, eps, factors, clamp)
+    }
+}

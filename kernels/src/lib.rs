@@ -1,4 +1,5 @@
-//! CPU kernels for Wide-ResNets (convolutions and LeakyReLU), as a burn backend extension.
+//! Kernels for Wide-ResNets and their training (convolutions, LeakyReLU, the Adam and SGLD
+//! updates) as a burn backend extension.
 //!
 //! burn's CPU backend (`flex`) computes a convolution's weight gradient through transposed
 //! copies and a convolution whose output is the kernel, and its input gradient through a
@@ -37,8 +38,11 @@
 //! ([`conv2d_input_grad_from_forward`], [`conv2d_weight_grad_from_matmul`]) — burn 0.21's own
 //! CUDA backward kernels are wrong for some shapes, and its autotuned kernels compute in TF32.
 //! [`FastLinear`] does the same for matrix products and a network's linear head ([`linear`]):
-//! burn's own on the CPU, cubek's unit-tiled f32 product on a GPU. A model calls [`conv2d`] where
-//! it would call `Conv2d::forward`:
+//! burn's own on the CPU, cubek's unit-tiled f32 product on a GPU. [`FastAdam`] is Adam's update of
+//! a parameter tensor in one pass over memory (one launch on a GPU, thirteen with burn's `Adam`),
+//! burn's numbers to the bit on the CPU; [`FusedAdam`] is the optimiser built on it. [`FastSgld`]
+//! does the same for an SGLD step's update of the pixels ([`sgld_update`]). A model calls
+//! [`conv2d`] where it would call `Conv2d::forward`:
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
@@ -67,6 +71,9 @@
 #![warn(missing_docs)]
 
 mod activation;
+mod adam;
+#[cfg(feature = "cubecl")]
+mod adam_kernel;
 mod backend;
 mod conv;
 #[cfg(feature = "cubecl")]
@@ -79,12 +86,16 @@ mod matmul;
 mod module;
 mod portable;
 mod process_choice;
+mod sgld;
+#[cfg(feature = "cubecl")]
+mod sgld_kernel;
 #[cfg(feature = "cubecl")]
 mod tiled_conv;
 #[cfg(feature = "cubecl")]
 mod tiled_weight_grad;
 
 pub use activation::{leaky_relu, leaky_relu_derivative, FastActivation};
+pub use adam::{AdamStep, FastAdam, FusedAdam};
 pub use backend::{implementation, set_implementation, FastConv, Implementation};
 pub use conv::{conv2d_bias_grad, conv2d_input_grad, conv2d_weight_grad, ConvGeometry};
 #[cfg(feature = "cuda")]
@@ -100,16 +111,18 @@ pub use portable::{
     conv2d_weight_grad_in_chunks, portable_gradients_apply, weight_grad_chunks,
     WEIGHT_GRAD_MIN_CHUNK, WEIGHT_GRAD_PARTIAL_SUMS,
 };
+pub use sgld::{sgld_update, FastSgld};
 
 /// The raw forward kernel on NCHW slices (see [`ConvGeometry`]).
 pub use conv::conv2d as conv2d_slices;
 
 use burn::tensor::backend::AutodiffBackend;
 
-/// A backend with every kernel of this crate: what a Wide-ResNet's forward pass asks for.
-pub trait Kernels: FastConv + FastActivation + FastLinear {}
+/// A backend with every kernel of this crate: what a Wide-ResNet's forward pass, its training
+/// step and SGLD's chains ask for.
+pub trait Kernels: FastConv + FastActivation + FastLinear + FastAdam + FastSgld {}
 
-impl<B: FastConv + FastActivation + FastLinear> Kernels for B {}
+impl<B: FastConv + FastActivation + FastLinear + FastAdam + FastSgld> Kernels for B {}
 
 /// An autodiff backend whose inner backend has the kernels too: what code that differentiates
 /// a model on one backend and evaluates it on the inner one (training, attacks) asks for.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use jem_attacks::{scale_channels, shift_channels, Classifier, Linearised};
+use jem_attacks::{scale_channels, shift_channels, Classifier, Linearised, PixelStep};
 use jem_kernels::Kernels;
 
 use crate::compile::{Operand, MAX_RANK};
@@ -295,6 +295,22 @@ impl<B: Kernels> Classifier<B> for OnnxNetwork<B> {
         v: Tensor<B, 4>,
     ) -> Option<(Tensor<B, 2>, Tensor<B, 2>)> {
         Some(OnnxNetwork::jacobian_vector_product(self, x, v))
+    }
+
+    /// jem-kernels' one-pass update ([`jem_kernels::FastSgld`]).
+    fn sgld_update(
+        &self,
+        x: Tensor<B, 4>,
+        g: Tensor<B, 4>,
+        eps: Tensor<B, 4>,
+        step: &PixelStep,
+    ) -> Option<Tensor<B, 4>> {
+        let PixelStep {
+            drift,
+            noise,
+            clamp,
+        } = step;
+        Some(jem_kernels::sgld_update(x, g, eps, drift, noise, *clamp))
     }
 }
 

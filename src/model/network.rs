@@ -5,7 +5,7 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
-use jem_attacks::{Classifier, Linearised};
+use jem_attacks::{Classifier, Linearised, PixelStep};
 use jem_kernels::Kernels;
 use jem_onnx::OnnxNetwork;
 
@@ -48,5 +48,21 @@ impl<B: Kernels> Classifier<B> for LoadedNetwork<B> {
             LoadedNetwork::Wrn(_) => None,
             LoadedNetwork::Onnx(n) => Classifier::jacobian_vector_product(n, x, v),
         }
+    }
+
+    /// jem-kernels' one-pass update ([`jem_kernels::FastSgld`]).
+    fn sgld_update(
+        &self,
+        x: Tensor<B, 4>,
+        g: Tensor<B, 4>,
+        eps: Tensor<B, 4>,
+        step: &PixelStep,
+    ) -> Option<Tensor<B, 4>> {
+        let PixelStep {
+            drift,
+            noise,
+            clamp,
+        } = step;
+        Some(jem_kernels::sgld_update(x, g, eps, drift, noise, *clamp))
     }
 }

@@ -540,4 +540,20 @@ impl<B: Kernels> jem_attacks::Classifier<B> for WideResNet<B> {
         };
         Some((logits, Box::new(jacobian)))
     }
+
+    /// jem-kernels' one-pass update ([`jem_kernels::FastSgld`]).
+    fn sgld_update(
+        &self,
+        x: Tensor<B, 4>,
+        g: Tensor<B, 4>,
+        eps: Tensor<B, 4>,
+        step: &jem_attacks::PixelStep,
+    ) -> Option<Tensor<B, 4>> {
+        let jem_attacks::PixelStep {
+            drift,
+            noise,
+            clamp,
+        } = step;
+        Some(jem_kernels::sgld_update(x, g, eps, drift, noise, *clamp))
+    }
 }

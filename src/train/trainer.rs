@@ -2,12 +2,12 @@
 //! Adam with warm-up and step decay, per-iteration and per-epoch CSV logs, validation with a
 //! best-on-validation checkpoint, and a resumable state that a re-run of the same command picks up.
 
-use jem_kernels::KernelsAutodiff;
+use jem_kernels::{FusedAdam, KernelsAutodiff};
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::{Int, Tensor, TensorData};
 use indicatif::ProgressBar;
 use jem_datasets::{DataSource, ImageSet};
@@ -55,9 +55,10 @@ const OBJECTIVE: u64 = 3;
 const OBJECTIVE_INIT: u64 = 4;
 const WIDEN: u64 = 5;
 
-/// The optimiser of every training run: Adam with PyTorch's ε (the official JEM's).
-pub fn adam() -> AdamConfig {
-    AdamConfig::new().with_epsilon(1e-8)
+/// The optimiser of every training run: Adam with PyTorch's β and ε (the official JEM's), each
+/// parameter's update one pass (one launch on a GPU) with burn's `Adam`'s numbers and state.
+pub fn adam() -> FusedAdam {
+    FusedAdam::new(0.9, 0.999, 1e-8)
 }
 
 /// The end of every training iteration: `loss` back to every parameter, then one step of
@@ -128,7 +129,7 @@ struct Trainer<'a, B: KernelsAutodiff, O: Objective<B>> {
     /// σ_data on the [0, 1] pixel scale the noise is added on.
     pixel_sigma: f32,
     model: WideResNet<B>,
-    optim: OptimizerAdaptor<Adam, WideResNet<B>, B>,
+    optim: OptimizerAdaptor<FusedAdam, WideResNet<B>, B>,
     progress: Progress,
     header: Vec<&'static str>,
     iter_log: CsvLog,

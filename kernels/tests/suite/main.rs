@@ -2,5 +2,6 @@
 //! autodiff gradients. The instruction-set caps are tested in `tests/isa.rs`, a binary of its
 //! own: the cap is process-wide, and would change what the tests beside it compute.
 
+mod adam;
 mod against_burn;
 mod leaky_relu;
