@@ -2,7 +2,9 @@
 //! logits out, on any burn backend; gradients with respect to the input come from autodiff.
 //! Two optional derivatives serve the SGLD defence's exact gradients through its steps: a
 //! piecewise-linear network's linearisation ([`Classifier::linearise`]) and any network's
-//! forward-mode Jacobian-vector product ([`Classifier::jacobian_vector_product`]).
+//! forward-mode Jacobian-vector product ([`Classifier::jacobian_vector_product`]). A network
+//! whose backend has a fused kernel for an SGLD step's update offers it
+//! ([`Classifier::sgld_update`]); the sampler composes the update itself otherwise.
 
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
