@@ -190,7 +190,7 @@ pub fn conv2d_from_matmul<B: FastConv + FastLinear>(
 /// [`weight_grad_chunks`] splits it.
 pub const WEIGHT_GRAD_MIN_CHUNK: usize = 256;
 
-/// Partial sums ([chunks] × out × in·kh·kw) [`weight_grad_chunks`] aims at: enough independent
+/// Partial sums (\[chunks\] × out × in·kh·kw) [`weight_grad_chunks`] aims at: enough independent
 /// sums to occupy a GPU's cores, few enough that the partial sums stay small (4 MiB).
 pub const WEIGHT_GRAD_PARTIAL_SUMS: usize = 1 << 20;
 
