@@ -667,6 +667,19 @@ mod on_gpu {
         report.finish();
     }
 
+    /// A tensor of `shape` with values in [centre − scale, centre + scale), the same for one
+    /// seed on every backend.
+    fn formula(shape: &[usize], seed: usize, centre: f32, scale: f32) -> TensorData {
+        let n = shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|i| {
+                let unit = ((i * 7_919 + seed * 104_729) % 1_000) as f32 / 500.0 - 1.0;
+                centre + scale * unit
+            })
+            .collect();
+        TensorData::new(values, shape.to_vec())
+    }
+
     /// Adam's update of one parameter tensor, jem-kernels' one launch against the CPU's pass, at
     /// the first step (no moments read) and the seventh; 5 000 elements (several cubes, the
     /// last one partly outside).
@@ -675,16 +688,14 @@ mod on_gpu {
     fn cpu_and_gpu_agree_on_adams_update() {
         require_gpu();
         let mut report = Report::default();
-        let n = 5_000;
-        // Values in [−scale, scale), then squared for the second moment (never negative).
-        let values = |seed: usize, scale: f32| -> Vec<f32> {
-            (0..n)
-                .map(|i| scale * (((i * 7_919 + seed * 104_729) % 1_000) as f32 / 500.0 - 1.0))
-                .collect()
-        };
-        let squared: Vec<f32> = values(4, 1e-2).iter().map(|v| v * v).collect();
-        let inputs = [values(1, 1.0), values(2, 1e-2), values(3, 1e-3), squared]
-            .map(|v| TensorData::new(v, [n]));
+        let n = [5_000];
+        // The second moment never negative.
+        let inputs = [
+            formula(&n, 1, 0.0, 1.0),
+            formula(&n, 2, 0.0, 1e-2),
+            formula(&n, 3, 0.0, 1e-3),
+            formula(&n, 4, 1e-4, 1e-4),
+        ];
         for t in [1, 7] {
             let step = jem_kernels::AdamStep::new(0.9, 0.999, 1e-8, t, 1e-3);
             let cpu = adam_update::<Flex>(&inputs, t > 1, step);
@@ -711,24 +722,14 @@ mod on_gpu {
     fn cpu_and_gpu_agree_on_sglds_update() {
         require_gpu();
         let mut report = Report::default();
-        let batch = |shape: [usize; 4], seed: usize, centre: f32, scale: f32| -> TensorData {
-            let n = shape.iter().product();
-            let v: Vec<f32> = (0..n)
-                .map(|i| {
-                    let unit = ((i * 7_919 + seed * 104_729) % 1_000) as f32 / 500.0 - 1.0;
-                    centre + scale * unit
-                })
-                .collect();
-            TensorData::new(v, shape)
-        };
         for (shape, drift, noise) in [
             ([5, 1, 7, 9], vec![2.5e-3], vec![5e-3]),
             ([4, 3, 8, 8], vec![1e-3, 2e-3, 3e-3], vec![1e-2, 2e-2, 5e-3]),
         ] {
             let inputs = [
-                batch(shape, 1, 0.5, 0.55),
-                batch(shape, 2, 0.0, 30.0),
-                batch(shape, 3, 0.0, 2.0),
+                formula(&shape, 1, 0.5, 0.55),
+                formula(&shape, 2, 0.0, 30.0),
+                formula(&shape, 3, 0.0, 2.0),
             ];
             for clamp in [false, true] {
                 let cpu = sgld_update::<Flex>(&inputs, &drift, &noise, clamp);

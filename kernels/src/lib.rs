@@ -89,6 +89,8 @@ mod process_choice;
 mod sgld;
 #[cfg(feature = "cubecl")]
 mod sgld_kernel;
+#[cfg(test)]
+mod test_tensors;
 #[cfg(feature = "cubecl")]
 mod tiled_conv;
 #[cfg(feature = "cubecl")]

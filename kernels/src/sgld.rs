@@ -145,29 +145,7 @@ pub fn sgld_update<B: FastSgld>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Values in [centre − scale, centre + scale) from a formula (not the backend's shared
-    /// random generator).
-    fn images(shape: [usize; 4], seed: usize, centre: f32, scale: f32) -> FlexTensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|i| {
-                let unit = ((i * 7_919 + seed * 104_729) % 1_000) as f32 / 500.0 - 1.0;
-                centre + scale * unit
-            })
-            .collect();
-        FlexTensor::from_data(TensorData::new(v, shape))
-    }
-
-    fn bits(t: FlexTensor) -> Vec<u32> {
-        let t: Tensor<Flex, 4> = Tensor::from_primitive(TensorPrimitive::Float(t));
-        t.into_data()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    }
+    use crate::test_tensors::{bits, formula};
 
     /// The one pass and burn's composition agree bit for bit, with one channel and three, with
     /// and without the clamp (which the pixels' range makes bite on some elements).
@@ -179,8 +157,12 @@ mod tests {
         ] {
             for clamp in [false, true] {
                 let args = || {
-                    let x = images(shape, 1, 0.5, 0.55);
-                    (x, images(shape, 2, 0.0, 30.0), images(shape, 3, 0.0, 2.0))
+                    let x = formula(&shape, 1, 0.5, 0.55);
+                    (
+                        x,
+                        formula(&shape, 2, 0.0, 30.0),
+                        formula(&shape, 3, 0.0, 2.0),
+                    )
                 };
                 let (a, b, c) = args();
                 let ours = Flex::fast_sgld_update(a, b, c, &drift, &noise, clamp);
