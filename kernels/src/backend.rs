@@ -36,6 +36,22 @@ pub trait FastConv: Backend {
         composed_conv2d::<Self>(x, weight, bias, options, input_slope)
     }
 
+    /// [`fast_conv2d`](Self::fast_conv2d) plus `residual`, shaped like its output: a residual
+    /// block's closing addition, done as the sums are written where the backend can (on a GPU,
+    /// one launch fewer per block). Its gradient with respect to `residual` is the output's.
+    /// Defaults to the convolution followed by burn's addition.
+    fn fast_conv2d_add(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+        residual: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let out = Self::fast_conv2d(x, weight, bias, options, input_slope);
+        Self::float_add(out, residual)
+    }
+
     /// The gradient of [`fast_conv2d`](Self::fast_conv2d) with respect to `x` (through the
     /// fused activation, if any).
     fn fast_conv2d_x_backward(
@@ -334,6 +350,15 @@ struct ConvWithBias;
 #[derive(Debug)]
 struct ConvNoBias;
 
+/// Backward of a convolution with a bias and a residual added ([`FastConv::fast_conv2d_add`]):
+/// the convolution's gradients, and the output's for the residual (the last parent).
+#[derive(Debug)]
+struct ConvWithBiasAdd;
+
+/// Backward of a convolution without a bias, with a residual added.
+#[derive(Debug)]
+struct ConvNoBiasAdd;
+
 /// What the backward pass needs: the input (before the fused activation: the activated maps
 /// are never kept), the weight, the bias (for its shape), the options and the fused slope.
 type ConvState<B> = (
@@ -344,22 +369,37 @@ type ConvState<B> = (
     Option<f64>,
 );
 
-/// Registers the gradients of x and the weight (and the bias, when it has a node).
-fn conv_backward<B: FastConv, const N: usize>(ops: Ops<ConvState<B>, N>, grads: &mut Gradients) {
+/// Registers the gradients of x and the weight (and the bias, when it has a node), `parents`
+/// being their nodes in that order; with `residual`, the last parent is a residual added to
+/// the output, whose gradient is the output's.
+fn conv_backward<B: FastConv, const N: usize>(
+    ops: Ops<ConvState<B>, N>,
+    grads: &mut Gradients,
+    residual: bool,
+) {
     let grad = grads.consume::<B>(&ops.node);
     let (x, weight, bias, options, slope) = ops.state;
-    let parents = ops.parents;
-    if let Some(node) = &parents[0] {
+    let mut parents: Vec<_> = ops
+        .parents
+        .iter()
+        .map(|p| p.as_ref().map(|n| n.id))
+        .collect();
+    if residual {
+        if let Some(Some(id)) = parents.pop() {
+            grads.register::<B>(id, grad.clone());
+        }
+    }
+    if let Some(id) = parents[0] {
         let (w, g) = (weight.clone(), grad.clone());
         let dx = B::fast_conv2d_x_backward(x.clone(), w, g, options.clone(), slope);
-        grads.register::<B>(node.id, dx);
+        grads.register::<B>(id, dx);
     }
-    if let Some(node) = &parents[1] {
+    if let Some(id) = parents[1] {
         let dw = B::fast_conv2d_weight_backward(x.clone(), weight, grad.clone(), options, slope);
-        grads.register::<B>(node.id, dw);
+        grads.register::<B>(id, dw);
     }
-    if let (Some(Some(node)), Some(bias)) = (parents.get(2), bias) {
-        grads.register::<B>(node.id, B::fast_conv2d_bias_backward(x, bias, grad));
+    if let (Some(Some(id)), Some(bias)) = (parents.get(2), bias) {
+        grads.register::<B>(*id, B::fast_conv2d_bias_backward(x, bias, grad));
     }
 }
 
@@ -367,7 +407,7 @@ impl<B: FastConv> Backward<B, 3> for ConvWithBias {
     type State = ConvState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        conv_backward::<B, 3>(ops, grads);
+        conv_backward::<B, 3>(ops, grads, false);
     }
 }
 
@@ -375,7 +415,23 @@ impl<B: FastConv> Backward<B, 2> for ConvNoBias {
     type State = ConvState<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        conv_backward::<B, 2>(ops, grads);
+        conv_backward::<B, 2>(ops, grads, false);
+    }
+}
+
+impl<B: FastConv> Backward<B, 4> for ConvWithBiasAdd {
+    type State = ConvState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        conv_backward::<B, 4>(ops, grads, true);
+    }
+}
+
+impl<B: FastConv> Backward<B, 3> for ConvNoBiasAdd {
+    type State = ConvState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        conv_backward::<B, 3>(ops, grads, true);
     }
 }
 
@@ -387,41 +443,60 @@ impl<B: FastConv, C: CheckpointStrategy> FastConv for Autodiff<B, C> {
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        let forward = |bias: Option<FloatTensor<B>>| {
-            B::fast_conv2d(
-                x.primitive.clone(),
-                weight.primitive.clone(),
-                bias,
-                options.clone(),
-                input_slope,
-            )
-        };
-        let state = || {
-            (
-                x.primitive.clone(),
-                weight.primitive.clone(),
-                bias.as_ref().map(|b| b.primitive.clone()),
-                options.clone(),
-                input_slope,
-            )
-        };
-        match &bias {
-            Some(b) => {
-                let nodes = [x.node.clone(), weight.node.clone(), b.node.clone()];
-                match ConvWithBias.prepare::<C>(nodes).compute_bound().stateful() {
-                    OpsKind::Tracked(prep) => {
-                        prep.finish(state(), forward(Some(b.primitive.clone())))
-                    }
-                    OpsKind::UnTracked(prep) => prep.finish(forward(Some(b.primitive.clone()))),
-                }
-            }
-            None => {
-                let nodes = [x.node.clone(), weight.node.clone()];
-                match ConvNoBias.prepare::<C>(nodes).compute_bound().stateful() {
-                    OpsKind::Tracked(prep) => prep.finish(state(), forward(None)),
-                    OpsKind::UnTracked(prep) => prep.finish(forward(None)),
-                }
-            }
+        tracked_conv2d::<B, C>(x, weight, bias, options, input_slope, None)
+    }
+
+    fn fast_conv2d_add(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+        residual: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        tracked_conv2d::<B, C>(x, weight, bias, options, input_slope, Some(residual))
+    }
+}
+
+/// The convolution (plus `residual`, if any) on the inner backend, recorded with the backward
+/// node for the parents it has.
+fn tracked_conv2d<B: FastConv, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    bias: Option<FloatTensor<Autodiff<B, C>>>,
+    options: ConvOptions<2>,
+    input_slope: Option<f64>,
+    residual: Option<FloatTensor<Autodiff<B, C>>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let state = (
+        x.primitive.clone(),
+        weight.primitive.clone(),
+        bias.as_ref().map(|b| b.primitive.clone()),
+        options.clone(),
+        input_slope,
+    );
+    let out = {
+        let (x, w) = (x.primitive.clone(), weight.primitive.clone());
+        let b = bias.as_ref().map(|b| b.primitive.clone());
+        match &residual {
+            Some(r) => B::fast_conv2d_add(x, w, b, options, input_slope, r.primitive.clone()),
+            None => B::fast_conv2d(x, w, b, options, input_slope),
         }
+    };
+    let (xn, wn) = (x.node.clone(), weight.node.clone());
+    // One node type per set of parents (burn's nodes have a fixed number of them).
+    macro_rules! record {
+        ($node:expr, $parents:expr) => {
+            match $node.prepare::<C>($parents).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish(state, out),
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            }
+        };
+    }
+    match (&bias, &residual) {
+        (Some(b), None) => record!(ConvWithBias, [xn, wn, b.node.clone()]),
+        (None, None) => record!(ConvNoBias, [xn, wn]),
+        (Some(b), Some(r)) => record!(ConvWithBiasAdd, [xn, wn, b.node.clone(), r.node.clone()]),
+        (None, Some(r)) => record!(ConvNoBiasAdd, [xn, wn, r.node.clone()]),
     }
 }

@@ -127,7 +127,7 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
             // The activation and the bias in the product's own launch.
             conv if conv.is_tiled() && crate::portable_gradients_apply(&options) => {
                 let wide = conv == GpuConv::TiledWide;
-                tiled_conv2d(x, weight, bias, &options, input_slope, wide)
+                tiled_conv2d(x, weight, bias, &options, input_slope, wide, None)
             }
             GpuConv::Im2col => {
                 let x = activated::<Self>(x, input_slope);
@@ -147,6 +147,28 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         // does: an activation pattern recorded from such a view comes out scrambled), so the
         // maps leave here in plain NCHW order.
         into_contiguous(y)
+    }
+
+    /// With the tiled kernels, the residual is added as the sums are written.
+    fn fast_conv2d_add(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+        input_slope: Option<f64>,
+        residual: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let weight_shape: [usize; 4] = weight.shape().dims();
+        match gpu_conv().for_weight(weight_shape) {
+            conv if conv.is_tiled() && crate::portable_gradients_apply(&options) => {
+                let wide = conv == GpuConv::TiledWide;
+                tiled_conv2d(x, weight, bias, &options, input_slope, wide, Some(residual))
+            }
+            _ => {
+                let out = Self::fast_conv2d(x, weight, bias, options, input_slope);
+                Self::float_add(out, residual)
+            }
+        }
     }
 
     fn fast_conv2d_x_backward(

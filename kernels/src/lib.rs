@@ -27,9 +27,11 @@
 //!
 //! A LeakyReLU in front of a convolution, a pre-activation block's `conv(act(x))`, is fused into
 //! it ([`leaky_relu_conv2d`]): applied while the input is unfolded, its derivative applied as
-//! the input gradient is written, the activated maps never stored. A LeakyReLU on its own
-//! ([`leaky_relu`], trait [`FastActivation`]) is one pass over memory forward and one backward,
-//! on every core; burn's autodiff records it as a composition of eight passes.
+//! the input gradient is written, the activated maps never stored. A block's last convolution
+//! takes its shortcut too ([`leaky_relu_conv2d_add`]), which a GPU adds as the sums are
+//! written. A LeakyReLU on its own ([`leaky_relu`], trait [`FastActivation`]) is one pass over
+//! memory forward and one backward, on every core; burn's autodiff records it as a composition
+//! of eight passes.
 //!
 //! [`FastConv`] is the extension trait: implemented with these kernels for `Flex`, with a
 //! backward node for `Autodiff<B>` over any `B: FastConv`, and, with the `cuda` or `wgpu`
@@ -107,7 +109,9 @@ pub use cube::Wgpu;
 pub use gpu_conv::{gpu_conv, set_gpu_conv, GpuConv, GPU_CONV_VARIABLE, IM2COL_MIN_TERMS};
 pub use isa::{gemm_isa, isa, isa_from_env, set_isa, Isa, ISA_VARIABLE};
 pub use linear::{linear, FastLinear};
-pub use module::{conv2d, conv2d_tensors, conv2d_without_bias, leaky_relu_conv2d};
+pub use module::{
+    conv2d, conv2d_tensors, conv2d_without_bias, leaky_relu_conv2d, leaky_relu_conv2d_add,
+};
 pub use portable::{
     conv2d_from_matmul, conv2d_input_grad_from_forward, conv2d_weight_grad_from_matmul,
     conv2d_weight_grad_in_chunks, portable_gradients_apply, weight_grad_chunks,

@@ -1,6 +1,6 @@
-//! [`conv2d`], [`leaky_relu_conv2d`] and [`conv2d_without_bias`]: a burn `Conv2d` module
-//! applied through [`FastConv`]; [`conv2d_tensors`]: the same on bare tensors (a graph
-//! interpreter's convolution).
+//! [`conv2d`], [`leaky_relu_conv2d`], [`leaky_relu_conv2d_add`] and [`conv2d_without_bias`]: a
+//! burn `Conv2d` module applied through [`FastConv`]; [`conv2d_tensors`]: the same on bare
+//! tensors (a graph interpreter's convolution).
 
 use burn::nn::conv::Conv2d;
 use burn::nn::PaddingConfig2d;
@@ -12,13 +12,13 @@ use crate::backend::FastConv;
 /// `conv.forward(x)`, computed by the backend's [`FastConv`] kernels. Asymmetric padding (which
 /// `PaddingConfig2d::Same` gives for even kernels) goes through burn's own module.
 pub fn conv2d<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    fused_conv2d(conv, x, None, true)
+    fused_conv2d(conv, x, None, true, None)
 }
 
 /// The convolution's linear part, `conv.forward(x)` without its bias: what a linearised
 /// network (a Jacobian-vector product) applies.
 pub fn conv2d_without_bias<B: FastConv>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    fused_conv2d(conv, x, None, false)
+    fused_conv2d(conv, x, None, false, None)
 }
 
 /// `conv.forward(leaky_relu(x, slope))` with the activation fused into the convolution: the
@@ -30,7 +30,19 @@ pub fn leaky_relu_conv2d<B: FastConv>(
     x: Tensor<B, 4>,
     slope: f64,
 ) -> Tensor<B, 4> {
-    fused_conv2d(conv, x, Some(slope), true)
+    fused_conv2d(conv, x, Some(slope), true, None)
+}
+
+/// [`leaky_relu_conv2d`] plus `residual` (shaped like the output): a pre-activation residual
+/// block's last convolution and its closing addition in one operation
+/// ([`FastConv::fast_conv2d_add`]).
+pub fn leaky_relu_conv2d_add<B: FastConv>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    slope: f64,
+    residual: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    fused_conv2d(conv, x, Some(slope), true, Some(residual))
 }
 
 fn fused_conv2d<B: FastConv>(
@@ -38,6 +50,7 @@ fn fused_conv2d<B: FastConv>(
     x: Tensor<B, 4>,
     slope: Option<f64>,
     with_bias: bool,
+    residual: Option<Tensor<B, 4>>,
 ) -> Tensor<B, 4> {
     let [_, _, height, width] = x.dims();
     let bias = conv.bias.as_ref().filter(|_| with_bias);
@@ -48,16 +61,32 @@ fn fused_conv2d<B: FastConv>(
         };
         let out = conv.forward(x);
         // burn's module always adds its bias, uniformly per channel: take it off again.
-        return match conv.bias.as_ref().filter(|_| !with_bias) {
+        let out = match conv.bias.as_ref().filter(|_| !with_bias) {
             Some(b) => {
                 let c = b.dims()[0];
                 out - b.val().reshape([1, c, 1, 1])
             }
             None => out,
         };
+        return match residual {
+            Some(r) => out + r,
+            None => out,
+        };
     };
     let options = ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups);
-    conv2d_tensors(x, conv.weight.val(), bias.map(|b| b.val()), options, slope)
+    let Some(residual) = residual else {
+        return conv2d_tensors(x, conv.weight.val(), bias.map(|b| b.val()), options, slope);
+    };
+    let primitive = |t: Tensor<B, 4>| t.into_primitive().tensor();
+    let out = B::fast_conv2d_add(
+        primitive(x),
+        primitive(conv.weight.val()),
+        bias.map(|b| b.val().into_primitive().tensor()),
+        options,
+        slope,
+        primitive(residual),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// burn's `conv2d(x, weight, bias, options)` (padding the same on both sides of each

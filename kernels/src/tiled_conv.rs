@@ -16,7 +16,7 @@
 //!
 //! What burn would launch around the product is done in it: a pre-activation block's LeakyReLU
 //! on the input as a tile is loaded (`input_slope`; the activated maps are never written), and
-//! the bias as the sums are written.
+//! the bias and a residual block's closing addition as the sums are written.
 
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Shape, TensorMetadata};
@@ -69,12 +69,14 @@ fn tiled_conv_kernel<F: Float>(
     input: &Tensor<F>,
     weight: &Tensor<F>,
     bias: &Tensor<F>,
+    residual: &Tensor<F>,
     output: &mut Tensor<F>,
     args: &TiledConvArgs,
     #[comptime] tm: usize,
     #[comptime] tn: usize,
     #[comptime] activate: bool,
     #[comptime] has_bias: bool,
+    #[comptime] has_residual: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile_pixels = comptime![UNITS * tm];
@@ -164,7 +166,11 @@ fn tiled_conv_kernel<F: Float>(
                     if has_bias {
                         value += bias[o];
                     }
-                    output[(image * args.out_channels + o) * args.out_pixels + at] = value;
+                    let index = (image * args.out_channels + o) * args.out_pixels + at;
+                    if has_residual {
+                        value += residual[index];
+                    }
+                    output[index] = value;
                 }
             }
         }
@@ -293,10 +299,11 @@ impl Geometry {
     }
 }
 
-/// `conv2d(act(x), weight) + bias` (one group, no dilation) for `[n, in, h, w]` f32 input,
-/// `[out, in, kh, kw]` weight and `[out]` bias, `act` the LeakyReLU of slope `input_slope` (the
-/// identity for `None`): the tiled implicit product above, in one launch, on 128-pixel tiles
-/// if `wide`. Returns `[n, out, oh, ow]`, contiguous.
+/// `conv2d(act(x), weight) + bias + residual` (one group, no dilation) for `[n, in, h, w]` f32
+/// input, `[out, in, kh, kw]` weight, `[out]` bias and `[n, out, oh, ow]` residual, `act` the
+/// LeakyReLU of slope `input_slope` (the identity for `None`): the tiled implicit product
+/// above, in one launch, on 128-pixel tiles if `wide`. Returns `[n, out, oh, ow]`,
+/// contiguous.
 pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
@@ -304,6 +311,7 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     options: &ConvOptions<2>,
     input_slope: Option<f64>,
     wide: bool,
+    residual: Option<CubeTensor<R>>,
 ) -> CubeTensor<R> {
     let (x, weight) = (into_contiguous(x), into_contiguous(weight));
     let geometry = Geometry::new(x.shape().dims(), weight.shape().dims(), options);
@@ -327,11 +335,21 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
     );
     let client = x.client.clone();
     let has_bias = bias.is_some();
-    // Without a bias the kernel reads none (`has_bias` is false): the weight stands in.
+    // Without a bias or a residual the kernel reads none (`has_bias`, `has_residual` false):
+    // the weight stands in.
     let bias = into_contiguous(bias.unwrap_or_else(|| weight.clone()));
+    let has_residual = residual.is_some();
+    let residual = into_contiguous(residual.unwrap_or_else(|| weight.clone()));
+    if has_residual {
+        assert_eq!(
+            residual.shape(),
+            output.shape(),
+            "the residual has the output's shape"
+        );
+    }
     // Safety: every read and write is guarded by the bounds above (rows, depth, channels, the
-    // image), the bias is read only at channels below `out_channels`, and the tensors are
-    // contiguous with the shapes the arguments describe.
+    // image), the bias is read only at channels below `out_channels`, the residual only at the
+    // output's own index, and the tensors are contiguous with the shapes the arguments describe.
     unsafe {
         tiled_conv_kernel::launch_unchecked::<R>(
             &client,
@@ -340,12 +358,14 @@ pub(crate) fn tiled_conv2d<R: CubeRuntime>(
             x.into_tensor_arg(),
             weight.into_tensor_arg(),
             bias.into_tensor_arg(),
+            residual.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             geometry.args(input_slope),
             tm,
             tn,
             input_slope.is_some(),
             has_bias,
+            has_residual,
             DType::F32.into(),
         )
     };

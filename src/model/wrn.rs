@@ -19,7 +19,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use jem_attacks::{scale_channels, shift_channels};
 use jem_kernels::{
-    conv2d, conv2d_without_bias, leaky_relu, leaky_relu_conv2d, leaky_relu_derivative, Kernels,
+    conv2d, conv2d_without_bias, leaky_relu, leaky_relu_conv2d, leaky_relu_conv2d_add,
+    leaky_relu_derivative, Kernels,
 };
 use serde::{Deserialize, Serialize};
 
@@ -298,6 +299,14 @@ fn normalize<B: Kernels>(
 trait Pass<B: Kernels> {
     /// `conv(act(x))`, or `conv(x)` when `leak` is `None`.
     fn conv(&mut self, conv: &Conv2d<B>, x: Tensor<B, 4>, leak: Option<f64>) -> Tensor<B, 4>;
+    /// `conv(act(x)) + residual`: a block's last convolution and its shortcut's addition.
+    fn conv_add(
+        &mut self,
+        conv: &Conv2d<B>,
+        x: Tensor<B, 4>,
+        leak: f64,
+        residual: Tensor<B, 4>,
+    ) -> Tensor<B, 4>;
     /// The activation on its own (the last one, before pooling).
     fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4>;
     /// `(x − mean) · inv_std` per channel, given `−mean`: the input normalisation.
@@ -342,6 +351,18 @@ impl<B: Kernels> Pass<B> for Network<B> {
             }
             None => conv2d(conv, x),
         }
+    }
+
+    /// In one operation: on a GPU the residual is added as the convolution's sums are written.
+    fn conv_add(
+        &mut self,
+        conv: &Conv2d<B>,
+        x: Tensor<B, 4>,
+        leak: f64,
+        residual: Tensor<B, 4>,
+    ) -> Tensor<B, 4> {
+        self.record(&x, leak);
+        leaky_relu_conv2d_add(conv, x, leak, residual)
     }
 
     fn activation(&mut self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
@@ -404,6 +425,16 @@ impl<B: Kernels> Pass<B> for Linearisation<'_, B> {
         conv2d_without_bias(conv, x)
     }
 
+    fn conv_add(
+        &mut self,
+        conv: &Conv2d<B>,
+        x: Tensor<B, 4>,
+        leak: f64,
+        residual: Tensor<B, 4>,
+    ) -> Tensor<B, 4> {
+        self.conv(conv, x, Some(leak)) + residual
+    }
+
     fn activation(&mut self, x: Tensor<B, 4>, _: f64) -> Tensor<B, 4> {
         self.slope(x)
     }
@@ -438,7 +469,8 @@ pub struct WideBasic<B: Backend> {
 
 impl<B: Kernels> WideBasic<B> {
     /// `conv2(act(conv1(act(x)))) + shortcut`, each activation fused into the convolution
-    /// that reads it ([`leaky_relu_conv2d`]).
+    /// that reads it ([`leaky_relu_conv2d`]), the shortcut's addition into the last one
+    /// ([`leaky_relu_conv2d_add`]).
     pub fn forward(&self, x: Tensor<B, 4>, leak: f64) -> Tensor<B, 4> {
         self.run(&mut Network { pattern: None }, x, leak)
     }
@@ -447,14 +479,13 @@ impl<B: Kernels> WideBasic<B> {
         let normalized = normalize(pass, x.clone(), &self.bn1);
         let out = pass.conv(&self.conv1, normalized.clone(), Some(leak));
         let out = normalize(pass, out, &self.bn2);
-        let out = pass.conv(&self.conv2, out, Some(leak));
         let skip = match self.shortcut.first() {
             // RobustBench's block projects the activated input, JEM's the raw one.
             Some(conv) if self.bn1.is_some() => pass.conv(conv, normalized, Some(leak)),
             Some(conv) => pass.conv(conv, x, None),
             None => x,
         };
-        out + skip
+        pass.conv_add(&self.conv2, out, leak, skip)
     }
 }
 

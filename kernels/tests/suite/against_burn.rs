@@ -7,7 +7,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::PaddingConfig2d;
 use burn::tensor::{Distribution, Tensor};
-use jem_kernels::{conv2d, conv2d_slices, leaky_relu_conv2d, ConvGeometry};
+use jem_kernels::{conv2d, conv2d_slices, leaky_relu_conv2d, leaky_relu_conv2d_add, ConvGeometry};
 use rand::{Rng, SeedableRng};
 
 type B = Autodiff<Flex>;
@@ -238,4 +238,60 @@ fn results_are_the_same_bits_for_one_and_two_threads() {
         })
     };
     assert!(run(1) == run(2), "a result depends on the thread count");
+}
+
+/// A block's last convolution with its shortcut added in the same operation
+/// ([`leaky_relu_conv2d_add`]) against burn's convolution of the LeakyReLU followed by the
+/// addition: the output, and the gradients of the input, the weight, the bias and the
+/// residual (which must get the output's own).
+#[test]
+fn the_residual_addition_matches_burn() {
+    let device = Default::default();
+    for (cin, cout, stride, size) in [(16, 16, 1, 28), (16, 32, 2, 28), (32, 64, 1, 14)] {
+        <B as burn::tensor::backend::Backend>::seed(&device, cin as u64 + cout as u64);
+        let conv: Conv2d<B> = Conv2dConfig::new([cin, cout], [3, 3])
+            .with_stride([stride, stride])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(&device);
+        let out_size = (size - 1) / stride + 1;
+        let random = |dims: [usize; 4]| {
+            Tensor::<B, 4>::random(dims, Distribution::Normal(0.0, 1.0), &device).require_grad()
+        };
+        let x = random([5, cin, size, size]);
+        let residual = random([5, cout, out_size, out_size]);
+        let ours = leaky_relu_conv2d_add(&conv, x.clone(), 0.2, residual.clone());
+        let burns =
+            conv.forward(burn::tensor::activation::leaky_relu(x.clone(), 0.2)) + residual.clone();
+        let label = format!("{cin}→{cout} stride {stride} on {size}×{size}");
+        let forward = relative_error(ours.clone().inner(), burns.clone().inner());
+        assert!(forward < 1e-4, "{label}: forward off by {forward}");
+
+        let weights = Tensor::<B, 4>::random(ours.dims(), Distribution::Normal(0.0, 1.0), &device);
+        let grads_ours = (ours * weights.clone()).sum().backward();
+        let grads_burns = (burns * weights.clone()).sum().backward();
+        let grad = |t: &Tensor<B, 4>| (t.grad(&grads_ours).unwrap(), t.grad(&grads_burns).unwrap());
+        for (what, (a, b)) in [("input", grad(&x)), ("residual", grad(&residual))] {
+            let d = relative_error(a, b);
+            assert!(d < 1e-4, "{label}: {what} gradient off by {d}");
+        }
+        let (dr, _) = grad(&residual);
+        assert_eq!(
+            dr.into_data().to_vec::<f32>().unwrap(),
+            weights.inner().into_data().to_vec::<f32>().unwrap(),
+            "{label}: the residual's gradient is the output's"
+        );
+        let weight = conv.weight.val();
+        let dw = relative_error(
+            weight.grad(&grads_ours).unwrap(),
+            weight.grad(&grads_burns).unwrap(),
+        );
+        assert!(dw < 1e-4, "{label}: weight gradient off by {dw}");
+        let bias = conv.bias.as_ref().unwrap().val();
+        let (a, b) = (
+            bias.grad(&grads_ours).unwrap(),
+            bias.grad(&grads_burns).unwrap(),
+        );
+        let db = a.sub(b.clone()).abs().max().into_scalar() / b.abs().max().into_scalar();
+        assert!(db < 1e-4, "{label}: bias gradient off by {db}");
+    }
 }
