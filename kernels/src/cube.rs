@@ -122,34 +122,9 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         options: ConvOptions<2>,
         input_slope: Option<f64>,
     ) -> FloatTensor<Self> {
-        let weight_shape: [usize; 4] = weight.shape().dims();
-        let y = match gpu_conv().for_weight(weight_shape) {
-            // The activation and the bias in the product's own launch.
-            conv if conv.is_tiled() && crate::portable_gradients_apply(&options) => {
-                let wide = conv == GpuConv::TiledWide;
-                tiled_conv2d(x, weight, bias, &options, input_slope, wide, None)
-            }
-            GpuConv::Im2col => {
-                let x = activated::<Self>(x, input_slope);
-                conv2d_from_matmul::<Self>(x, weight, bias, &options)
-            }
-            _ => conv_forward(
-                activated::<Self>(x, input_slope),
-                weight,
-                bias,
-                options,
-                ConvStrategy::Direct,
-            )
-            .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
-        };
-        // Both leave the result as a permuted view of NHWC memory; some of burn's kernels read
-        // their input in memory order whatever its strides (burn 0.21's bool-to-float cast
-        // does: an activation pattern recorded from such a view comes out scrambled), so the
-        // maps leave here in plain NCHW order.
-        into_contiguous(y)
+        forward_conv2d::<R, BT>(x, weight, bias, options, input_slope, None)
     }
 
-    /// With the tiled kernels, the residual is added as the sums are written.
     fn fast_conv2d_add(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -158,17 +133,7 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
         input_slope: Option<f64>,
         residual: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let weight_shape: [usize; 4] = weight.shape().dims();
-        match gpu_conv().for_weight(weight_shape) {
-            conv if conv.is_tiled() && crate::portable_gradients_apply(&options) => {
-                let wide = conv == GpuConv::TiledWide;
-                tiled_conv2d(x, weight, bias, &options, input_slope, wide, Some(residual))
-            }
-            _ => {
-                let out = Self::fast_conv2d(x, weight, bias, options, input_slope);
-                Self::float_add(out, residual)
-            }
-        }
+        forward_conv2d::<R, BT>(x, weight, bias, options, input_slope, Some(residual))
     }
 
     fn fast_conv2d_x_backward(
@@ -201,6 +166,48 @@ impl<R: CubeRuntime, BT: BoolElement> FastConv for CubeBackend<R, f32, i32, BT> 
             _ => Self::float_sum_dim(partial, 0),
         };
         Self::float_reshape(summed, Shape::new(weight_shape))
+    }
+}
+
+/// The forward convolution (plus `residual`, if any) by the kernel [`gpu_conv`] chooses for the
+/// layer: the tiled kernels do the activation, the bias and the residual in the product's own
+/// launch; burn's kernels take the activated input, and the residual is added after.
+fn forward_conv2d<R: CubeRuntime, BT: BoolElement>(
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
+    options: ConvOptions<2>,
+    input_slope: Option<f64>,
+    residual: Option<CubeTensor<R>>,
+) -> CubeTensor<R> {
+    type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
+    let weight_shape: [usize; 4] = weight.shape().dims();
+    let y = match gpu_conv().for_weight(weight_shape) {
+        conv if conv.is_tiled() && crate::portable_gradients_apply(&options) => {
+            let wide = conv == GpuConv::TiledWide;
+            return tiled_conv2d(x, weight, bias, &options, input_slope, wide, residual);
+        }
+        GpuConv::Im2col => {
+            let x = activated::<Cube<R, BT>>(x, input_slope);
+            conv2d_from_matmul::<Cube<R, BT>>(x, weight, bias, &options)
+        }
+        _ => conv_forward(
+            activated::<Cube<R, BT>>(x, input_slope),
+            weight,
+            bias,
+            options,
+            ConvStrategy::Direct,
+        )
+        .unwrap_or_else(|e| panic!("burn's GPU convolution refused its arguments: {e:?}")),
+    };
+    // Both leave the result as a permuted view of NHWC memory; some of burn's kernels read
+    // their input in memory order whatever its strides (burn 0.21's bool-to-float cast
+    // does: an activation pattern recorded from such a view comes out scrambled), so the
+    // maps leave here in plain NCHW order.
+    let y = into_contiguous(y);
+    match residual {
+        Some(r) => Cube::<R, BT>::float_add(y, r),
+        None => y,
     }
 }
 

@@ -74,19 +74,8 @@ fn fused_conv2d<B: FastConv>(
         };
     };
     let options = ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups);
-    let Some(residual) = residual else {
-        return conv2d_tensors(x, conv.weight.val(), bias.map(|b| b.val()), options, slope);
-    };
-    let primitive = |t: Tensor<B, 4>| t.into_primitive().tensor();
-    let out = B::fast_conv2d_add(
-        primitive(x),
-        primitive(conv.weight.val()),
-        bias.map(|b| b.val().into_primitive().tensor()),
-        options,
-        slope,
-        primitive(residual),
-    );
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    let bias = bias.map(|b| b.val());
+    tensors_conv2d(x, conv.weight.val(), bias, options, slope, residual)
 }
 
 /// burn's `conv2d(x, weight, bias, options)` (padding the same on both sides of each
@@ -99,13 +88,30 @@ pub fn conv2d_tensors<B: FastConv>(
     options: ConvOptions<2>,
     input_slope: Option<f64>,
 ) -> Tensor<B, 4> {
-    let out = B::fast_conv2d(
+    tensors_conv2d(x, weight, bias, options, input_slope, None)
+}
+
+/// [`conv2d_tensors`], plus `residual` where given ([`FastConv::fast_conv2d_add`]).
+fn tensors_conv2d<B: FastConv>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: ConvOptions<2>,
+    input_slope: Option<f64>,
+    residual: Option<Tensor<B, 4>>,
+) -> Tensor<B, 4> {
+    let (x, weight) = (
         x.into_primitive().tensor(),
         weight.into_primitive().tensor(),
-        bias.map(|b| b.into_primitive().tensor()),
-        options,
-        input_slope,
     );
+    let bias = bias.map(|b| b.into_primitive().tensor());
+    let out = match residual {
+        Some(r) => {
+            let r = r.into_primitive().tensor();
+            B::fast_conv2d_add(x, weight, bias, options, input_slope, r)
+        }
+        None => B::fast_conv2d(x, weight, bias, options, input_slope),
+    };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 

@@ -58,11 +58,9 @@ impl<B: Kernels> Classifier<B> for LoadedNetwork<B> {
         eps: Tensor<B, 4>,
         step: &PixelStep,
     ) -> Option<Tensor<B, 4>> {
-        let PixelStep {
-            drift,
-            noise,
-            clamp,
-        } = step;
-        Some(jem_kernels::sgld_update(x, g, eps, drift, noise, *clamp))
+        let (drift, noise) = (&step.drift, &step.noise);
+        Some(jem_kernels::sgld_update(
+            x, g, eps, drift, noise, step.clamp,
+        ))
     }
 }

@@ -580,11 +580,9 @@ impl<B: Kernels> jem_attacks::Classifier<B> for WideResNet<B> {
         eps: Tensor<B, 4>,
         step: &jem_attacks::PixelStep,
     ) -> Option<Tensor<B, 4>> {
-        let jem_attacks::PixelStep {
-            drift,
-            noise,
-            clamp,
-        } = step;
-        Some(jem_kernels::sgld_update(x, g, eps, drift, noise, *clamp))
+        let (drift, noise) = (&step.drift, &step.noise);
+        Some(jem_kernels::sgld_update(
+            x, g, eps, drift, noise, step.clamp,
+        ))
     }
 }
